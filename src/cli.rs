@@ -1,0 +1,174 @@
+//! The command line: argument types and the small commands that need no cluster.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use chrono::{DateTime, SecondsFormat, Utc};
+use clap::{Args, Parser, Subcommand};
+
+use crate::config::{self, Config};
+use crate::schedule::{parse_zone, Schedule};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "shardcron",
+    version,
+    about = "A distributed cron: each job fires exactly once per tick across a fleet, coordinated through etcd"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Validate the config and print each job's shard, zone and next fire time.
+    Check(ConfigArg),
+    /// Print the next fire instants of a schedule expression.
+    Next(NextArgs),
+    /// Run a node: campaign for shards and fire their jobs.
+    Run(RunArgs),
+    /// Show shard leaders, nodes and each job's last and next run.
+    Status(StatusArgs),
+    /// Try shardcron: start a throwaway local etcd and run one node against it.
+    Dev(DevArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ConfigArg {
+    /// Path of jobs.toml.
+    #[arg(long, env = "SHARDCRON_CONFIG", default_value = "config/jobs.toml")]
+    pub config: PathBuf,
+}
+
+impl ConfigArg {
+    pub fn load(&self) -> Result<Config> {
+        Ok(config::load(&self.config)?)
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct NextArgs {
+    /// A crontab expression: 5 fields, 6 with leading seconds, or @daily and friends.
+    pub expression: String,
+    /// IANA time zone the expression is read in.
+    #[arg(long, default_value = "UTC")]
+    pub tz: String,
+    /// Start instant (RFC 3339); the instants printed are strictly after it. Default: now.
+    #[arg(long)]
+    pub from: Option<String>,
+    /// How many instants to print.
+    #[arg(short = 'n', default_value_t = 5)]
+    pub count: usize,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub config: ConfigArg,
+    #[command(flatten)]
+    pub node: NodeArgs,
+}
+
+/// Options of a running node, shared by `run` and `dev`.
+#[derive(Debug, Args, Clone)]
+pub struct NodeArgs {
+    /// This node's id in etcd and in CRON_NODE. Default: the host name.
+    #[arg(long, env = "SHARDCRON_NODE_ID")]
+    pub node_id: Option<String>,
+    /// etcd endpoints, comma-separated; overrides [etcd] endpoints.
+    #[arg(long, env = "SHARDCRON_ENDPOINTS", value_delimiter = ',')]
+    pub endpoints: Vec<String>,
+    /// On SIGTERM/SIGINT, how long running commands may go on before they are killed.
+    #[arg(long, env = "SHARDCRON_SHUTDOWN_GRACE", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub shutdown_grace: Duration,
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub config: ConfigArg,
+    /// etcd endpoints, comma-separated; overrides [etcd] endpoints.
+    #[arg(long, env = "SHARDCRON_ENDPOINTS", value_delimiter = ',')]
+    pub endpoints: Vec<String>,
+    /// Print one JSON document instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct DevArgs {
+    #[command(flatten)]
+    pub config: ConfigArg,
+    #[command(flatten)]
+    pub node: NodeArgs,
+    /// The etcd binary to start.
+    #[arg(long, env = "SHARDCRON_ETCD_BIN", default_value = "etcd")]
+    pub etcd_bin: PathBuf,
+}
+
+/// RFC 3339 with the zone's own offset, as operators read it (`2027-03-14T03:00:00-04:00`).
+pub fn format_instant(instant: DateTime<Utc>, zone: chrono_tz::Tz) -> String {
+    instant
+        .with_timezone(&zone)
+        .to_rfc3339_opts(SecondsFormat::Secs, false)
+}
+
+pub fn check(args: &ConfigArg) -> Result<()> {
+    let config = args.load()?;
+    let now = Utc::now();
+    let mut next_by_schedule: HashMap<*const Schedule, Option<DateTime<Utc>>> = HashMap::new();
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    for job in &config.jobs {
+        let next = *next_by_schedule
+            .entry(std::sync::Arc::as_ptr(&job.schedule))
+            .or_insert_with(|| job.schedule.next_after(now));
+        let zone = job.schedule.zone();
+        let next = next.map_or_else(|| "never".to_string(), |next| format_instant(next, zone));
+        writeln!(
+            out,
+            "{} shard={} zone={} next={}",
+            job.name, job.shard, zone, next
+        )?;
+    }
+    out.flush()?;
+    eprintln!(
+        "{}: ok: {} jobs in {} shards, cluster {:?}",
+        config.path.display(),
+        config.jobs.len(),
+        config.cluster.shards,
+        config.cluster.name
+    );
+    Ok(())
+}
+
+pub fn next(args: &NextArgs) -> Result<()> {
+    let zone = parse_zone(&args.tz)
+        .map_err(anyhow::Error::msg)
+        .context("--tz")?;
+    let schedule = Schedule::parse(&args.expression, zone)?;
+    let mut cursor = match &args.from {
+        Some(from) => DateTime::parse_from_rfc3339(from)
+            .with_context(|| {
+                format!(
+                    "--from {from:?} is not an RFC 3339 instant such as 2027-03-14T01:00:00-05:00"
+                )
+            })?
+            .with_timezone(&Utc),
+        None => Utc::now(),
+    };
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    for _ in 0..args.count {
+        let Some(next) = schedule.next_after(cursor) else {
+            break;
+        };
+        writeln!(out, "{}", format_instant(next, zone))?;
+        cursor = next;
+    }
+    Ok(())
+}

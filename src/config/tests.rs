@@ -1,0 +1,306 @@
+use std::path::Path;
+
+use super::*;
+
+const HEAD: &str = r#"[cluster]
+name = "prod"
+shards = 16
+lease_ttl = "10s"
+timezone = "UTC"
+
+[etcd]
+endpoints = ["http://127.0.0.1:2379"]
+"#;
+
+fn parse_str(text: &str) -> Result<Config, ConfigError> {
+    parse(Path::new("jobs.toml"), text)
+}
+
+fn with_job(job: &str) -> String {
+    format!("{HEAD}\n[jobs.backup]\n{job}\n")
+}
+
+#[test]
+fn a_full_job_validates() {
+    let config = parse_str(&with_job(
+        r#"schedule = "*/5 * * * *"
+command = "true"
+timezone = "Europe/Berlin"
+timeout = "10m"
+catch_up = "all"
+starting_deadline = "5m"
+overlap = "allow"
+working_dir = "/tmp"
+env = { LOG_LEVEL = "info" }"#,
+    ))
+    .unwrap();
+    let job = &config.jobs[0];
+    assert_eq!(job.name, "backup");
+    assert_eq!(job.shard, crate::shard::shard_of("backup", 16));
+    assert_eq!(job.schedule.zone(), chrono_tz::Europe::Berlin);
+    assert_eq!(job.timeout, Some(Duration::from_secs(600)));
+    assert_eq!(job.catch_up, CatchUp::All);
+    assert_eq!(job.starting_deadline, Some(Duration::from_secs(300)));
+    assert_eq!(job.overlap, Overlap::Allow);
+    assert_eq!(job.env.get("LOG_LEVEL").map(String::as_str), Some("info"));
+    assert_eq!(config.cluster.lease_ttl, Duration::from_secs(10));
+}
+
+#[test]
+fn defaults_apply() {
+    let config = parse_str(&with_job("schedule = \"@daily\"\ncommand = \"true\"")).unwrap();
+    let job = &config.jobs[0];
+    assert_eq!(job.catch_up, CatchUp::Latest);
+    assert_eq!(job.overlap, Overlap::Skip);
+    assert_eq!(job.schedule.zone(), chrono_tz::UTC);
+    assert!(job.timeout.is_none() && job.starting_deadline.is_none());
+}
+
+/// One error kind: (file text, expected line, job, field, a fragment of the message).
+type ErrorCase = (
+    String,
+    Option<usize>,
+    Option<&'static str>,
+    Option<&'static str>,
+    &'static str,
+);
+
+#[test]
+fn error_table() {
+    let cases: Vec<ErrorCase> = vec![
+        (
+            "[cluster\nname=".to_string(),
+            Some(1),
+            None,
+            None,
+            "invalid",
+        ),
+        (
+            with_job("schedule = \"* * * * *\"\ncomand = \"true\""),
+            Some(12),
+            Some("backup"),
+            Some("comand"),
+            "unknown field",
+        ),
+        (
+            with_job("schedule = \"61 * * * *\"\ncommand = \"true\""),
+            Some(11),
+            Some("backup"),
+            Some("schedule"),
+            "invalid schedule",
+        ),
+        (
+            with_job("schedule = \"0 0 31 2 *\"\ncommand = \"true\""),
+            Some(11),
+            Some("backup"),
+            Some("schedule"),
+            "never fires",
+        ),
+        (
+            with_job("schedule = \"* * * *\"\ncommand = \"true\""),
+            Some(11),
+            Some("backup"),
+            Some("schedule"),
+            "expected 5 fields",
+        ),
+        (
+            with_job("schedule = \"* * * * *\"\ncommand = \"true\"\ntimezone = \"Mars/Olympus\""),
+            Some(13),
+            Some("backup"),
+            Some("timezone"),
+            "unknown time zone",
+        ),
+        (
+            with_job("schedule = \"* * * * *\"\ncommand = \"  \""),
+            Some(12),
+            Some("backup"),
+            Some("command"),
+            "empty",
+        ),
+        (
+            with_job("schedule = \"* * * * *\""),
+            Some(10),
+            Some("backup"),
+            Some("command"),
+            "missing command",
+        ),
+        (
+            with_job("command = \"true\""),
+            Some(10),
+            Some("backup"),
+            Some("schedule"),
+            "missing schedule",
+        ),
+        (
+            with_job("schedule = \"* * * * *\"\ncommand = \"true\"\ntimeout = \"soon\""),
+            Some(13),
+            Some("backup"),
+            Some("timeout"),
+            "invalid duration",
+        ),
+        (
+            with_job(
+                "schedule = \"* * * * *\"\ncommand = \"true\"\nstarting_deadline = \"5 parsecs\"",
+            ),
+            Some(13),
+            Some("backup"),
+            Some("starting_deadline"),
+            "invalid duration",
+        ),
+        (
+            with_job("schedule = \"* * * * *\"\ncommand = \"true\"\ncatch_up = \"some\""),
+            Some(13),
+            Some("backup"),
+            Some("catch_up"),
+            "unknown variant",
+        ),
+        (
+            with_job("schedule = \"* * * * *\"\ncommand = \"true\"\noverlap = \"queue\""),
+            Some(13),
+            Some("backup"),
+            Some("overlap"),
+            "unknown variant",
+        ),
+        (
+            with_job("schedule = \"* * * * *\"\ncommand = \"true\"\nenv = { CRON_FENCE = \"1\" }"),
+            Some(13),
+            Some("backup"),
+            Some("env"),
+            "CRON_",
+        ),
+        (
+            HEAD.replace("shards = 16", "shards = 0"),
+            Some(3),
+            None,
+            Some("cluster.shards"),
+            "between 1 and 4096",
+        ),
+        (
+            HEAD.replace("shards = 16", "shards = 5000"),
+            Some(3),
+            None,
+            Some("cluster.shards"),
+            "between 1 and 4096",
+        ),
+        (
+            HEAD.replace("shards = 16", "shards = \"many\""),
+            Some(3),
+            None,
+            Some("shards"),
+            "invalid type",
+        ),
+        (
+            HEAD.replace("lease_ttl = \"10s\"", "lease_ttl = \"500ms\""),
+            Some(4),
+            None,
+            Some("cluster.lease_ttl"),
+            "at least 1s",
+        ),
+        (
+            HEAD.replace("lease_ttl = \"10s\"", "lease_ttl = \"ten\""),
+            Some(4),
+            None,
+            Some("cluster.lease_ttl"),
+            "invalid duration",
+        ),
+        (
+            HEAD.replace("timezone = \"UTC\"", "timezone = \"Nowhere\""),
+            Some(5),
+            None,
+            Some("cluster.timezone"),
+            "unknown time zone",
+        ),
+        (
+            HEAD.replace("name = \"prod\"", "name = \"a/b\""),
+            Some(2),
+            None,
+            Some("cluster.name"),
+            "invalid cluster name",
+        ),
+        (
+            HEAD.replace("[\"http://127.0.0.1:2379\"]", "[]"),
+            Some(8),
+            None,
+            Some("etcd.endpoints"),
+            "at least one",
+        ),
+        (
+            HEAD.replace("endpoints = [\"http://127.0.0.1:2379\"]", ""),
+            Some(7),
+            None,
+            Some("etcd.endpoints"),
+            "missing etcd endpoints",
+        ),
+        (
+            format!("{HEAD}\n[jobs.\"bad name\"]\nschedule = \"* * * * *\"\ncommand = \"true\"\n"),
+            Some(10),
+            Some("bad name"),
+            None,
+            "invalid job name",
+        ),
+        (
+            format!(
+                "{HEAD}\n[jobs.{}]\nschedule = \"* * * * *\"\ncommand = \"true\"\n",
+                "x".repeat(129)
+            ),
+            Some(10),
+            None,
+            None,
+            "invalid job name",
+        ),
+        (
+            "[etcd]\nendpoints = [\"http://e:2379\"]\n".to_string(),
+            None,
+            None,
+            Some("cluster"),
+            "missing [cluster]",
+        ),
+    ];
+    for (text, line, job, field, fragment) in cases {
+        let err = parse_str(&text)
+            .err()
+            .unwrap_or_else(|| panic!("expected an error for:\n{text}"));
+        let shown = err.to_string();
+        assert_eq!(err.location.map(|(line, _)| line), line, "line of {shown}");
+        if let Some(job) = job {
+            assert_eq!(err.job.as_deref(), Some(job), "job of {shown}");
+        }
+        assert_eq!(err.field.as_deref(), field, "field of {shown}");
+        assert!(
+            shown.contains(fragment),
+            "{shown:?} should contain {fragment:?}"
+        );
+        assert!(
+            shown.starts_with("jobs.toml:"),
+            "{shown:?} should name the file"
+        );
+    }
+}
+
+#[test]
+fn a_missing_file_is_an_error_naming_it() {
+    let err = load(Path::new("/nonexistent/jobs.toml")).unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("/nonexistent/jobs.toml: cannot read config file"),
+        "{err}"
+    );
+}
+
+#[test]
+fn schedules_are_parsed_once_per_expression_and_zone() {
+    let mut text = HEAD.to_string();
+    for i in 0..50 {
+        let zone = if i % 2 == 0 { "UTC" } else { "Europe/Berlin" };
+        text.push_str(&format!(
+            "[jobs.j{i}]\nschedule = \"*/5 * * * *\"\ncommand = \"true\"\ntimezone = \"{zone}\"\n"
+        ));
+    }
+    let config = parse_str(&text).unwrap();
+    let distinct: std::collections::HashSet<*const Schedule> = config
+        .jobs
+        .iter()
+        .map(|job| Arc::as_ptr(&job.schedule))
+        .collect();
+    assert_eq!(distinct.len(), 2);
+}

@@ -1,0 +1,423 @@
+//! Crontab schedules bound to a time zone.
+//!
+//! A [`Schedule`] is parsed once and answers one question: the first fire instant strictly after a
+//! given instant. It is a pure function of (expression, zone, instant); nothing here reads the
+//! clock, so callers and tests decide what "now" is.
+
+use std::fmt;
+use std::str::FromStr;
+
+use chrono::{DateTime, Utc};
+use chrono_tz::Tz;
+use croner::parser::{CronParser, Seconds, Year};
+use croner::Cron;
+
+/// A parsed crontab expression and the zone its wall-clock fields are read in.
+#[derive(Clone)]
+pub struct Schedule {
+    expression: String,
+    zone: Tz,
+    cron: Cron,
+}
+
+/// Why an expression cannot be used as a schedule.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ScheduleError {
+    #[error("invalid schedule {expression:?}: {reason}")]
+    Invalid { expression: String, reason: String },
+    #[error("schedule {expression:?} never fires (no matching date within the search limit)")]
+    NeverFires { expression: String },
+}
+
+impl Schedule {
+    /// Parses a 5-field crontab line, a 6-field line with leading seconds, or an `@nickname`.
+    ///
+    /// Day-of-month and day-of-week are ORed when both are restricted, as in Vixie cron. An
+    /// expression that parses but can never fire (`0 0 31 2 *`) is an error here, so a job
+    /// that would silently never run is refused at load time.
+    pub fn parse(expression: &str, zone: Tz) -> Result<Self, ScheduleError> {
+        let trimmed = expression.trim();
+        let expanded = expand_nickname(trimmed).map_err(|reason| ScheduleError::Invalid {
+            expression: expression.to_string(),
+            reason,
+        })?;
+        let fields = expanded.split_whitespace().count();
+        if fields != 5 && fields != 6 {
+            return Err(ScheduleError::Invalid {
+                expression: expression.to_string(),
+                reason: format!(
+                    "expected 5 fields (minute hour day-of-month month day-of-week) \
+                     or 6 with leading seconds, found {fields}"
+                ),
+            });
+        }
+        let cron = CronParser::builder()
+            .seconds(Seconds::Optional)
+            .year(Year::Disallowed)
+            .dom_and_dow(false)
+            .build()
+            .parse(expanded)
+            .map_err(|err| ScheduleError::Invalid {
+                expression: expression.to_string(),
+                reason: err.to_string(),
+            })?;
+        let schedule = Schedule {
+            expression: trimmed.to_string(),
+            zone,
+            cron,
+        };
+        // A reference instant in the past keeps the check independent of today's date; a
+        // pattern that matches nothing fails from any start.
+        let reference = DateTime::<Utc>::from_timestamp(0, 0).unwrap_or_default();
+        if schedule.next_after(reference).is_none() {
+            return Err(ScheduleError::NeverFires {
+                expression: expression.to_string(),
+            });
+        }
+        Ok(schedule)
+    }
+
+    /// The first fire instant strictly after `after`, or `None` if there is none.
+    ///
+    /// DST follows OCPS: a fixed-time job whose wall time falls in a spring-forward gap fires
+    /// once right after the gap, one in a fall-back overlap fires once at the first occurrence;
+    /// a job with a wildcard or step in its time fields fires by elapsed time.
+    pub fn next_after(&self, after: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        let local = after.with_timezone(&self.zone);
+        self.cron
+            .find_next_occurrence(&local, false)
+            .ok()
+            .map(|next| next.with_timezone(&Utc))
+    }
+
+    /// Fire instants in `(after, until]`, oldest first, at most `limit` of them.
+    pub fn ticks_between(
+        &self,
+        after: DateTime<Utc>,
+        until: DateTime<Utc>,
+        limit: usize,
+    ) -> Vec<DateTime<Utc>> {
+        let mut ticks = Vec::new();
+        let mut cursor = after;
+        while ticks.len() < limit {
+            match self.next_after(cursor) {
+                Some(next) if next <= until => {
+                    ticks.push(next);
+                    cursor = next;
+                }
+                _ => break,
+            }
+        }
+        ticks
+    }
+
+    pub fn expression(&self) -> &str {
+        &self.expression
+    }
+
+    pub fn zone(&self) -> Tz {
+        self.zone
+    }
+}
+
+impl fmt::Debug for Schedule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Schedule({:?} in {})", self.expression, self.zone)
+    }
+}
+
+/// Vixie cron's `@` forms. Expanded here rather than by croner, whose expansion adds a year field.
+fn expand_nickname(expression: &str) -> Result<&str, String> {
+    if !expression.starts_with('@') {
+        return Ok(expression);
+    }
+    match expression.to_ascii_lowercase().as_str() {
+        "@yearly" | "@annually" => Ok("0 0 1 1 *"),
+        "@monthly" => Ok("0 0 1 * *"),
+        "@weekly" => Ok("0 0 * * 0"),
+        "@daily" | "@midnight" => Ok("0 0 * * *"),
+        "@hourly" => Ok("0 * * * *"),
+        _ => Err("unknown nickname (expected one of @yearly @annually @monthly @weekly @daily @midnight @hourly)".to_string()),
+    }
+}
+
+/// Parses an IANA zone name such as `Europe/Berlin`.
+pub fn parse_zone(name: &str) -> Result<Tz, String> {
+    Tz::from_str(name).map_err(|_| {
+        format!("unknown time zone {name:?} (expected an IANA name such as \"Europe/Berlin\")")
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(rfc3339: &str) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(rfc3339)
+            .unwrap()
+            .with_timezone(&Utc)
+    }
+
+    fn next_n(expr: &str, zone: &str, from: &str, n: usize) -> Vec<String> {
+        let zone = parse_zone(zone).unwrap();
+        let schedule = Schedule::parse(expr, zone).unwrap();
+        let mut cursor = at(from);
+        (0..n)
+            .map(|_| {
+                cursor = schedule.next_after(cursor).unwrap();
+                cursor.with_timezone(&zone).to_rfc3339()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn semantics_table() {
+        let cases: &[(&str, &str, &str, &[&str])] = &[
+            // Monday is 1: `0 0 * * 1` fires on Monday, not Sunday.
+            (
+                "0 0 * * 1",
+                "UTC",
+                "2027-01-01T00:00:00Z",
+                &["2027-01-04T00:00:00+00:00"],
+            ),
+            // Sunday is both 0 and 7.
+            (
+                "0 0 * * 0",
+                "UTC",
+                "2027-01-01T00:00:00Z",
+                &["2027-01-03T00:00:00+00:00"],
+            ),
+            (
+                "0 0 * * 7",
+                "UTC",
+                "2027-01-01T00:00:00Z",
+                &["2027-01-03T00:00:00+00:00"],
+            ),
+            (
+                "0 0 * * SUN",
+                "UTC",
+                "2027-01-01T00:00:00Z",
+                &["2027-01-03T00:00:00+00:00"],
+            ),
+            // Day-of-month OR day-of-week when both are restricted: the 13th or any Friday.
+            (
+                "0 0 13 * FRI",
+                "UTC",
+                "2027-01-01T00:00:00Z",
+                &[
+                    "2027-01-08T00:00:00+00:00",
+                    "2027-01-13T00:00:00+00:00",
+                    "2027-01-15T00:00:00+00:00",
+                ],
+            ),
+            // Names and ranges.
+            (
+                "30 9 * JAN MON-FRI",
+                "UTC",
+                "2027-01-01T10:00:00Z",
+                &["2027-01-04T09:30:00+00:00", "2027-01-05T09:30:00+00:00"],
+            ),
+            // Feb 29 only in leap years.
+            (
+                "0 12 29 2 *",
+                "UTC",
+                "2027-01-01T00:00:00Z",
+                &["2028-02-29T12:00:00+00:00", "2032-02-29T12:00:00+00:00"],
+            ),
+            // Six fields: leading seconds.
+            (
+                "*/20 * * * * *",
+                "UTC",
+                "2027-01-01T00:00:00Z",
+                &["2027-01-01T00:00:20+00:00", "2027-01-01T00:00:40+00:00"],
+            ),
+            // Nicknames.
+            (
+                "@hourly",
+                "UTC",
+                "2027-01-01T00:30:00Z",
+                &["2027-01-01T01:00:00+00:00"],
+            ),
+            (
+                "@daily",
+                "UTC",
+                "2027-01-01T00:30:00Z",
+                &["2027-01-02T00:00:00+00:00"],
+            ),
+            (
+                "@midnight",
+                "UTC",
+                "2027-01-01T00:30:00Z",
+                &["2027-01-02T00:00:00+00:00"],
+            ),
+            (
+                "@weekly",
+                "UTC",
+                "2027-01-01T00:30:00Z",
+                &["2027-01-03T00:00:00+00:00"],
+            ),
+            (
+                "@monthly",
+                "UTC",
+                "2027-01-01T00:30:00Z",
+                &["2027-02-01T00:00:00+00:00"],
+            ),
+            (
+                "@yearly",
+                "UTC",
+                "2027-01-01T00:30:00Z",
+                &["2028-01-01T00:00:00+00:00"],
+            ),
+            (
+                "@annually",
+                "UTC",
+                "2027-01-01T00:30:00Z",
+                &["2028-01-01T00:00:00+00:00"],
+            ),
+            // Lists and steps.
+            (
+                "0 8,12-14/2 * * *",
+                "UTC",
+                "2027-01-01T00:00:00Z",
+                &[
+                    "2027-01-01T08:00:00+00:00",
+                    "2027-01-01T12:00:00+00:00",
+                    "2027-01-01T14:00:00+00:00",
+                ],
+            ),
+            // Europe/Berlin wall clock.
+            (
+                "0 9 * * *",
+                "Europe/Berlin",
+                "2027-07-01T00:00:00Z",
+                &["2027-07-01T09:00:00+02:00"],
+            ),
+            (
+                "0 9 * * *",
+                "Europe/Berlin",
+                "2027-12-01T00:00:00Z",
+                &["2027-12-01T09:00:00+01:00"],
+            ),
+        ];
+        for (expr, zone, from, expected) in cases {
+            assert_eq!(
+                &next_n(expr, zone, from, expected.len()),
+                expected,
+                "{expr} in {zone} after {from}"
+            );
+        }
+    }
+
+    #[test]
+    fn dst_table() {
+        let cases: &[(&str, &str, &str, &[&str])] = &[
+            // New York spring forward 2027-03-14 02:00 -> 03:00: a fixed time in the gap fires
+            // once, at the first instant after it.
+            (
+                "30 2 * * *",
+                "America/New_York",
+                "2027-03-13T12:00:00Z",
+                &["2027-03-14T03:00:00-04:00", "2027-03-15T02:30:00-04:00"],
+            ),
+            // New York fall back 2027-11-07 02:00 -> 01:00: a fixed time in the overlap fires once,
+            // at the first (EDT) occurrence.
+            (
+                "30 1 * * *",
+                "America/New_York",
+                "2027-11-06T12:00:00Z",
+                &["2027-11-07T01:30:00-04:00", "2027-11-08T01:30:00-05:00"],
+            ),
+            // A wildcard hour fires by elapsed time: both 01:30s in the overlap.
+            (
+                "30 * * * *",
+                "America/New_York",
+                "2027-11-07T04:45:00Z",
+                &[
+                    "2027-11-07T01:30:00-04:00",
+                    "2027-11-07T01:30:00-05:00",
+                    "2027-11-07T02:30:00-05:00",
+                ],
+            ),
+            // ... and the missing hour simply does not happen.
+            (
+                "30 * * * *",
+                "America/New_York",
+                "2027-03-14T06:00:00Z",
+                &["2027-03-14T01:30:00-05:00", "2027-03-14T03:30:00-04:00"],
+            ),
+            // Berlin spring forward 2027-03-28 02:00 -> 03:00.
+            (
+                "15 2 * * *",
+                "Europe/Berlin",
+                "2027-03-27T12:00:00Z",
+                &["2027-03-28T03:00:00+02:00", "2027-03-29T02:15:00+02:00"],
+            ),
+            // Lord Howe moves by 30 minutes: spring forward 2027-10-03 02:00 -> 02:30.
+            (
+                "15 2 * * *",
+                "Australia/Lord_Howe",
+                "2027-10-02T00:00:00Z",
+                &["2027-10-03T02:30:00+11:00", "2027-10-04T02:15:00+11:00"],
+            ),
+            // Lord Howe fall back 2027-04-04 02:00 -> 01:30: 01:45 happens twice, fires once.
+            (
+                "45 1 * * *",
+                "Australia/Lord_Howe",
+                "2027-04-03T00:00:00Z",
+                &["2027-04-04T01:45:00+11:00", "2027-04-05T01:45:00+10:30"],
+            ),
+        ];
+        for (expr, zone, from, expected) in cases {
+            assert_eq!(
+                &next_n(expr, zone, from, expected.len()),
+                expected,
+                "{expr} in {zone} after {from}"
+            );
+        }
+    }
+
+    #[test]
+    fn rejects_bad_and_never_firing_expressions() {
+        let utc = Tz::UTC;
+        for bad in [
+            "",
+            "* * * *",
+            "61 * * * *",
+            "* * * * * * *",
+            "0 0 * * FOO",
+            "@sometimes",
+        ] {
+            assert!(
+                matches!(
+                    Schedule::parse(bad, utc),
+                    Err(ScheduleError::Invalid { .. })
+                ),
+                "{bad:?} should be invalid"
+            );
+        }
+        assert!(matches!(
+            Schedule::parse("0 0 31 2 *", utc),
+            Err(ScheduleError::NeverFires { .. })
+        ));
+        assert!(matches!(
+            Schedule::parse("0 0 30 2 *", utc),
+            Err(ScheduleError::NeverFires { .. })
+        ));
+    }
+
+    #[test]
+    fn ticks_between_is_half_open_and_bounded() {
+        let schedule = Schedule::parse("* * * * * *", Tz::UTC).unwrap();
+        let ticks =
+            schedule.ticks_between(at("2027-01-01T00:00:00Z"), at("2027-01-01T00:00:05Z"), 100);
+        assert_eq!(ticks.len(), 5);
+        assert_eq!(ticks[0], at("2027-01-01T00:00:01Z"));
+        assert_eq!(ticks[4], at("2027-01-01T00:00:05Z"));
+        assert_eq!(
+            schedule
+                .ticks_between(at("2027-01-01T00:00:00Z"), at("2027-01-01T01:00:00Z"), 3)
+                .len(),
+            3
+        );
+    }
+}
