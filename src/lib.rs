@@ -5,7 +5,34 @@
 //! - [`config`]: `jobs.toml` turned once into a validated [`config::Config`].
 //! - [`schedule`]: crontab expressions in a time zone; pure next-fire math.
 //! - [`shard`]: the job → shard mapping.
+//! - [`keys`]: every etcd key path.
+//! - [`etcd`]: connecting, call timeouts, coordination errors.
+//! - [`session`]: the node's lease and its keep-alive.
+//! - [`election`]: one leader election per shard; the fence.
+//! - [`ledger`]: per-job claim and result records; the guarded claim transaction.
+//! - [`catch_up`]: which missed ticks a new leader runs.
+//! - [`leader`]: one term of one shard: the firing loop.
+//! - [`runner`]: running one tick's command in its own process group.
+//! - [`runs`]: this node's runs: overlap, shutdown grace, result batching.
+//! - [`node`]: session, campaigns and terms of one node process.
+//! - [`status`]: what `shardcron status` reads and prints.
+//! - [`etcd_server`]: a throwaway local etcd for `dev` and tests.
+//! - [`clock`]: the wall clock, read in one place.
+//! - [`cli`]: the command line.
+pub mod catch_up;
 pub mod cli;
+pub mod clock;
 pub mod config;
+pub mod election;
+pub mod etcd;
+pub mod etcd_server;
+pub mod keys;
+pub mod leader;
+pub mod ledger;
+pub mod node;
+pub mod runner;
+pub mod runs;
 pub mod schedule;
+pub mod session;
 pub mod shard;
+pub mod status;

@@ -1,16 +1,31 @@
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
+use anyhow::{Context, Result};
 use clap::Parser;
-use shardcron::cli::{self, Cli, Command};
+use shardcron::cli::{self, Cli, Command, NodeArgs};
+use shardcron::config::Config;
+use shardcron::etcd_server::EtcdServer;
+use shardcron::node::{self, NodeOptions};
+use shardcron::{etcd, status};
+use tokio_util::sync::CancellationToken;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match &cli.command {
         Command::Check(args) => cli::check(args),
         Command::Next(args) => cli::next(args),
-        Command::Run(_) | Command::Status(_) | Command::Dev(_) => {
-            Err(anyhow::anyhow!("not built yet"))
-        }
+        Command::Run(args) => args.config.load().and_then(|config| with_runtime(run(config, args.node.clone(), None))),
+        Command::Status(args) => args.config.load().and_then(|config| with_runtime(show_status(config, args.endpoints.clone(), args.json))),
+        Command::Dev(args) => args.config.load().and_then(|config| {
+            init_logging();
+            let server = EtcdServer::start(&args.etcd_bin)?;
+            tracing::info!(endpoint = %server.client_url(), log = %server.log_path().display(), "throwaway etcd started; Ctrl-C stops the node and removes it");
+            let endpoints = vec![server.client_url()];
+            let result = with_runtime(run(config, args.node.clone(), Some(endpoints)));
+            drop(server);
+            result
+        }),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -19,4 +34,76 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn with_runtime<F: std::future::Future<Output = Result<()>>>(future: F) -> Result<()> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?
+        .block_on(future)
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SHARDCRON_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(std::io::stderr().is_terminal()).with_writer(std::io::stderr).try_init();
+}
+
+fn endpoints(config: &Config, flag: Vec<String>) -> Vec<String> {
+    let flag: Vec<String> = flag.into_iter().filter(|endpoint| !endpoint.trim().is_empty()).collect();
+    if flag.is_empty() {
+        config.etcd.endpoints.clone()
+    } else {
+        flag
+    }
+}
+
+async fn run(config: Config, args: NodeArgs, dev_endpoints: Option<Vec<String>>) -> Result<()> {
+    init_logging();
+    let endpoints = dev_endpoints.unwrap_or_else(|| endpoints(&config, args.endpoints.clone()));
+    let node_id = match args.node_id {
+        Some(id) => id,
+        None => hostname::get().context("cannot read the host name; pass --node-id")?.to_string_lossy().into_owned(),
+    };
+    let options = etcd::connect_options(&config.etcd)?;
+    let client = etcd::connect(&endpoints, options).await.with_context(|| format!("cannot set up an etcd client for {endpoints:?}"))?;
+    tracing::info!(endpoints = ?endpoints, config = %config.path.display(), digest = %config.digest, "connecting to etcd");
+
+    let shutdown = CancellationToken::new();
+    tokio::spawn(forward_signals(shutdown.clone()));
+    node::run(config, NodeOptions { node_id, shutdown_grace: args.shutdown_grace }, client, shutdown).await;
+    Ok(())
+}
+
+/// SIGTERM or SIGINT starts a graceful stop; a second one is left to the default handler's
+/// successor: we exit at once.
+async fn forward_signals(shutdown: CancellationToken) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        tracing::error!("cannot install signal handlers; stop the node with SIGKILL");
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: stopping gracefully"),
+        _ = int.recv() => tracing::info!("SIGINT: stopping gracefully"),
+    }
+    shutdown.cancel();
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    tracing::warn!("second signal: exiting now");
+    std::process::exit(130);
+}
+
+async fn show_status(config: Config, endpoints_flag: Vec<String>, json: bool) -> Result<()> {
+    let endpoints = endpoints(&config, endpoints_flag);
+    let client = etcd::connect(&endpoints, etcd::connect_options(&config.etcd)?).await?;
+    let status = status::read(&config, &client).await.with_context(|| format!("cannot read the cluster state from etcd at {endpoints:?}"))?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&status)?);
+    } else {
+        print!("{}", status::render(&status));
+    }
+    Ok(())
 }

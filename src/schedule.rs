@@ -90,25 +90,31 @@ impl Schedule {
             .map(|next| next.with_timezone(&Utc))
     }
 
-    /// Fire instants in `(after, until]`, oldest first, at most `limit` of them.
-    pub fn ticks_between(
-        &self,
-        after: DateTime<Utc>,
-        until: DateTime<Utc>,
-        limit: usize,
-    ) -> Vec<DateTime<Utc>> {
+    /// The last fire instant at or before `at`, or `None` if there is none.
+    pub fn latest_at_or_before(&self, at: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        let local = at.with_timezone(&self.zone);
+        self.cron
+            .find_previous_occurrence(&local, true)
+            .ok()
+            .map(|previous| previous.with_timezone(&Utc))
+    }
+
+    /// The newest fire instants in `(after, until]`, oldest first, at most `limit` of them, and
+    /// whether older ones in the range were left out. Walks backwards from `until`, so a record
+    /// from long ago costs `limit` steps, not one per tick since.
+    pub fn newest_ticks_between(&self, after: DateTime<Utc>, until: DateTime<Utc>, limit: usize) -> (Vec<DateTime<Utc>>, bool) {
         let mut ticks = Vec::new();
-        let mut cursor = after;
-        while ticks.len() < limit {
-            match self.next_after(cursor) {
-                Some(next) if next <= until => {
-                    ticks.push(next);
-                    cursor = next;
-                }
-                _ => break,
+        let mut cursor = self.latest_at_or_before(until);
+        while let Some(tick) = cursor.filter(|tick| *tick > after) {
+            if ticks.len() == limit {
+                ticks.reverse();
+                return (ticks, true);
             }
+            ticks.push(tick);
+            cursor = self.latest_at_or_before(tick - chrono::Duration::seconds(1));
         }
-        ticks
+        ticks.reverse();
+        (ticks, false)
     }
 
     pub fn expression(&self) -> &str {
@@ -406,18 +412,15 @@ mod tests {
     }
 
     #[test]
-    fn ticks_between_is_half_open_and_bounded() {
-        let schedule = Schedule::parse("* * * * * *", Tz::UTC).unwrap();
-        let ticks =
-            schedule.ticks_between(at("2027-01-01T00:00:00Z"), at("2027-01-01T00:00:05Z"), 100);
-        assert_eq!(ticks.len(), 5);
-        assert_eq!(ticks[0], at("2027-01-01T00:00:01Z"));
-        assert_eq!(ticks[4], at("2027-01-01T00:00:05Z"));
-        assert_eq!(
-            schedule
-                .ticks_between(at("2027-01-01T00:00:00Z"), at("2027-01-01T01:00:00Z"), 3)
-                .len(),
-            3
-        );
+    fn newest_ticks_walk_back_from_the_end() {
+        let schedule = Schedule::parse("*/10 * * * * *", Tz::UTC).unwrap();
+        let (ticks, more) = schedule.newest_ticks_between(at("2027-01-01T00:00:00Z"), at("2027-01-01T00:00:35Z"), 100);
+        assert_eq!(ticks, vec![at("2027-01-01T00:00:10Z"), at("2027-01-01T00:00:20Z"), at("2027-01-01T00:00:30Z")]);
+        assert!(!more);
+        let (ticks, more) = schedule.newest_ticks_between(at("2026-01-01T00:00:00Z"), at("2027-01-01T00:00:35Z"), 2);
+        assert_eq!(ticks, vec![at("2027-01-01T00:00:20Z"), at("2027-01-01T00:00:30Z")]);
+        assert!(more);
+        let (ticks, _) = schedule.newest_ticks_between(at("2027-01-01T00:00:30Z"), at("2027-01-01T00:00:30Z"), 5);
+        assert!(ticks.is_empty());
     }
 }

@@ -1,0 +1,94 @@
+//! Which missed ticks a new leader runs: a pure function of the job's policy, its last claimed
+//! tick and now.
+
+use chrono::{DateTime, Utc};
+
+use crate::config::{CatchUp, Job};
+
+/// At most this many missed ticks of one job are run per takeover.
+pub const MAX_CATCH_UP: usize = 100;
+
+/// The missed ticks to run, oldest first, and how the policy trimmed them.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Missed {
+    pub ticks: Vec<DateTime<Utc>>,
+    /// More ticks were missed than [`MAX_CATCH_UP`]; the oldest were left out.
+    pub truncated: bool,
+}
+
+/// Ticks of `job` after `last_claimed` up to `now` that nobody ran, filtered by `catch_up` and
+/// `starting_deadline`. A job with no claim yet has missed nothing: it starts from now.
+pub fn missed_ticks(job: &Job, last_claimed: Option<DateTime<Utc>>, now: DateTime<Utc>) -> Missed {
+    let Some(last) = last_claimed else {
+        return Missed::default();
+    };
+    let floor = match job.starting_deadline.and_then(|deadline| chrono::Duration::from_std(deadline).ok()) {
+        Some(deadline) => last.max(now - deadline),
+        None => last,
+    };
+    let limit = match job.catch_up {
+        CatchUp::None => return Missed::default(),
+        CatchUp::Latest => 1,
+        CatchUp::All => MAX_CATCH_UP,
+    };
+    let (ticks, more) = job.schedule.newest_ticks_between(floor, now, limit);
+    Missed {
+        ticks,
+        truncated: more && job.catch_up == CatchUp::All,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::config::Overlap;
+    use crate::schedule::Schedule;
+
+    fn at(text: &str) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(text).unwrap().with_timezone(&Utc)
+    }
+
+    fn job(catch_up: CatchUp, starting_deadline: Option<u64>) -> Job {
+        Job {
+            name: "j".into(),
+            shard: 0,
+            schedule: Arc::new(Schedule::parse("* * * * * *", chrono_tz::UTC).unwrap()),
+            command: "true".into(),
+            timeout: None,
+            catch_up,
+            starting_deadline: starting_deadline.map(Duration::from_secs),
+            overlap: Overlap::Skip,
+            working_dir: None,
+            env: Default::default(),
+        }
+    }
+
+    #[test]
+    fn policies() {
+        let last = Some(at("2027-01-01T00:00:00Z"));
+        let now = at("2027-01-01T00:00:05.500Z");
+        let secs = |list: &[u32]| list.iter().map(|s| at(&format!("2027-01-01T00:00:0{s}Z"))).collect::<Vec<_>>();
+        let cases = [
+            (job(CatchUp::All, None), last, secs(&[1, 2, 3, 4, 5])),
+            (job(CatchUp::Latest, None), last, secs(&[5])),
+            (job(CatchUp::None, None), last, vec![]),
+            (job(CatchUp::All, Some(2)), last, secs(&[4, 5])),
+            (job(CatchUp::All, None), None, vec![]),
+            (job(CatchUp::Latest, None), Some(at("2027-01-01T00:00:05Z")), vec![]),
+        ];
+        for (job, last, expected) in cases {
+            assert_eq!(missed_ticks(&job, last, now).ticks, expected, "{:?} {:?} from {last:?}", job.catch_up, job.starting_deadline);
+        }
+    }
+
+    #[test]
+    fn all_is_capped_with_a_flag() {
+        let missed = missed_ticks(&job(CatchUp::All, None), Some(at("2027-01-01T00:00:00Z")), at("2027-01-01T01:00:00Z"));
+        assert_eq!(missed.ticks.len(), MAX_CATCH_UP);
+        assert!(missed.truncated);
+        assert_eq!(missed.ticks.last(), Some(&at("2027-01-01T01:00:00Z")));
+    }
+}

@@ -1,0 +1,96 @@
+//! Connecting to etcd, and the errors a coordination call can end in.
+
+use std::future::Future;
+use std::time::Duration;
+
+use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
+
+use crate::config::Etcd;
+
+/// A failed etcd call. Callers retry with backoff: the state they guard lives in etcd, so a
+/// retry after a failure can never double a write that a guard would reject.
+#[derive(Debug, thiserror::Error)]
+pub enum CoordError {
+    #[error("etcd: {0}")]
+    Etcd(#[from] etcd_client::Error),
+    #[error("etcd did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("etcd answered with something unexpected: {0}")]
+    Protocol(String),
+}
+
+/// How long one unary etcd call may take. A connection cut by a dropping firewall hangs rather
+/// than fails, and nothing that guards a tick may wait on it for longer than this.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Runs an etcd call with [`CALL_TIMEOUT`].
+pub async fn call<T, F>(future: F) -> Result<T, CoordError>
+where
+    F: Future<Output = Result<T, etcd_client::Error>>,
+{
+    within(CALL_TIMEOUT, future).await
+}
+
+/// Runs an etcd call with a timeout of its own.
+pub async fn within<T, F>(limit: Duration, future: F) -> Result<T, CoordError>
+where
+    F: Future<Output = Result<T, etcd_client::Error>>,
+{
+    match tokio::time::timeout(limit, future).await {
+        Ok(result) => result.map_err(CoordError::from),
+        Err(_) => Err(CoordError::Timeout(limit)),
+    }
+}
+
+/// Why a client could not be built from the config: not retryable, the operator must act.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    #[error("etcd.password_env names {0:?}, which is not set in the environment")]
+    MissingPassword(String),
+    #[error("cannot read {what} file {path}: {source}")]
+    TlsFile {
+        what: &'static str,
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+/// Connection options from `[etcd]`.
+pub fn connect_options(etcd: &Etcd) -> Result<ConnectOptions, SetupError> {
+    let mut options = ConnectOptions::new()
+        .with_connect_timeout(Duration::from_secs(2))
+        .with_keep_alive(Duration::from_secs(1), Duration::from_secs(2))
+        .with_keep_alive_while_idle(true)
+        .with_require_leader(true);
+    if let Some(username) = &etcd.username {
+        let password = match &etcd.password_env {
+            Some(var) => std::env::var(var).map_err(|_| SetupError::MissingPassword(var.clone()))?,
+            None => String::new(),
+        };
+        options = options.with_user(username.clone(), password);
+    }
+    if let Some(tls) = &etcd.tls {
+        let read = |what: &'static str, path: &std::path::Path| {
+            std::fs::read(path).map_err(|source| SetupError::TlsFile {
+                what,
+                path: path.display().to_string(),
+                source,
+            })
+        };
+        let mut tls_options = TlsOptions::new();
+        if let Some(ca) = &tls.ca {
+            tls_options = tls_options.ca_certificate(Certificate::from_pem(read("CA certificate", ca)?));
+        }
+        if let (Some(cert), Some(key)) = (&tls.cert, &tls.key) {
+            tls_options = tls_options.identity(Identity::from_pem(read("certificate", cert)?, read("key", key)?));
+        }
+        options = options.with_tls(tls_options);
+    }
+    Ok(options)
+}
+
+/// Connects to `endpoints`. etcd-client connects lazily enough that this mostly validates the
+/// URLs; an unreachable etcd shows up as failed calls, which callers retry.
+pub async fn connect(endpoints: &[String], options: ConnectOptions) -> Result<Client, CoordError> {
+    within(Duration::from_secs(5), Client::connect(endpoints, Some(options))).await
+}

@@ -1,0 +1,79 @@
+//! Every etcd key shardcron reads or writes, in one place.
+//!
+//! ```text
+//! /shardcron/<cluster>/shards/<k>/n<shards>/<lease-hex>   election candidates of shard k
+//! /shardcron/<cluster>/jobs/<job>/last                     the job's last claimed tick
+//! /shardcron/<cluster>/jobs/<job>/result                   the job's last finished run
+//! /shardcron/<cluster>/nodes/<node-id>                     live members
+//! ```
+//! The shard count is part of the election prefix, so nodes whose configs disagree on `shards`
+//! never share an election: shard 3 of 16 and shard 3 of 32 hold different jobs.
+
+/// Builds the keys of one cluster.
+#[derive(Debug, Clone)]
+pub struct Keys {
+    root: String,
+}
+
+impl Keys {
+    pub fn new(cluster: &str) -> Self {
+        Keys {
+            root: format!("/shardcron/{cluster}/"),
+        }
+    }
+
+    pub fn shards_prefix(&self) -> String {
+        format!("{}shards/", self.root)
+    }
+
+    pub fn election_prefix(&self, shards: u32, shard: u32) -> String {
+        format!("{}shards/{shard}/n{shards}/", self.root)
+    }
+
+    pub fn candidate(&self, shards: u32, shard: u32, lease: i64) -> String {
+        format!("{}{lease:x}", self.election_prefix(shards, shard))
+    }
+
+    /// The (shard, shard count) an election key belongs to.
+    pub fn parse_candidate(&self, key: &str) -> Option<(u32, u32)> {
+        let rest = key.strip_prefix(&self.shards_prefix())?;
+        let mut parts = rest.split('/');
+        let shard = parts.next()?.parse().ok()?;
+        let shards = parts.next()?.strip_prefix('n')?.parse().ok()?;
+        Some((shard, shards))
+    }
+
+    pub fn jobs_prefix(&self) -> String {
+        format!("{}jobs/", self.root)
+    }
+
+    pub fn job_last(&self, job: &str) -> String {
+        format!("{}jobs/{job}/last", self.root)
+    }
+
+    pub fn job_result(&self, job: &str) -> String {
+        format!("{}jobs/{job}/result", self.root)
+    }
+
+    pub fn nodes_prefix(&self) -> String {
+        format!("{}nodes/", self.root)
+    }
+
+    pub fn node(&self, node_id: &str) -> String {
+        format!("{}nodes/{node_id}", self.root)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Keys;
+
+    #[test]
+    fn layout() {
+        let keys = Keys::new("prod");
+        assert_eq!(keys.candidate(16, 3, 0x1f), "/shardcron/prod/shards/3/n16/1f");
+        assert_eq!(keys.parse_candidate("/shardcron/prod/shards/3/n16/1f"), Some((3, 16)));
+        assert_eq!(keys.job_last("backup"), "/shardcron/prod/jobs/backup/last");
+        assert_eq!(keys.node("a"), "/shardcron/prod/nodes/a");
+    }
+}

@@ -1,0 +1,292 @@
+//! One term of leadership of one shard: catch up on missed ticks, then fire each tick on time.
+//!
+//! The loop keeps a time-ordered queue of its jobs' next ticks. For each instant it sleeps until
+//! a little before it, claims every job due then in one guarded transaction, sleeps to the
+//! instant by the wall clock and starts the runs. It never fires early, and it never starts a run
+//! once its lease may have expired, so a stalled leader that wakes up late does nothing.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tokio_util::sync::CancellationToken;
+
+use crate::catch_up::{missed_ticks, MAX_CATCH_UP};
+use crate::clock;
+use crate::config::Job;
+use crate::election::{self, Leadership};
+use crate::etcd::CoordError;
+use crate::keys::Keys;
+use crate::ledger::{self, Claim, ClaimRequest, Seen, MAX_OPS_PER_TXN};
+use crate::runner::Tick;
+use crate::runs::Runs;
+use crate::session::Session;
+
+/// A tick is claimed this long before it is due, so the etcd round trip does not delay the
+/// spawn. It is also the window in which a leader that dies after claiming loses that tick.
+pub const CLAIM_LEAD: Duration = Duration::from_millis(50);
+/// Pause between attempts when etcd fails a call during a term.
+const RETRY_PAUSE: Duration = Duration::from_millis(200);
+
+/// Why a term ended; the shard task decides what comes next.
+#[derive(Debug, PartialEq, Eq)]
+pub enum TermEnd {
+    /// Shutdown: stop campaigning.
+    Stopped,
+    /// The node's lease is gone or may be: every term of the node ends.
+    SessionLost,
+    /// Another candidate leads now: campaign again.
+    Deposed,
+}
+
+/// What a term needs to know about its node and shard.
+pub struct Term {
+    pub session: Session,
+    pub keys: Keys,
+    pub election_prefix: String,
+    pub node_id: String,
+    pub jobs: Vec<Arc<Job>>,
+    pub runs: Runs,
+    pub stop: CancellationToken,
+    pub leadership: Leadership,
+}
+
+struct JobState {
+    job: Arc<Job>,
+    revision: i64,
+    last: Option<DateTime<Utc>>,
+}
+
+impl Term {
+    /// Leads the shard until shutdown, the session's loss or deposition.
+    pub async fn lead(&self) -> TermEnd {
+        let names: Vec<&str> = self.jobs.iter().map(|job| job.name.as_str()).collect();
+        let seen = match self.retry(|| ledger::read_claims(&self.session, &self.keys, &names)).await {
+            Ok(seen) => seen,
+            Err(end) => return end,
+        };
+        let mut states: Vec<JobState> = self
+            .jobs
+            .iter()
+            .zip(seen)
+            .map(|(job, seen)| JobState {
+                job: Arc::clone(job),
+                revision: seen.mod_revision,
+                last: seen.claim.map(|claim| claim.scheduled_at),
+            })
+            .collect();
+        if let Err(end) = self.catch_up(&mut states).await {
+            return end;
+        }
+
+        let now = clock::now();
+        let mut queue: BinaryHeap<Reverse<(DateTime<Utc>, usize)>> = states
+            .iter()
+            .enumerate()
+            .filter_map(|(index, state)| {
+                let from = state.last.map_or(now, |last| last.max(now));
+                state.job.schedule.next_after(from).map(|next| Reverse((next, index)))
+            })
+            .collect();
+
+        loop {
+            let Some(&Reverse((due, _))) = queue.peek() else {
+                return self.idle().await;
+            };
+            let claim_at = due - chrono::Duration::from_std(CLAIM_LEAD).unwrap_or_default();
+            tokio::select! {
+                _ = clock::sleep_until(claim_at) => {}
+                _ = self.stop.cancelled() => return TermEnd::Stopped,
+                _ = self.session.lost().cancelled() => return TermEnd::SessionLost,
+            }
+            let mut due_now = Vec::new();
+            while let Some(&Reverse((next, index))) = queue.peek() {
+                if next != due {
+                    break;
+                }
+                queue.pop();
+                due_now.push(index);
+            }
+            let claimed = match self.claim(&mut states, &due_now, due).await {
+                Ok(claimed) => claimed,
+                Err(end) => return end,
+            };
+            clock::sleep_until(due).await;
+            if !self.session.is_live() {
+                tracing::error!(shard = self.leadership.shard, tick = %due, "the lease may have expired before the tick: not starting its claimed runs");
+                return TermEnd::SessionLost;
+            }
+            for index in &claimed {
+                self.runs.start(vec![self.tick(&states[*index].job, due)]);
+            }
+            for index in due_now {
+                if let Some(next) = states[index].job.schedule.next_after(due) {
+                    queue.push(Reverse((next, index)));
+                }
+            }
+        }
+    }
+
+    fn tick(&self, job: &Arc<Job>, scheduled_at: DateTime<Utc>) -> Tick {
+        Tick {
+            job: Arc::clone(job),
+            scheduled_at,
+            fence: self.leadership.fence,
+            node: self.node_id.clone(),
+        }
+    }
+
+    async fn idle(&self) -> TermEnd {
+        tokio::select! {
+            _ = self.stop.cancelled() => TermEnd::Stopped,
+            _ = self.session.lost().cancelled() => TermEnd::SessionLost,
+        }
+    }
+
+    /// Runs the ticks missed while the shard had no leader, as each job's policy says.
+    async fn catch_up(&self, states: &mut [JobState]) -> Result<(), TermEnd> {
+        let now = clock::now();
+        let mut pending: Vec<(usize, Vec<DateTime<Utc>>)> = Vec::new();
+        for (index, state) in states.iter().enumerate() {
+            let missed = missed_ticks(&state.job, state.last, now);
+            if missed.truncated {
+                tracing::warn!(job = %state.job.name, kept = MAX_CATCH_UP, "more ticks were missed than one takeover catches up: running only the newest");
+            }
+            if !missed.ticks.is_empty() {
+                pending.push((index, missed.ticks));
+            }
+        }
+        for chunk in pending.chunks(MAX_OPS_PER_TXN) {
+            let indexes: Vec<usize> = chunk.iter().map(|(index, _)| *index).collect();
+            let newest = |index: usize| chunk.iter().find(|(i, _)| *i == index).and_then(|(_, ticks)| ticks.last().copied());
+            let claimed = self.claim_each(states, &indexes, newest).await?;
+            for (index, ticks) in chunk.iter().filter(|(index, _)| claimed.contains(index)) {
+                let job = &states[*index].job;
+                tracing::info!(job = %job.name, ticks = ticks.len(), first = %ticks[0], policy = ?job.catch_up, "catching up missed ticks");
+                self.runs.start(ticks.iter().map(|tick| self.tick(job, *tick)).collect());
+            }
+        }
+        Ok(())
+    }
+
+    /// Claims tick `due` for the jobs at `indexes` and returns the ones claimed.
+    async fn claim(&self, states: &mut [JobState], indexes: &[usize], due: DateTime<Utc>) -> Result<Vec<usize>, TermEnd> {
+        let mut claimed = Vec::with_capacity(indexes.len());
+        for chunk in indexes.chunks(MAX_OPS_PER_TXN) {
+            claimed.extend(self.claim_each(states, chunk, |_| Some(due)).await?);
+        }
+        Ok(claimed)
+    }
+
+    /// One guarded claim transaction for at most [`MAX_OPS_PER_TXN`] jobs, each at the tick
+    /// `tick_of` gives it. When the transaction fails or its outcome is unknown, the records are
+    /// re-read: a claim that did land is ours, a record that moved past the tick means another
+    /// leader ran it, anything else is claimed again while this node still leads.
+    async fn claim_each(&self, states: &mut [JobState], indexes: &[usize], tick_of: impl Fn(usize) -> Option<DateTime<Utc>>) -> Result<Vec<usize>, TermEnd> {
+        let mut wanted: Vec<(usize, DateTime<Utc>)> = indexes
+            .iter()
+            .filter_map(|&index| tick_of(index).map(|tick| (index, tick)))
+            .filter(|(index, tick)| states[*index].last.is_none_or(|last| last < *tick))
+            .collect();
+        let mut claimed = Vec::with_capacity(wanted.len());
+        while !wanted.is_empty() {
+            if !self.session.is_live() {
+                return Err(TermEnd::SessionLost);
+            }
+            if self.stop.is_cancelled() && claimed.is_empty() {
+                return Err(TermEnd::Stopped);
+            }
+            let requests: Vec<ClaimRequest> = wanted
+                .iter()
+                .map(|&(index, tick)| ClaimRequest {
+                    job: states[index].job.name.clone(),
+                    expected_revision: states[index].revision,
+                    claim: Claim {
+                        scheduled_at: tick,
+                        fence: self.leadership.fence,
+                        node: self.node_id.clone(),
+                    },
+                })
+                .collect();
+            match ledger::claim(&self.session, &self.keys, &self.leadership, &requests).await {
+                Ok(Some(revision)) => {
+                    for (index, tick) in wanted.drain(..) {
+                        states[index].revision = revision;
+                        states[index].last = Some(tick);
+                        claimed.push(index);
+                    }
+                    break;
+                }
+                Ok(None) => {
+                    tracing::warn!(shard = self.leadership.shard, fence = self.leadership.fence, "claim rejected by etcd: re-checking leadership");
+                    match election::still_leads(&self.session, &self.election_prefix, &self.leadership).await {
+                        Ok(true) => {}
+                        Ok(false) => return Err(TermEnd::Deposed),
+                        Err(err) => self.pause_after(&err).await?,
+                    }
+                }
+                Err(err) => self.pause_after(&err).await?,
+            }
+            let names: Vec<&str> = wanted.iter().map(|&(index, _)| states[index].job.name.as_str()).collect();
+            let seen = self.retry(|| ledger::read_claims(&self.session, &self.keys, &names)).await?;
+            let mut still_wanted = Vec::new();
+            for ((index, tick), seen) in wanted.into_iter().zip(seen) {
+                match self.resolve(&seen, tick) {
+                    Resolution::Ours => claimed.push(index),
+                    Resolution::TakenByOther => {
+                        tracing::info!(job = %states[index].job.name, tick = %tick, "tick already claimed by another leader: not running it here");
+                    }
+                    Resolution::Open => still_wanted.push((index, tick)),
+                }
+                states[index].revision = seen.mod_revision;
+                states[index].last = seen.claim.map(|claim| claim.scheduled_at);
+            }
+            wanted = still_wanted;
+        }
+        Ok(claimed)
+    }
+
+    fn resolve(&self, seen: &Seen, tick: DateTime<Utc>) -> Resolution {
+        match &seen.claim {
+            Some(claim) if claim.scheduled_at == tick && claim.fence == self.leadership.fence && claim.node == self.node_id => Resolution::Ours,
+            Some(claim) if claim.scheduled_at >= tick => Resolution::TakenByOther,
+            _ => Resolution::Open,
+        }
+    }
+
+    /// Retries an etcd read until it succeeds or the term must end.
+    async fn retry<T, F, Fut>(&self, mut call: F) -> Result<T, TermEnd>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, CoordError>>,
+    {
+        loop {
+            match call().await {
+                Ok(value) => return Ok(value),
+                Err(err) => self.pause_after(&err).await?,
+            }
+        }
+    }
+
+    async fn pause_after(&self, err: &CoordError) -> Result<(), TermEnd> {
+        tracing::warn!(shard = self.leadership.shard, error = %err, "etcd call failed during the term; retrying");
+        tokio::select! {
+            _ = tokio::time::sleep(RETRY_PAUSE) => {}
+            _ = self.session.lost().cancelled() => return Err(TermEnd::SessionLost),
+            _ = self.stop.cancelled() => return Err(TermEnd::Stopped),
+        }
+        if self.session.is_live() {
+            Ok(())
+        } else {
+            Err(TermEnd::SessionLost)
+        }
+    }
+}
+
+enum Resolution {
+    Ours,
+    TakenByOther,
+    Open,
+}

@@ -1,0 +1,121 @@
+//! The per-job records in etcd: the last claimed tick, and the last finished run.
+//!
+//! A claim is the commitment to run a tick. It is one transaction guarded by the leader key's
+//! fence and by each job's record being unchanged since the leader read it, so a tick is claimed
+//! at most once even while two nodes both believe they lead.
+
+use chrono::{DateTime, Utc};
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
+use serde::{Deserialize, Serialize};
+
+use crate::election::Leadership;
+use crate::etcd::{self, CoordError};
+use crate::keys::Keys;
+use crate::session::Session;
+
+/// etcd refuses transactions of more than 128 operations by default; a guard takes one.
+pub const MAX_OPS_PER_TXN: usize = 100;
+
+/// The value of `/jobs/<job>/last`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Claim {
+    pub scheduled_at: DateTime<Utc>,
+    pub fence: i64,
+    pub node: String,
+}
+
+/// The value of `/jobs/<job>/result`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunRecord {
+    pub scheduled_at: DateTime<Utc>,
+    pub fence: i64,
+    pub node: String,
+    /// `exited`, `killed`, `timeout`, `spawn_failed` or `skipped`.
+    pub outcome: String,
+    pub exit_code: Option<i32>,
+    pub duration_ms: u64,
+    pub finished_at: DateTime<Utc>,
+}
+
+/// A job's last claim as read from etcd, with the revision a claim must find unchanged.
+#[derive(Debug, Clone, Default)]
+pub struct Seen {
+    pub claim: Option<Claim>,
+    /// 0 when the job has no record yet (etcd compares a missing key's revision as 0).
+    pub mod_revision: i64,
+}
+
+/// One job's part of a claim transaction.
+#[derive(Debug, Clone)]
+pub struct ClaimRequest {
+    pub job: String,
+    pub expected_revision: i64,
+    pub claim: Claim,
+}
+
+/// Reads the last claims of `jobs`, in order.
+pub async fn read_claims(session: &Session, keys: &Keys, jobs: &[&str]) -> Result<Vec<Seen>, CoordError> {
+    let mut seen = Vec::with_capacity(jobs.len());
+    for chunk in jobs.chunks(MAX_OPS_PER_TXN) {
+        let gets: Vec<TxnOp> = chunk.iter().map(|job| TxnOp::get(keys.job_last(job), None)).collect();
+        let response = etcd::call(session.client().txn(Txn::new().and_then(gets))).await?;
+        for (job, op) in chunk.iter().zip(response.op_responses()) {
+            let TxnOpResponse::Get(get) = op else {
+                return Err(CoordError::Protocol("txn of gets answered with another op".into()));
+            };
+            let entry = match get.kvs().first() {
+                None => Seen::default(),
+                Some(kv) => match serde_json::from_slice::<Claim>(kv.value()) {
+                    Ok(claim) => Seen {
+                        claim: Some(claim),
+                        mod_revision: kv.mod_revision(),
+                    },
+                    Err(err) => {
+                        // An unreadable record must not stop the job forever; it is treated as
+                        // no record, and the next claim overwrites it (still guarded).
+                        tracing::warn!(job = *job, error = %err, "unreadable claim record; treating the job as new");
+                        Seen {
+                            claim: None,
+                            mod_revision: kv.mod_revision(),
+                        }
+                    }
+                },
+            };
+            seen.push(entry);
+        }
+    }
+    Ok(seen)
+}
+
+/// Claims ticks in one guarded transaction. `Ok(Some(revision))` is the new mod revision of every
+/// claimed record; `Ok(None)` means a guard failed and nothing was written.
+pub async fn claim(session: &Session, keys: &Keys, leadership: &Leadership, requests: &[ClaimRequest]) -> Result<Option<i64>, CoordError> {
+    debug_assert!(requests.len() <= MAX_OPS_PER_TXN);
+    let mut compares = vec![leadership.guard()];
+    let mut puts = Vec::with_capacity(requests.len());
+    for request in requests {
+        let key = keys.job_last(&request.job);
+        compares.push(Compare::mod_revision(key.as_str(), CompareOp::Equal, request.expected_revision));
+        let value = serde_json::to_vec(&request.claim).map_err(|err| CoordError::Protocol(err.to_string()))?;
+        puts.push(TxnOp::put(key, value, None::<PutOptions>));
+    }
+    let response = etcd::call(session.client().txn(Txn::new().when(compares).and_then(puts))).await?;
+    if !response.succeeded() {
+        return Ok(None);
+    }
+    Ok(Some(response.header().map_or(0, |header| header.revision())))
+}
+
+/// Writes finished runs' records in as few transactions as etcd allows. Not guarded: a result is
+/// a fact about a run that happened, whoever leads now.
+pub async fn record_runs(session_client: &etcd_client::Client, keys: &Keys, runs: &[(String, RunRecord)]) -> Result<(), CoordError> {
+    for chunk in runs.chunks(MAX_OPS_PER_TXN) {
+        let mut puts = Vec::with_capacity(chunk.len());
+        for (job, record) in chunk {
+            let value = serde_json::to_vec(record).map_err(|err| CoordError::Protocol(err.to_string()))?;
+            puts.push(TxnOp::put(keys.job_result(job), value, None));
+        }
+        etcd::call(session_client.clone().txn(Txn::new().and_then(puts))).await?;
+    }
+    Ok(())
+}

@@ -1,0 +1,226 @@
+//! A node: one session at a time, a campaign per shard, a term per led shard.
+//!
+//! Cancellation is a tree: `shutdown` (signals) → the session's `lost` token → each term. When
+//! the session is lost every term ends at once and the node opens a new session after a capped,
+//! jittered backoff. On shutdown the node stops claiming, revokes its lease (which resigns every
+//! shard at once), then gives running commands their grace period.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::Rng;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Config, Job};
+use crate::election;
+use crate::etcd::CoordError;
+use crate::keys::Keys;
+use crate::leader::{Term, TermEnd};
+use crate::runs::Runs;
+use crate::session::Session;
+
+/// How a node runs, beyond what `jobs.toml` says.
+#[derive(Debug, Clone)]
+pub struct NodeOptions {
+    pub node_id: String,
+    pub shutdown_grace: Duration,
+}
+
+/// Runs the node until `shutdown` is cancelled. Coordination failures are retried forever; only
+/// a shutdown ends this.
+pub async fn run(config: Config, options: NodeOptions, client: etcd_client::Client, shutdown: CancellationToken) {
+    let keys = Keys::new(&config.cluster.name);
+    let (runs, result_writer) = Runs::new(client.clone(), keys.clone());
+    let jobs_by_shard = Arc::new(jobs_by_shard(&config));
+    tracing::info!(
+        node = %options.node_id,
+        cluster = %config.cluster.name,
+        shards = config.cluster.shards,
+        jobs = config.jobs.len(),
+        lease_ttl = ?config.cluster.lease_ttl,
+        "node starting"
+    );
+
+    let mut backoff = Backoff::new();
+    while !shutdown.is_cancelled() {
+        let session = tokio::select! {
+            opened = Session::open(&client, config.cluster.lease_ttl) => opened,
+            _ = shutdown.cancelled() => break,
+        };
+        let session = match session {
+            Ok(session) => session,
+            Err(err) => {
+                let wait = backoff.next();
+                tracing::warn!(error = %err, retry_in = ?wait, "cannot open an etcd session; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => continue,
+                    _ = shutdown.cancelled() => break,
+                }
+            }
+        };
+        tracing::info!(lease = format!("{:x}", session.lease()), ttl = ?session.ttl(), "session open; campaigning for every shard");
+        let mut shards = JoinSet::new();
+        for shard in 0..config.cluster.shards {
+            let shard_task = ShardTask {
+                shard,
+                shards: config.cluster.shards,
+                session: session.clone(),
+                keys: keys.clone(),
+                node_id: options.node_id.clone(),
+                jobs: jobs_by_shard[shard as usize].clone(),
+                runs: runs.clone(),
+                stop: shutdown.clone(),
+            };
+            shards.spawn(shard_task.run());
+        }
+        tokio::select! {
+            _ = session.lost().cancelled() => {}
+            _ = shutdown.cancelled() => {}
+        }
+        // Terms see the same tokens and end promptly; waiting for them guarantees no claim is
+        // in flight when the lease is revoked.
+        while shards.join_next().await.is_some() {}
+        session.close().await;
+        if !shutdown.is_cancelled() {
+            let wait = backoff.next();
+            tracing::warn!(retry_in = ?wait, "campaigning again with a new session after a backoff");
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = shutdown.cancelled() => {}
+            }
+        } else {
+            backoff.reset();
+        }
+    }
+
+    tracing::info!("shutting down: shards resigned; waiting for running commands");
+    runs.drain(options.shutdown_grace).await;
+    drop(runs);
+    if let Err(err) = result_writer.await {
+        tracing::warn!(error = %err, "result writer ended abnormally");
+    }
+    tracing::info!("node stopped");
+}
+
+fn jobs_by_shard(config: &Config) -> Vec<Vec<Arc<Job>>> {
+    let mut by_shard = vec![Vec::new(); config.cluster.shards as usize];
+    for job in &config.jobs {
+        by_shard[job.shard as usize].push(Arc::new(job.clone()));
+    }
+    by_shard
+}
+
+/// Campaigns for one shard and leads it whenever elected, until the session ends.
+struct ShardTask {
+    shard: u32,
+    shards: u32,
+    session: Session,
+    keys: Keys,
+    node_id: String,
+    jobs: Vec<Arc<Job>>,
+    runs: Runs,
+    stop: CancellationToken,
+}
+
+impl ShardTask {
+    async fn run(self) {
+        let prefix = self.keys.election_prefix(self.shards, self.shard);
+        let mut backoff = Backoff::new();
+        loop {
+            let campaign = tokio::select! {
+                result = election::campaign(&self.session, &prefix, self.shard, &self.node_id) => result,
+                _ = self.session.lost().cancelled() => return,
+                _ = self.stop.cancelled() => return,
+            };
+            let leadership = match campaign {
+                Ok(leadership) => leadership,
+                Err(err) => {
+                    self.pause(&err, &mut backoff).await;
+                    if self.session.lost().is_cancelled() || self.stop.is_cancelled() {
+                        return;
+                    }
+                    continue;
+                }
+            };
+            backoff.reset();
+            tracing::info!(shard = self.shard, fence = leadership.fence, jobs = self.jobs.len(), "leading shard");
+            let term = Term {
+                session: self.session.clone(),
+                keys: self.keys.clone(),
+                election_prefix: prefix.clone(),
+                node_id: self.node_id.clone(),
+                jobs: self.jobs.clone(),
+                runs: self.runs.clone(),
+                stop: self.stop.clone(),
+                leadership,
+            };
+            let end = term.lead().await;
+            tracing::info!(shard = self.shard, fence = term.leadership.fence, reason = ?end, "term ended");
+            match end {
+                TermEnd::Deposed => continue,
+                TermEnd::Stopped | TermEnd::SessionLost => return,
+            }
+        }
+    }
+
+    async fn pause(&self, err: &CoordError, backoff: &mut Backoff) {
+        let wait = backoff.next();
+        tracing::warn!(shard = self.shard, error = %err, retry_in = ?wait, "campaign failed; retrying");
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = self.session.lost().cancelled() => {}
+            _ = self.stop.cancelled() => {}
+        }
+    }
+}
+
+/// Capped exponential backoff with full jitter, so a fleet that lost etcd does not return in
+/// lockstep.
+pub struct Backoff {
+    attempt: u32,
+}
+
+impl Backoff {
+    const BASE: Duration = Duration::from_millis(200);
+    const CAP: Duration = Duration::from_secs(5);
+
+    pub fn new() -> Self {
+        Backoff { attempt: 0 }
+    }
+
+    pub fn next(&mut self) -> Duration {
+        let ceiling = Self::BASE.saturating_mul(1 << self.attempt.min(10)).min(Self::CAP);
+        self.attempt += 1;
+        let millis = ceiling.as_millis() as u64;
+        Duration::from_millis(rand::thread_rng().gen_range(millis / 2..=millis))
+    }
+
+    pub fn reset(&mut self) {
+        self.attempt = 0;
+    }
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Backoff;
+    use std::time::Duration;
+
+    #[test]
+    fn backoff_grows_jittered_and_capped() {
+        let mut backoff = Backoff::new();
+        let first = backoff.next();
+        assert!(first >= Duration::from_millis(100) && first <= Duration::from_millis(200));
+        for _ in 0..20 {
+            assert!(backoff.next() <= Backoff::CAP);
+        }
+        backoff.reset();
+        assert!(backoff.next() <= Duration::from_millis(200));
+    }
+}

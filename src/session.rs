@@ -1,0 +1,150 @@
+//! A node's etcd session: one lease for all its shard campaigns, kept alive by one task.
+//!
+//! The session knows, from its own clock, until when etcd must still hold the lease: the send
+//! time of the last renewal that etcd answered, plus the TTL. Past that instant the node may no
+//! longer act as a leader even if no error has reached it yet; this is what stops a node that
+//! was frozen (SIGSTOP, a long GC-like stall) or cut off from firing a stale tick when it wakes.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use etcd_client::Client;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::etcd::{self, CoordError};
+
+/// A live lease. Cheap to clone; all clones share one keep-alive task.
+#[derive(Clone)]
+pub struct Session {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: Client,
+    lease: i64,
+    ttl: Duration,
+    valid_until: Mutex<Instant>,
+    /// Cancelled when the lease is lost or the session closed: every shard term ends with it.
+    lost: CancellationToken,
+}
+
+impl Session {
+    /// Grants a lease and starts keeping it alive.
+    pub async fn open(client: &Client, ttl: Duration) -> Result<Session, CoordError> {
+        let started = Instant::now();
+        let granted = etcd::call(client.clone().lease_grant(ttl.as_secs() as i64, None)).await?;
+        let ttl = Duration::from_secs(granted.ttl().max(1) as u64);
+        let session = Session {
+            inner: Arc::new(Inner {
+                client: client.clone(),
+                lease: granted.id(),
+                ttl,
+                valid_until: Mutex::new(started + ttl),
+                lost: CancellationToken::new(),
+            }),
+        };
+        tokio::spawn(session.clone().keep_alive());
+        Ok(session)
+    }
+
+    pub fn lease(&self) -> i64 {
+        self.inner.lease
+    }
+
+    pub fn ttl(&self) -> Duration {
+        self.inner.ttl
+    }
+
+    pub fn client(&self) -> Client {
+        self.inner.client.clone()
+    }
+
+    /// Cancelled once the lease is lost or the session closed.
+    pub fn lost(&self) -> &CancellationToken {
+        &self.inner.lost
+    }
+
+    /// Whether etcd still holds the lease by this node's own clock.
+    pub fn is_live(&self) -> bool {
+        !self.inner.lost.is_cancelled() && Instant::now() < self.valid_until()
+    }
+
+    fn valid_until(&self) -> Instant {
+        *self.inner.valid_until.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn renewed(&self, sent_at: Instant) {
+        let mut valid_until = self.inner.valid_until.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        *valid_until = (*valid_until).max(sent_at + self.inner.ttl);
+    }
+
+    fn lose(&self, why: &str) {
+        if !self.inner.lost.is_cancelled() {
+            tracing::warn!(lease = format!("{:x}", self.inner.lease), reason = why, "session lost: every shard term of this node ends");
+            self.inner.lost.cancel();
+        }
+    }
+
+    /// Revokes the lease, which deletes every election key of this node at once so that other
+    /// nodes take over without waiting for the TTL. Bounded by the TTL: after that etcd has
+    /// dropped the lease anyway.
+    pub async fn close(&self) {
+        self.inner.lost.cancel();
+        let mut client = self.inner.client.clone();
+        match etcd::within(self.inner.ttl, client.lease_revoke(self.inner.lease)).await {
+            Ok(_) => tracing::info!(lease = format!("{:x}", self.inner.lease), "lease revoked"),
+            Err(err) => tracing::warn!(lease = format!("{:x}", self.inner.lease), error = %err, "could not revoke the lease; it expires within its TTL"),
+        }
+    }
+
+    /// Renews about every TTL/3. Ends the session when etcd says the lease is gone or when no
+    /// renewal succeeded within the TTL.
+    async fn keep_alive(self) {
+        let interval = (self.inner.ttl / 3).max(Duration::from_millis(200));
+        let mut stream = None;
+        let mut next = Instant::now() + interval;
+        loop {
+            tokio::select! {
+                _ = self.inner.lost.cancelled() => return,
+                _ = tokio::time::sleep_until(next) => {}
+            }
+            next = Instant::now() + interval;
+            if Instant::now() >= self.valid_until() {
+                self.lose("no renewal succeeded within the lease TTL");
+                return;
+            }
+            // A renewal may take no longer than the lease has left, so a hung connection is
+            // noticed before the lease could have expired.
+            let limit = self.valid_until().saturating_duration_since(Instant::now()).min(interval * 2);
+            let sent_at = Instant::now();
+            let client = self.inner.client.clone();
+            let lease = self.inner.lease;
+            let renewal = async {
+                let opened = match stream.take() {
+                    Some(opened) => opened,
+                    None => client.clone().lease_keep_alive(lease).await?,
+                };
+                let (keeper, responses) = stream.insert(opened);
+                keeper.keep_alive().await?;
+                responses.message().await
+            };
+            match etcd::within(limit, renewal).await {
+                Ok(Some(response)) if response.ttl() > 0 => self.renewed(sent_at),
+                Ok(Some(_)) => {
+                    self.lose("etcd reports the lease expired");
+                    return;
+                }
+                Ok(None) => {
+                    tracing::warn!("lease keep-alive stream closed by etcd; reopening");
+                    stream = None;
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err, "lease renewal failed; retrying");
+                    stream = None;
+                    next = Instant::now() + interval.min(Duration::from_millis(300));
+                }
+            }
+        }
+    }
+}
