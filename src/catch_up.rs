@@ -22,7 +22,10 @@ pub fn missed_ticks(job: &Job, last_claimed: Option<DateTime<Utc>>, now: DateTim
     let Some(last) = last_claimed else {
         return Missed::default();
     };
-    let floor = match job.starting_deadline.and_then(|deadline| chrono::Duration::from_std(deadline).ok()) {
+    let floor = match job
+        .starting_deadline
+        .and_then(|deadline| chrono::Duration::from_std(deadline).ok())
+    {
         Some(deadline) => last.max(now - deadline),
         None => last,
     };
@@ -48,7 +51,9 @@ mod tests {
     use crate::schedule::Schedule;
 
     fn at(text: &str) -> DateTime<Utc> {
-        DateTime::parse_from_rfc3339(text).unwrap().with_timezone(&Utc)
+        DateTime::parse_from_rfc3339(text)
+            .unwrap()
+            .with_timezone(&Utc)
     }
 
     fn job(catch_up: CatchUp, starting_deadline: Option<u64>) -> Job {
@@ -70,23 +75,41 @@ mod tests {
     fn policies() {
         let last = Some(at("2027-01-01T00:00:00Z"));
         let now = at("2027-01-01T00:00:05.500Z");
-        let secs = |list: &[u32]| list.iter().map(|s| at(&format!("2027-01-01T00:00:0{s}Z"))).collect::<Vec<_>>();
+        let secs = |list: &[u32]| {
+            list.iter()
+                .map(|s| at(&format!("2027-01-01T00:00:0{s}Z")))
+                .collect::<Vec<_>>()
+        };
         let cases = [
             (job(CatchUp::All, None), last, secs(&[1, 2, 3, 4, 5])),
             (job(CatchUp::Latest, None), last, secs(&[5])),
             (job(CatchUp::None, None), last, vec![]),
             (job(CatchUp::All, Some(2)), last, secs(&[4, 5])),
             (job(CatchUp::All, None), None, vec![]),
-            (job(CatchUp::Latest, None), Some(at("2027-01-01T00:00:05Z")), vec![]),
+            (
+                job(CatchUp::Latest, None),
+                Some(at("2027-01-01T00:00:05Z")),
+                vec![],
+            ),
         ];
         for (job, last, expected) in cases {
-            assert_eq!(missed_ticks(&job, last, now).ticks, expected, "{:?} {:?} from {last:?}", job.catch_up, job.starting_deadline);
+            assert_eq!(
+                missed_ticks(&job, last, now).ticks,
+                expected,
+                "{:?} {:?} from {last:?}",
+                job.catch_up,
+                job.starting_deadline
+            );
         }
     }
 
     #[test]
     fn all_is_capped_with_a_flag() {
-        let missed = missed_ticks(&job(CatchUp::All, None), Some(at("2027-01-01T00:00:00Z")), at("2027-01-01T01:00:00Z"));
+        let missed = missed_ticks(
+            &job(CatchUp::All, None),
+            Some(at("2027-01-01T00:00:00Z")),
+            at("2027-01-01T01:00:00Z"),
+        );
         assert_eq!(missed.ticks.len(), MAX_CATCH_UP);
         assert!(missed.truncated);
         assert_eq!(missed.ticks.last(), Some(&at("2027-01-01T01:00:00Z")));

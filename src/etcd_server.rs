@@ -2,8 +2,8 @@
 //! runs against, and what every integration test starts for itself.
 
 use std::io::{Read, Write};
-use std::os::unix::process::CommandExt;
 use std::net::{TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -37,7 +37,9 @@ impl EtcdServer {
     pub fn start(bin: &Path) -> Result<EtcdServer, EtcdServerError> {
         let mut server = EtcdServer {
             child: None,
-            dir: tempfile::Builder::new().prefix("shardcron-etcd-").tempdir()?,
+            dir: tempfile::Builder::new()
+                .prefix("shardcron-etcd-")
+                .tempdir()?,
             client_port: free_port()?,
             peer_port: free_port()?,
             bin: bin.to_path_buf(),
@@ -49,10 +51,16 @@ impl EtcdServer {
     fn spawn(&mut self) -> Result<(), EtcdServerError> {
         let client = format!("http://127.0.0.1:{}", self.client_port);
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.log_path())?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path())?;
         let child = Command::new(&self.bin)
             .arg("--name=shardcron-dev")
-            .arg(format!("--data-dir={}", self.dir.path().join("data").display()))
+            .arg(format!(
+                "--data-dir={}",
+                self.dir.path().join("data").display()
+            ))
             .arg(format!("--listen-client-urls={client}"))
             .arg(format!("--advertise-client-urls={client}"))
             .arg(format!("--listen-peer-urls={peer}"))
@@ -108,7 +116,10 @@ impl EtcdServer {
                 if let Ok(Some(status)) = child.try_wait() {
                     return Err(EtcdServerError::Spawn {
                         bin: self.bin.display().to_string(),
-                        source: std::io::Error::other(format!("exited with {status}; see {}", self.log_path().display())),
+                        source: std::io::Error::other(format!(
+                            "exited with {status}; see {}",
+                            self.log_path().display()
+                        )),
                     });
                 }
             }
@@ -117,7 +128,10 @@ impl EtcdServer {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        Err(EtcdServerError::NotReady(limit, self.log_path().display().to_string()))
+        Err(EtcdServerError::NotReady(
+            limit,
+            self.log_path().display().to_string(),
+        ))
     }
 
     fn healthy(&self) -> bool {
@@ -125,7 +139,10 @@ impl EtcdServer {
             return false;
         };
         let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
-        let request = format!("GET /health HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nConnection: close\r\n\r\n", self.client_port);
+        let request = format!(
+            "GET /health HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nConnection: close\r\n\r\n",
+            self.client_port
+        );
         if stream.write_all(request.as_bytes()).is_err() {
             return false;
         }

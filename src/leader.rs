@@ -63,7 +63,10 @@ impl Term {
     /// Leads the shard until shutdown, the session's loss or deposition.
     pub async fn lead(&self) -> TermEnd {
         let names: Vec<&str> = self.jobs.iter().map(|job| job.name.as_str()).collect();
-        let seen = match self.retry(|| ledger::read_claims(&self.session, &self.keys, &names)).await {
+        let seen = match self
+            .retry(|| ledger::read_claims(&self.session, &self.keys, &names))
+            .await
+        {
             Ok(seen) => seen,
             Err(end) => return end,
         };
@@ -87,7 +90,11 @@ impl Term {
             .enumerate()
             .filter_map(|(index, state)| {
                 let from = state.last.map_or(now, |last| last.max(now));
-                state.job.schedule.next_after(from).map(|next| Reverse((next, index)))
+                state
+                    .job
+                    .schedule
+                    .next_after(from)
+                    .map(|next| Reverse((next, index)))
             })
             .collect();
 
@@ -160,19 +167,30 @@ impl Term {
         }
         for chunk in pending.chunks(MAX_OPS_PER_TXN) {
             let indexes: Vec<usize> = chunk.iter().map(|(index, _)| *index).collect();
-            let newest = |index: usize| chunk.iter().find(|(i, _)| *i == index).and_then(|(_, ticks)| ticks.last().copied());
+            let newest = |index: usize| {
+                chunk
+                    .iter()
+                    .find(|(i, _)| *i == index)
+                    .and_then(|(_, ticks)| ticks.last().copied())
+            };
             let claimed = self.claim_each(states, &indexes, newest).await?;
             for (index, ticks) in chunk.iter().filter(|(index, _)| claimed.contains(index)) {
                 let job = &states[*index].job;
                 tracing::info!(job = %job.name, ticks = ticks.len(), first = %ticks[0], policy = ?job.catch_up, "catching up missed ticks");
-                self.runs.start(ticks.iter().map(|tick| self.tick(job, *tick)).collect());
+                self.runs
+                    .start(ticks.iter().map(|tick| self.tick(job, *tick)).collect());
             }
         }
         Ok(())
     }
 
     /// Claims tick `due` for the jobs at `indexes` and returns the ones claimed.
-    async fn claim(&self, states: &mut [JobState], indexes: &[usize], due: DateTime<Utc>) -> Result<Vec<usize>, TermEnd> {
+    async fn claim(
+        &self,
+        states: &mut [JobState],
+        indexes: &[usize],
+        due: DateTime<Utc>,
+    ) -> Result<Vec<usize>, TermEnd> {
         let mut claimed = Vec::with_capacity(indexes.len());
         for chunk in indexes.chunks(MAX_OPS_PER_TXN) {
             claimed.extend(self.claim_each(states, chunk, |_| Some(due)).await?);
@@ -184,7 +202,12 @@ impl Term {
     /// `tick_of` gives it. When the transaction fails or its outcome is unknown, the records are
     /// re-read: a claim that did land is ours, a record that moved past the tick means another
     /// leader ran it, anything else is claimed again while this node still leads.
-    async fn claim_each(&self, states: &mut [JobState], indexes: &[usize], tick_of: impl Fn(usize) -> Option<DateTime<Utc>>) -> Result<Vec<usize>, TermEnd> {
+    async fn claim_each(
+        &self,
+        states: &mut [JobState],
+        indexes: &[usize],
+        tick_of: impl Fn(usize) -> Option<DateTime<Utc>>,
+    ) -> Result<Vec<usize>, TermEnd> {
         let mut wanted: Vec<(usize, DateTime<Utc>)> = indexes
             .iter()
             .filter_map(|&index| tick_of(index).map(|tick| (index, tick)))
@@ -220,8 +243,18 @@ impl Term {
                     break;
                 }
                 Ok(None) => {
-                    tracing::warn!(shard = self.leadership.shard, fence = self.leadership.fence, "claim rejected by etcd: re-checking leadership");
-                    match election::still_leads(&self.session, &self.election_prefix, &self.leadership).await {
+                    tracing::warn!(
+                        shard = self.leadership.shard,
+                        fence = self.leadership.fence,
+                        "claim rejected by etcd: re-checking leadership"
+                    );
+                    match election::still_leads(
+                        &self.session,
+                        &self.election_prefix,
+                        &self.leadership,
+                    )
+                    .await
+                    {
                         Ok(true) => {}
                         Ok(false) => return Err(TermEnd::Deposed),
                         Err(err) => self.pause_after(&err).await?,
@@ -229,8 +262,13 @@ impl Term {
                 }
                 Err(err) => self.pause_after(&err).await?,
             }
-            let names: Vec<&str> = wanted.iter().map(|&(index, _)| states[index].job.name.as_str()).collect();
-            let seen = self.retry(|| ledger::read_claims(&self.session, &self.keys, &names)).await?;
+            let names: Vec<&str> = wanted
+                .iter()
+                .map(|&(index, _)| states[index].job.name.as_str())
+                .collect();
+            let seen = self
+                .retry(|| ledger::read_claims(&self.session, &self.keys, &names))
+                .await?;
             let mut still_wanted = Vec::new();
             for ((index, tick), seen) in wanted.into_iter().zip(seen) {
                 match self.resolve(&seen, tick) {
@@ -250,7 +288,13 @@ impl Term {
 
     fn resolve(&self, seen: &Seen, tick: DateTime<Utc>) -> Resolution {
         match &seen.claim {
-            Some(claim) if claim.scheduled_at == tick && claim.fence == self.leadership.fence && claim.node == self.node_id => Resolution::Ours,
+            Some(claim)
+                if claim.scheduled_at == tick
+                    && claim.fence == self.leadership.fence
+                    && claim.node == self.node_id =>
+            {
+                Resolution::Ours
+            }
             Some(claim) if claim.scheduled_at >= tick => Resolution::TakenByOther,
             _ => Resolution::Open,
         }

@@ -54,14 +54,23 @@ pub struct ClaimRequest {
 }
 
 /// Reads the last claims of `jobs`, in order.
-pub async fn read_claims(session: &Session, keys: &Keys, jobs: &[&str]) -> Result<Vec<Seen>, CoordError> {
+pub async fn read_claims(
+    session: &Session,
+    keys: &Keys,
+    jobs: &[&str],
+) -> Result<Vec<Seen>, CoordError> {
     let mut seen = Vec::with_capacity(jobs.len());
     for chunk in jobs.chunks(MAX_OPS_PER_TXN) {
-        let gets: Vec<TxnOp> = chunk.iter().map(|job| TxnOp::get(keys.job_last(job), None)).collect();
+        let gets: Vec<TxnOp> = chunk
+            .iter()
+            .map(|job| TxnOp::get(keys.job_last(job), None))
+            .collect();
         let response = etcd::call(session.client().txn(Txn::new().and_then(gets))).await?;
         for (job, op) in chunk.iter().zip(response.op_responses()) {
             let TxnOpResponse::Get(get) = op else {
-                return Err(CoordError::Protocol("txn of gets answered with another op".into()));
+                return Err(CoordError::Protocol(
+                    "txn of gets answered with another op".into(),
+                ));
             };
             let entry = match get.kvs().first() {
                 None => Seen::default(),
@@ -89,30 +98,52 @@ pub async fn read_claims(session: &Session, keys: &Keys, jobs: &[&str]) -> Resul
 
 /// Claims ticks in one guarded transaction. `Ok(Some(revision))` is the new mod revision of every
 /// claimed record; `Ok(None)` means a guard failed and nothing was written.
-pub async fn claim(session: &Session, keys: &Keys, leadership: &Leadership, requests: &[ClaimRequest]) -> Result<Option<i64>, CoordError> {
+pub async fn claim(
+    session: &Session,
+    keys: &Keys,
+    leadership: &Leadership,
+    requests: &[ClaimRequest],
+) -> Result<Option<i64>, CoordError> {
     debug_assert!(requests.len() <= MAX_OPS_PER_TXN);
     let mut compares = vec![leadership.guard()];
     let mut puts = Vec::with_capacity(requests.len());
     for request in requests {
         let key = keys.job_last(&request.job);
-        compares.push(Compare::mod_revision(key.as_str(), CompareOp::Equal, request.expected_revision));
-        let value = serde_json::to_vec(&request.claim).map_err(|err| CoordError::Protocol(err.to_string()))?;
+        compares.push(Compare::mod_revision(
+            key.as_str(),
+            CompareOp::Equal,
+            request.expected_revision,
+        ));
+        let value = serde_json::to_vec(&request.claim)
+            .map_err(|err| CoordError::Protocol(err.to_string()))?;
         puts.push(TxnOp::put(key, value, None::<PutOptions>));
     }
-    let response = etcd::call(session.client().txn(Txn::new().when(compares).and_then(puts))).await?;
+    let response = etcd::call(
+        session
+            .client()
+            .txn(Txn::new().when(compares).and_then(puts)),
+    )
+    .await?;
     if !response.succeeded() {
         return Ok(None);
     }
-    Ok(Some(response.header().map_or(0, |header| header.revision())))
+    Ok(Some(
+        response.header().map_or(0, |header| header.revision()),
+    ))
 }
 
 /// Writes finished runs' records in as few transactions as etcd allows. Not guarded: a result is
 /// a fact about a run that happened, whoever leads now.
-pub async fn record_runs(session_client: &etcd_client::Client, keys: &Keys, runs: &[(String, RunRecord)]) -> Result<(), CoordError> {
+pub async fn record_runs(
+    session_client: &etcd_client::Client,
+    keys: &Keys,
+    runs: &[(String, RunRecord)],
+) -> Result<(), CoordError> {
     for chunk in runs.chunks(MAX_OPS_PER_TXN) {
         let mut puts = Vec::with_capacity(chunk.len());
         for (job, record) in chunk {
-            let value = serde_json::to_vec(record).map_err(|err| CoordError::Protocol(err.to_string()))?;
+            let value =
+                serde_json::to_vec(record).map_err(|err| CoordError::Protocol(err.to_string()))?;
             puts.push(TxnOp::put(keys.job_result(job), value, None));
         }
         etcd::call(session_client.clone().txn(Txn::new().and_then(puts))).await?;

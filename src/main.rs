@@ -45,12 +45,20 @@ fn with_runtime<F: std::future::Future<Output = Result<()>>>(future: F) -> Resul
 }
 
 fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("SHARDCRON_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(std::io::stderr().is_terminal()).with_writer(std::io::stderr).try_init();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SHARDCRON_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr)
+        .try_init();
 }
 
 fn endpoints(config: &Config, flag: Vec<String>) -> Vec<String> {
-    let flag: Vec<String> = flag.into_iter().filter(|endpoint| !endpoint.trim().is_empty()).collect();
+    let flag: Vec<String> = flag
+        .into_iter()
+        .filter(|endpoint| !endpoint.trim().is_empty())
+        .collect();
     if flag.is_empty() {
         config.etcd.endpoints.clone()
     } else {
@@ -63,15 +71,29 @@ async fn run(config: Config, args: NodeArgs, dev_endpoints: Option<Vec<String>>)
     let endpoints = dev_endpoints.unwrap_or_else(|| endpoints(&config, args.endpoints.clone()));
     let node_id = match args.node_id {
         Some(id) => id,
-        None => hostname::get().context("cannot read the host name; pass --node-id")?.to_string_lossy().into_owned(),
+        None => hostname::get()
+            .context("cannot read the host name; pass --node-id")?
+            .to_string_lossy()
+            .into_owned(),
     };
     let options = etcd::connect_options(&config.etcd)?;
-    let client = etcd::connect(&endpoints, options).await.with_context(|| format!("cannot set up an etcd client for {endpoints:?}"))?;
+    let client = etcd::connect(&endpoints, options)
+        .await
+        .with_context(|| format!("cannot set up an etcd client for {endpoints:?}"))?;
     tracing::info!(endpoints = ?endpoints, config = %config.path.display(), digest = %config.digest, "connecting to etcd");
 
     let shutdown = CancellationToken::new();
     tokio::spawn(forward_signals(shutdown.clone()));
-    node::run(config, NodeOptions { node_id, shutdown_grace: args.shutdown_grace }, client, shutdown).await;
+    node::run(
+        config,
+        NodeOptions {
+            node_id,
+            shutdown_grace: args.shutdown_grace,
+        },
+        client,
+        shutdown,
+    )
+    .await;
     Ok(())
 }
 
@@ -79,7 +101,10 @@ async fn run(config: Config, args: NodeArgs, dev_endpoints: Option<Vec<String>>)
 /// successor: we exit at once.
 async fn forward_signals(shutdown: CancellationToken) {
     use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
         tracing::error!("cannot install signal handlers; stop the node with SIGKILL");
         return;
     };
@@ -99,7 +124,9 @@ async fn forward_signals(shutdown: CancellationToken) {
 async fn show_status(config: Config, endpoints_flag: Vec<String>, json: bool) -> Result<()> {
     let endpoints = endpoints(&config, endpoints_flag);
     let client = etcd::connect(&endpoints, etcd::connect_options(&config.etcd)?).await?;
-    let status = status::read(&config, &client).await.with_context(|| format!("cannot read the cluster state from etcd at {endpoints:?}"))?;
+    let status = status::read(&config, &client)
+        .await
+        .with_context(|| format!("cannot read the cluster state from etcd at {endpoints:?}"))?;
     if json {
         println!("{}", serde_json::to_string_pretty(&status)?);
     } else {

@@ -29,7 +29,12 @@ pub struct NodeOptions {
 
 /// Runs the node until `shutdown` is cancelled. Coordination failures are retried forever; only
 /// a shutdown ends this.
-pub async fn run(config: Config, options: NodeOptions, client: etcd_client::Client, shutdown: CancellationToken) {
+pub async fn run(
+    config: Config,
+    options: NodeOptions,
+    client: etcd_client::Client,
+    shutdown: CancellationToken,
+) {
     let keys = Keys::new(&config.cluster.name);
     let (runs, result_writer) = Runs::new(client.clone(), keys.clone());
     let jobs_by_shard = Arc::new(jobs_by_shard(&config));
@@ -51,7 +56,7 @@ pub async fn run(config: Config, options: NodeOptions, client: etcd_client::Clie
         let session = match session {
             Ok(session) => session,
             Err(err) => {
-                let wait = backoff.next();
+                let wait = backoff.next_delay();
                 tracing::warn!(error = %err, retry_in = ?wait, "cannot open an etcd session; retrying");
                 tokio::select! {
                     _ = tokio::time::sleep(wait) => continue,
@@ -83,7 +88,7 @@ pub async fn run(config: Config, options: NodeOptions, client: etcd_client::Clie
         while shards.join_next().await.is_some() {}
         session.close().await;
         if !shutdown.is_cancelled() {
-            let wait = backoff.next();
+            let wait = backoff.next_delay();
             tracing::warn!(retry_in = ?wait, "campaigning again with a new session after a backoff");
             tokio::select! {
                 _ = tokio::time::sleep(wait) => {}
@@ -144,7 +149,12 @@ impl ShardTask {
                 }
             };
             backoff.reset();
-            tracing::info!(shard = self.shard, fence = leadership.fence, jobs = self.jobs.len(), "leading shard");
+            tracing::info!(
+                shard = self.shard,
+                fence = leadership.fence,
+                jobs = self.jobs.len(),
+                "leading shard"
+            );
             let term = Term {
                 session: self.session.clone(),
                 keys: self.keys.clone(),
@@ -165,7 +175,7 @@ impl ShardTask {
     }
 
     async fn pause(&self, err: &CoordError, backoff: &mut Backoff) {
-        let wait = backoff.next();
+        let wait = backoff.next_delay();
         tracing::warn!(shard = self.shard, error = %err, retry_in = ?wait, "campaign failed; retrying");
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
@@ -189,8 +199,10 @@ impl Backoff {
         Backoff { attempt: 0 }
     }
 
-    pub fn next(&mut self) -> Duration {
-        let ceiling = Self::BASE.saturating_mul(1 << self.attempt.min(10)).min(Self::CAP);
+    pub fn next_delay(&mut self) -> Duration {
+        let ceiling = Self::BASE
+            .saturating_mul(1 << self.attempt.min(10))
+            .min(Self::CAP);
         self.attempt += 1;
         let millis = ceiling.as_millis() as u64;
         Duration::from_millis(rand::thread_rng().gen_range(millis / 2..=millis))
@@ -215,12 +227,12 @@ mod tests {
     #[test]
     fn backoff_grows_jittered_and_capped() {
         let mut backoff = Backoff::new();
-        let first = backoff.next();
+        let first = backoff.next_delay();
         assert!(first >= Duration::from_millis(100) && first <= Duration::from_millis(200));
         for _ in 0..20 {
-            assert!(backoff.next() <= Backoff::CAP);
+            assert!(backoff.next_delay() <= Backoff::CAP);
         }
         backoff.reset();
-        assert!(backoff.next() <= Duration::from_millis(200));
+        assert!(backoff.next_delay() <= Duration::from_millis(200));
     }
 }

@@ -78,8 +78,14 @@ pub async fn run(tick: &Tick, kill: &CancellationToken) -> RunRecord {
     };
     let pid = child.id();
     tracing::info!(job = %job.name, tick = %tick.scheduled_at_text(), fence = tick.fence, pid, "run started");
-    let stdout = child.stdout.take().map(|out| tokio::spawn(forward_lines(out, tick.clone(), "stdout")));
-    let stderr = child.stderr.take().map(|err| tokio::spawn(forward_lines(err, tick.clone(), "stderr")));
+    let stdout = child
+        .stdout
+        .take()
+        .map(|out| tokio::spawn(forward_lines(out, tick.clone(), "stdout")));
+    let stderr = child
+        .stderr
+        .take()
+        .map(|err| tokio::spawn(forward_lines(err, tick.clone(), "stderr")));
 
     let timeout = async {
         match job.timeout {
@@ -112,7 +118,10 @@ pub async fn run(tick: &Tick, kill: &CancellationToken) -> RunRecord {
     };
     // The group may still hold the pipes open; stop reading rather than wait for it.
     for reader in [stdout, stderr].into_iter().flatten() {
-        if tokio::time::timeout(Duration::from_secs(1), reader).await.is_err() {
+        if tokio::time::timeout(Duration::from_secs(1), reader)
+            .await
+            .is_err()
+        {
             tracing::debug!(job = %job.name, "output reader still open after exit; detached");
         }
     }
@@ -125,7 +134,9 @@ pub async fn run(tick: &Tick, kill: &CancellationToken) -> RunRecord {
         Ok(status) => {
             tracing::warn!(job = %job.name, tick = %tick.scheduled_at_text(), fence = tick.fence, duration_ms = record.duration_ms, status = %status, outcome, "run failed")
         }
-        Err(err) => tracing::error!(job = %job.name, tick = %tick.scheduled_at_text(), error = %err, "could not wait for the command"),
+        Err(err) => {
+            tracing::error!(job = %job.name, tick = %tick.scheduled_at_text(), error = %err, "could not wait for the command")
+        }
     }
     record
 }
@@ -162,7 +173,10 @@ async fn forward_lines(stream: impl AsyncRead + Unpin, tick: Tick, name: &'stati
 
 /// Reads one line into `line`, keeping at most [`MAX_LINE`] bytes of it and discarding the rest.
 /// Returns the number of bytes consumed, 0 at end of stream.
-async fn read_bounded_line<R: AsyncBufReadExt + Unpin>(reader: &mut R, line: &mut Vec<u8>) -> std::io::Result<usize> {
+async fn read_bounded_line<R: AsyncBufReadExt + Unpin>(
+    reader: &mut R,
+    line: &mut Vec<u8>,
+) -> std::io::Result<usize> {
     let mut consumed = 0;
     loop {
         let buffer = reader.fill_buf().await?;

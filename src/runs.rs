@@ -49,7 +49,10 @@ impl Runs {
         let Some(first) = ticks.first() else { return };
         let job = Arc::clone(&first.job);
         {
-            let mut running = self.running.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let mut running = self
+                .running
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
             let count = running.entry(job.name.clone()).or_default();
             if *count > 0 && job.overlap == Overlap::Skip {
                 drop(running);
@@ -67,7 +70,10 @@ impl Runs {
                 let record = runner::run(&tick, &runs.kill).await;
                 runs.report(&tick, record);
             }
-            let mut running = runs.running.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let mut running = runs
+                .running
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
             if let Some(count) = running.get_mut(&job.name) {
                 *count = count.saturating_sub(1);
             }
@@ -87,8 +93,14 @@ impl Runs {
             return;
         }
         tracing::info!(running = self.tracker.len(), grace = ?grace, "waiting for running commands");
-        if tokio::time::timeout(grace, self.tracker.wait()).await.is_err() {
-            tracing::warn!(running = self.tracker.len(), "shutdown grace is over: killing the remaining commands");
+        if tokio::time::timeout(grace, self.tracker.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                running = self.tracker.len(),
+                "shutdown grace is over: killing the remaining commands"
+            );
             self.kill.cancel();
             self.tracker.wait().await;
         }
@@ -108,11 +120,17 @@ fn skipped(tick: &Tick) -> RunRecord {
 }
 
 /// Collects results for a short window and writes each job's newest in one transaction.
-async fn write_results(client: etcd_client::Client, keys: Keys, mut receiver: mpsc::UnboundedReceiver<(String, RunRecord)>) {
+async fn write_results(
+    client: etcd_client::Client,
+    keys: Keys,
+    mut receiver: mpsc::UnboundedReceiver<(String, RunRecord)>,
+) {
     while let Some(first) = receiver.recv().await {
         let mut batch: HashMap<String, RunRecord> = HashMap::new();
         let mut add = |(job, record): (String, RunRecord)| {
-            let newer = batch.get(&job).is_none_or(|held| held.scheduled_at <= record.scheduled_at);
+            let newer = batch
+                .get(&job)
+                .is_none_or(|held| held.scheduled_at <= record.scheduled_at);
             if newer {
                 batch.insert(job, record);
             }

@@ -102,7 +102,12 @@ impl Schedule {
     /// The newest fire instants in `(after, until]`, oldest first, at most `limit` of them, and
     /// whether older ones in the range were left out. Walks backwards from `until`, so a record
     /// from long ago costs `limit` steps, not one per tick since.
-    pub fn newest_ticks_between(&self, after: DateTime<Utc>, until: DateTime<Utc>, limit: usize) -> (Vec<DateTime<Utc>>, bool) {
+    pub fn newest_ticks_between(
+        &self,
+        after: DateTime<Utc>,
+        until: DateTime<Utc>,
+        limit: usize,
+    ) -> (Vec<DateTime<Utc>>, bool) {
         let mut ticks = Vec::new();
         let mut cursor = self.latest_at_or_before(until);
         while let Some(tick) = cursor.filter(|tick| *tick > after) {
@@ -414,13 +419,35 @@ mod tests {
     #[test]
     fn newest_ticks_walk_back_from_the_end() {
         let schedule = Schedule::parse("*/10 * * * * *", Tz::UTC).unwrap();
-        let (ticks, more) = schedule.newest_ticks_between(at("2027-01-01T00:00:00Z"), at("2027-01-01T00:00:35Z"), 100);
-        assert_eq!(ticks, vec![at("2027-01-01T00:00:10Z"), at("2027-01-01T00:00:20Z"), at("2027-01-01T00:00:30Z")]);
+        let (ticks, more) = schedule.newest_ticks_between(
+            at("2027-01-01T00:00:00Z"),
+            at("2027-01-01T00:00:35Z"),
+            100,
+        );
+        assert_eq!(
+            ticks,
+            vec![
+                at("2027-01-01T00:00:10Z"),
+                at("2027-01-01T00:00:20Z"),
+                at("2027-01-01T00:00:30Z")
+            ]
+        );
         assert!(!more);
-        let (ticks, more) = schedule.newest_ticks_between(at("2026-01-01T00:00:00Z"), at("2027-01-01T00:00:35Z"), 2);
-        assert_eq!(ticks, vec![at("2027-01-01T00:00:20Z"), at("2027-01-01T00:00:30Z")]);
+        let (ticks, more) = schedule.newest_ticks_between(
+            at("2026-01-01T00:00:00Z"),
+            at("2027-01-01T00:00:35Z"),
+            2,
+        );
+        assert_eq!(
+            ticks,
+            vec![at("2027-01-01T00:00:20Z"), at("2027-01-01T00:00:30Z")]
+        );
         assert!(more);
-        let (ticks, _) = schedule.newest_ticks_between(at("2027-01-01T00:00:30Z"), at("2027-01-01T00:00:30Z"), 5);
+        let (ticks, _) = schedule.newest_ticks_between(
+            at("2027-01-01T00:00:30Z"),
+            at("2027-01-01T00:00:30Z"),
+            5,
+        );
         assert!(ticks.is_empty());
     }
 }

@@ -71,17 +71,29 @@ impl Session {
     }
 
     fn valid_until(&self) -> Instant {
-        *self.inner.valid_until.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        *self
+            .inner
+            .valid_until
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn renewed(&self, sent_at: Instant) {
-        let mut valid_until = self.inner.valid_until.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut valid_until = self
+            .inner
+            .valid_until
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         *valid_until = (*valid_until).max(sent_at + self.inner.ttl);
     }
 
     fn lose(&self, why: &str) {
         if !self.inner.lost.is_cancelled() {
-            tracing::warn!(lease = format!("{:x}", self.inner.lease), reason = why, "session lost: every shard term of this node ends");
+            tracing::warn!(
+                lease = format!("{:x}", self.inner.lease),
+                reason = why,
+                "session lost: every shard term of this node ends"
+            );
             self.inner.lost.cancel();
         }
     }
@@ -94,7 +106,9 @@ impl Session {
         let mut client = self.inner.client.clone();
         match etcd::within(self.inner.ttl, client.lease_revoke(self.inner.lease)).await {
             Ok(_) => tracing::info!(lease = format!("{:x}", self.inner.lease), "lease revoked"),
-            Err(err) => tracing::warn!(lease = format!("{:x}", self.inner.lease), error = %err, "could not revoke the lease; it expires within its TTL"),
+            Err(err) => {
+                tracing::warn!(lease = format!("{:x}", self.inner.lease), error = %err, "could not revoke the lease; it expires within its TTL")
+            }
         }
     }
 
@@ -116,7 +130,10 @@ impl Session {
             }
             // A renewal may take no longer than the lease has left, so a hung connection is
             // noticed before the lease could have expired.
-            let limit = self.valid_until().saturating_duration_since(Instant::now()).min(interval * 2);
+            let limit = self
+                .valid_until()
+                .saturating_duration_since(Instant::now())
+                .min(interval * 2);
             let sent_at = Instant::now();
             let client = self.inner.client.clone();
             let lease = self.inner.lease;

@@ -49,7 +49,9 @@ pub struct JobStatus {
 pub async fn read(config: &Config, client: &etcd_client::Client) -> Result<Status, CoordError> {
     let keys = Keys::new(&config.cluster.name);
     let shards = config.cluster.shards;
-    let options = GetOptions::new().with_prefix().with_sort(SortTarget::Create, SortOrder::Ascend);
+    let options = GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Ascend);
     let candidates = etcd::call(client.clone().get(keys.shards_prefix(), Some(options))).await?;
     let mut per_shard: BTreeMap<u32, Vec<(String, i64)>> = BTreeMap::new();
     for kv in candidates.kvs() {
@@ -57,7 +59,10 @@ pub async fn read(config: &Config, client: &etcd_client::Client) -> Result<Statu
         if let Some((shard, of)) = keys.parse_candidate(key) {
             if of == shards {
                 let node = String::from_utf8_lossy(kv.value()).into_owned();
-                per_shard.entry(shard).or_default().push((node, kv.create_revision()));
+                per_shard
+                    .entry(shard)
+                    .or_default()
+                    .push((node, kv.create_revision()));
             }
         }
     }
@@ -73,12 +78,19 @@ pub async fn read(config: &Config, client: &etcd_client::Client) -> Result<Statu
         })
         .collect();
 
-    let records = etcd::call(client.clone().get(keys.jobs_prefix(), Some(GetOptions::new().with_prefix()))).await?;
+    let records = etcd::call(
+        client
+            .clone()
+            .get(keys.jobs_prefix(), Some(GetOptions::new().with_prefix())),
+    )
+    .await?;
     let mut claims: BTreeMap<String, Claim> = BTreeMap::new();
     let mut results: BTreeMap<String, RunRecord> = BTreeMap::new();
     for kv in records.kvs() {
         let Ok(key) = kv.key_str() else { continue };
-        let Some(rest) = key.strip_prefix(&keys.jobs_prefix()) else { continue };
+        let Some(rest) = key.strip_prefix(&keys.jobs_prefix()) else {
+            continue;
+        };
         match rest.rsplit_once('/') {
             Some((job, "last")) => {
                 if let Ok(claim) = serde_json::from_slice(kv.value()) {
@@ -116,13 +128,18 @@ pub async fn read(config: &Config, client: &etcd_client::Client) -> Result<Statu
 
 /// The human-readable form.
 pub fn render(status: &Status) -> String {
-    let mut out = format!("cluster {} ({} shards)\n\nSHARD  LEADER  FENCE  STANDBY\n", status.cluster, status.shard_count);
+    let mut out = format!(
+        "cluster {} ({} shards)\n\nSHARD  LEADER  FENCE  STANDBY\n",
+        status.cluster, status.shard_count
+    );
     for shard in &status.shards {
         out.push_str(&format!(
             "{}  {}  {}  {}\n",
             shard.shard,
             shard.leader.as_deref().unwrap_or("-"),
-            shard.fence.map_or("-".to_string(), |fence| fence.to_string()),
+            shard
+                .fence
+                .map_or("-".to_string(), |fence| fence.to_string()),
             shard.standby
         ));
     }
@@ -138,7 +155,8 @@ pub fn render(status: &Status) -> String {
             last.map_or("-", |claim| claim.node.as_str()),
             last.map_or("-".into(), |claim| claim.fence.to_string()),
             run.map_or("-", |run| run.outcome.as_str()),
-            run.and_then(|run| run.exit_code).map_or("-".into(), |code| code.to_string()),
+            run.and_then(|run| run.exit_code)
+                .map_or("-".into(), |code| code.to_string()),
             job.next.map_or("never".into(), |next| next.to_rfc3339()),
         ));
     }

@@ -1,0 +1,271 @@
+//! A small harness for scenario tests: a real etcd per test, node processes of the built binary,
+//! jobs that append one line per run to a file, and waits on conditions with deadlines.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use shardcron::etcd_server::EtcdServer;
+
+pub const SHARDCRON: &str = env!("CARGO_BIN_EXE_shardcron");
+
+/// Prints a scenario step, so a failing test's output reads as a story.
+pub fn step(what: &str) {
+    eprintln!("--- {what}");
+}
+
+/// One test's world: an etcd, a temp dir for configs, logs and run records, and its nodes.
+pub struct World {
+    pub etcd: EtcdServer,
+    pub dir: tempfile::TempDir,
+    pub nodes: Vec<Node>,
+}
+
+impl World {
+    pub fn new() -> World {
+        let etcd =
+            EtcdServer::start(Path::new("etcd")).expect("start etcd (apt-get install etcd-server)");
+        World {
+            etcd,
+            dir: tempfile::tempdir().expect("temp dir"),
+            nodes: Vec::new(),
+        }
+    }
+
+    pub fn runs_file(&self) -> PathBuf {
+        self.dir.path().join("runs.log")
+    }
+
+    /// A job command that records who ran which tick and when it really started.
+    pub fn record_command(&self) -> String {
+        format!(
+            "echo \"$CRON_JOB $CRON_SCHEDULED_AT $CRON_FENCE $CRON_NODE $CRON_SHARD $(date +%s.%N)\" >> {}",
+            self.runs_file().display()
+        )
+    }
+
+    /// Writes a config with `jobs` (name, schedule, extra TOML lines) recording their runs.
+    pub fn write_config(
+        &self,
+        file: &str,
+        shards: u32,
+        ttl_secs: u64,
+        jobs: &[(&str, &str, &str)],
+    ) -> PathBuf {
+        let mut text = format!(
+            "[cluster]\nname = \"test\"\nshards = {shards}\nlease_ttl = \"{ttl_secs}s\"\n\n[etcd]\nendpoints = [\"{}\"]\n\n",
+            self.etcd.client_url()
+        );
+        for (name, schedule, extra) in jobs {
+            text.push_str(&format!(
+                "[jobs.{name}]\nschedule = \"{schedule}\"\ncommand = '{}'\n{extra}\n\n",
+                self.record_command()
+            ));
+        }
+        let path = self.dir.path().join(file);
+        std::fs::write(&path, text).expect("write config");
+        path
+    }
+
+    /// Starts a node process and returns its index in `nodes`.
+    pub fn start_node(&mut self, id: &str, config: &Path) -> usize {
+        let log = self.dir.path().join(format!("{id}.log"));
+        let log_file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .expect("node log");
+        let child = Command::new(SHARDCRON)
+            .args(["run", "--node-id", id, "--shutdown-grace", "5s", "--config"])
+            .arg(config)
+            .env("SHARDCRON_LOG", "info,shardcron=debug")
+            .stdin(Stdio::null())
+            .stdout(log_file.try_clone().expect("log"))
+            .stderr(log_file)
+            .spawn()
+            .expect("start shardcron run");
+        self.nodes.push(Node {
+            id: id.to_string(),
+            child,
+            log,
+        });
+        self.nodes.len() - 1
+    }
+
+    pub fn runs(&self) -> Vec<Run> {
+        read_runs(&self.runs_file())
+    }
+
+    /// `shardcron status --json` against this world's etcd.
+    pub fn status(&self, config: &Path) -> serde_json::Value {
+        let out = Command::new(SHARDCRON)
+            .args(["status", "--json", "--config"])
+            .arg(config)
+            .output()
+            .expect("run status");
+        assert!(
+            out.status.success(),
+            "status failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("status JSON")
+    }
+
+    /// The node id leading `shard`, if any.
+    pub fn leader_of(&self, config: &Path, shard: u64) -> Option<(String, i64)> {
+        let status = self.status(config);
+        let entry = &status["shards"][shard as usize];
+        Some((
+            entry["leader"].as_str()?.to_string(),
+            entry["fence"].as_i64()?,
+        ))
+    }
+
+    /// Dumps every node's log, for a failing test's output.
+    pub fn dump_logs(&self) {
+        for node in &self.nodes {
+            eprintln!("===== log of node {} =====", node.id);
+            eprintln!("{}", std::fs::read_to_string(&node.log).unwrap_or_default());
+        }
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.dump_logs();
+        }
+        for node in &mut self.nodes {
+            node.signal(libc::SIGCONT);
+            let _ = node.child.kill();
+            let _ = node.child.wait();
+        }
+    }
+}
+
+pub struct Node {
+    pub id: String,
+    pub child: Child,
+    pub log: PathBuf,
+}
+
+impl Node {
+    pub fn signal(&self, signal: libc::c_int) {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe {
+            libc::kill(self.child.id() as libc::pid_t, signal);
+        }
+    }
+
+    /// Waits for the process to exit and returns its exit code.
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<i32> {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status.code();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+/// One recorded run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Run {
+    pub job: String,
+    pub tick: DateTime<Utc>,
+    pub fence: i64,
+    pub node: String,
+    pub shard: u32,
+    /// The job's own clock when it started, seconds since the epoch.
+    pub started: f64,
+}
+
+impl Run {
+    pub fn lateness(&self) -> f64 {
+        self.started
+            - self.tick.timestamp() as f64
+            - f64::from(self.tick.timestamp_subsec_nanos()) / 1e9
+    }
+}
+
+pub fn read_runs(path: &Path) -> Vec<Run> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .filter_map(|line| {
+            let parts: Vec<&str> = line.split_whitespace().collect();
+            let [job, tick, fence, node, shard, started] = parts.as_slice() else {
+                return None;
+            };
+            Some(Run {
+                job: job.to_string(),
+                tick: DateTime::parse_from_rfc3339(tick).ok()?.with_timezone(&Utc),
+                fence: fence.parse().ok()?,
+                node: node.to_string(),
+                shard: shard.parse().ok()?,
+                started: started.parse().ok()?,
+            })
+        })
+        .collect()
+}
+
+/// Waits until `condition` holds, panicking with `what` after `limit`.
+pub fn wait_for(limit: Duration, what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if condition() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("timed out after {limit:?} waiting for: {what}");
+}
+
+/// Sleeps until the middle of a wall-clock second, so a signal lands between ticks and not in
+/// the few milliseconds around one.
+pub fn sleep_to_mid_second() {
+    let now = Utc::now();
+    let into = f64::from(now.timestamp_subsec_nanos()) / 1e9;
+    let wait = if into < 0.5 { 0.5 - into } else { 1.5 - into };
+    std::thread::sleep(Duration::from_secs_f64(wait));
+}
+
+pub fn now_secs() -> f64 {
+    let now = Utc::now();
+    now.timestamp() as f64 + f64::from(now.timestamp_subsec_nanos()) / 1e9
+}
+
+/// Asserts every tick of `job` from its first to its last recorded run appears exactly once,
+/// on whole seconds `step` apart, and returns the ticks.
+pub fn assert_each_tick_once(runs: &[Run], job: &str, step_secs: i64) -> Vec<DateTime<Utc>> {
+    let mut ticks: Vec<DateTime<Utc>> = runs
+        .iter()
+        .filter(|run| run.job == job)
+        .map(|run| run.tick)
+        .collect();
+    ticks.sort();
+    let mut seen = std::collections::HashSet::new();
+    for tick in &ticks {
+        assert!(
+            seen.insert(*tick),
+            "tick {tick} of {job} ran more than once: {runs:#?}"
+        );
+    }
+    for pair in ticks.windows(2) {
+        assert_eq!(
+            (pair[1] - pair[0]).num_seconds(),
+            step_secs,
+            "tick missing between {} and {} of {job}",
+            pair[0],
+            pair[1]
+        );
+    }
+    ticks
+}
