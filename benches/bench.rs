@@ -1,23 +1,59 @@
-//! shardcron's benchmarks. Each prints a markdown table; none asserts, the figures are for
-//! reading beside their targets.
+//! shardcron's benchmarks. Each section starts its own etcd and nodes on loopback and prints a
+//! markdown table; none asserts, the figures are for reading beside their targets and floors.
 //!
-//! `cargo bench --bench bench -- check`: `shardcron check` over a generated 100,000-job file.
+//! ```text
+//! cargo bench --bench bench -- all          # every section
+//! cargo bench --bench bench -- check        # check over a generated 100,000-job file
+//! cargo bench --bench bench -- lateness     # firing lateness vs. direct spawn
+//! cargo bench --bench bench -- failover     # SIGKILL / SIGSTOP / SIGTERM of a leader
+//! cargo bench --bench bench -- etcd-cost    # etcd writes per run
+//! ```
+
+#[path = "../tests/support/mod.rs"]
+mod support;
 
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-const SHARDCRON: &str = env!("CARGO_BIN_EXE_shardcron");
+use chrono::{DateTime, Utc};
+use support::*;
 
 fn main() {
     let what: Vec<String> = std::env::args()
         .skip(1)
         .filter(|arg| !arg.starts_with("--"))
         .collect();
-    let all = what.is_empty() || what.iter().any(|w| w == "all");
-    if all || what.iter().any(|w| w == "check") {
+    let wants = |name: &str| what.is_empty() || what.iter().any(|w| w == "all" || w == name);
+    if wants("check") {
         bench_check(100_000);
     }
+    if wants("lateness") {
+        bench_lateness();
+    }
+    if wants("failover") {
+        bench_failover();
+    }
+    if wants("etcd-cost") {
+        bench_etcd_cost();
+    }
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    percentile(values, 50.0)
+}
+
+fn ms(seconds: f64) -> String {
+    format!("{:.1} ms", seconds * 1000.0)
 }
 
 /// Generates a `jobs.toml` of `jobs` jobs over a handful of distinct schedules and zones.
@@ -85,4 +121,248 @@ fn bench_check(jobs: usize) {
         "| peak resident memory | {:.1} MiB | |",
         children_max_rss_mib()
     );
+}
+
+/// Spawns the same record command `count` times at each of `seconds` whole seconds, from a plain
+/// program: the floor that shardcron's lateness is measured against.
+fn direct_spawn_lateness(world: &World, count: usize, seconds: usize) -> Vec<f64> {
+    let file = world.dir.path().join(format!("direct-{count}.log"));
+    let command = world.record_command().replace(
+        &world.runs_file().display().to_string(),
+        &file.display().to_string(),
+    );
+    for _ in 0..seconds {
+        let now = Utc::now();
+        let tick = DateTime::<Utc>::from_timestamp(now.timestamp() + 1, 0).expect("tick");
+        std::thread::sleep((tick - now).to_std().unwrap_or_default());
+        let mut children: Vec<_> = (0..count)
+            .map(|i| {
+                Command::new("sh")
+                    .args(["-c", &command])
+                    .env("CRON_JOB", format!("direct{i}"))
+                    .env(
+                        "CRON_SCHEDULED_AT",
+                        tick.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                    )
+                    .env("CRON_FENCE", "0")
+                    .env("CRON_NODE", "direct")
+                    .env("CRON_SHARD", "0")
+                    .spawn()
+                    .expect("spawn sh")
+            })
+            .collect();
+        for child in &mut children {
+            let _ = child.wait();
+        }
+    }
+    let mut lateness: Vec<f64> = read_runs(&file).iter().map(Run::lateness).collect();
+    lateness.sort_by(f64::total_cmp);
+    lateness
+}
+
+fn bench_lateness() {
+    println!("\n### Firing lateness: a job's own clock at start minus its tick (one node)\n");
+    println!(
+        "| jobs due at once | runs | shardcron p50 | p99 | max | direct spawn p50 | p99 | max |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    for (count, seconds) in [(1usize, 30usize), (20, 15), (200, 10)] {
+        let mut world = World::new();
+        let names: Vec<String> = (0..count).map(|i| format!("job{i}")).collect();
+        let jobs: Vec<(&str, &str, &str)> = names
+            .iter()
+            .map(|name| (name.as_str(), "* * * * * *", ""))
+            .collect();
+        let config = world.write_config("jobs.toml", 16, 3, &jobs);
+        world.start_node("a", &config);
+        wait_for(Duration::from_secs(30), "first runs", || {
+            !world.runs().is_empty()
+        });
+        let warmed = now_secs() + 1.0;
+        let target = count * seconds;
+        wait_for(
+            Duration::from_secs(seconds as u64 * 3 + 30),
+            "enough runs",
+            || {
+                world
+                    .runs()
+                    .iter()
+                    .filter(|run| run.tick.timestamp() as f64 > warmed)
+                    .count()
+                    >= target
+            },
+        );
+        let mut lateness: Vec<f64> = world
+            .runs()
+            .iter()
+            .filter(|run| run.tick.timestamp() as f64 > warmed)
+            .map(Run::lateness)
+            .take(target)
+            .collect();
+        lateness.sort_by(f64::total_cmp);
+        world.nodes[0].signal(libc::SIGTERM);
+        world.nodes[0].wait_exit(Duration::from_secs(10));
+        let floor = direct_spawn_lateness(&world, count, seconds);
+        println!(
+            "| {count} | {} | {} | {} | {} | {} | {} | {} |",
+            lateness.len(),
+            ms(percentile(&lateness, 50.0)),
+            ms(percentile(&lateness, 99.0)),
+            ms(percentile(&lateness, 100.0)),
+            ms(percentile(&floor, 50.0)),
+            ms(percentile(&floor, 99.0)),
+            ms(percentile(&floor, 100.0)),
+        );
+    }
+}
+
+/// The wall-clock time of a node's last "lease renewed" log line at or before `before`.
+fn last_renewal(log: &str, before: f64) -> Option<f64> {
+    log.lines()
+        .filter(|line| line.contains("lease renewed"))
+        .filter_map(|line| {
+            let stamp = line.split_whitespace().next()?;
+            let at = DateTime::parse_from_rfc3339(stamp).ok()?;
+            Some(at.timestamp() as f64 + f64::from(at.timestamp_subsec_nanos()) / 1e9)
+        })
+        .filter(|at| *at <= before)
+        .fold(None, |last: Option<f64>, at| {
+            Some(last.map_or(at, |last| last.max(at)))
+        })
+}
+
+struct Trial {
+    takeover: f64,
+    floor: Option<f64>,
+    lost: usize,
+    doubled: usize,
+    stale: usize,
+}
+
+fn failover_trial(ttl: u64, signal: libc::c_int) -> Trial {
+    let mut world = World::new();
+    let config = world.write_config(
+        "jobs.toml",
+        1,
+        ttl,
+        &[("tick", "* * * * * *", "catch_up = \"all\"")],
+    );
+    world.start_node("a", &config);
+    wait_for(Duration::from_secs(20), "a runs", || {
+        world.runs().iter().filter(|run| run.node == "a").count() >= 2
+    });
+    world.start_node("b", &config);
+    wait_for(Duration::from_secs(10), "b is standby", || {
+        world.status(&config)["shards"][0]["standby"] == 1
+    });
+    sleep_to_mid_second();
+    let signalled = now_secs();
+    world.nodes[0].signal(signal);
+    if signal == libc::SIGSTOP {
+        std::thread::sleep(Duration::from_secs(2 * ttl));
+        world.nodes[0].signal(libc::SIGCONT);
+    }
+    wait_for(Duration::from_secs(4 * ttl + 20), "b runs 3 ticks", || {
+        world.runs().iter().filter(|run| run.node == "b").count() >= 3
+    });
+    let runs = world.runs();
+    let takeover_at = runs
+        .iter()
+        .filter(|run| run.node == "b")
+        .map(|run| run.started)
+        .fold(f64::MAX, f64::min);
+    let mut ticks: Vec<i64> = runs.iter().map(|run| run.tick.timestamp()).collect();
+    ticks.sort();
+    let doubled = ticks.windows(2).filter(|pair| pair[0] == pair[1]).count();
+    ticks.dedup();
+    let lost = ticks
+        .windows(2)
+        .map(|pair| (pair[1] - pair[0] - 1) as usize)
+        .sum();
+    let fence_a = runs.iter().find(|run| run.node == "a").map(|run| run.fence);
+    let stale = runs
+        .iter()
+        .filter(|run| run.node == "a" && Some(run.fence) == fence_a && run.started > takeover_at)
+        .count();
+    let floor = (signal != libc::SIGTERM)
+        .then(|| {
+            last_renewal(&world.nodes[0].log_text(), signalled)
+                .map(|renewed| renewed + ttl as f64 - signalled)
+        })
+        .flatten();
+    Trial {
+        takeover: takeover_at - signalled,
+        floor,
+        lost,
+        doubled,
+        stale,
+    }
+}
+
+fn bench_failover() {
+    println!(
+        "\n### Failover of a leader (one shard, per-second job, catch_up = \"all\"; median of 5)\n"
+    );
+    println!("| TTL | event | until another node runs a tick | floor: lease expiry | ticks lost | ticks doubled | stale-fence runs |");
+    println!("|---|---|---|---|---|---|---|");
+    for ttl in [3u64, 10] {
+        for (name, signal) in [
+            ("SIGKILL", libc::SIGKILL),
+            ("SIGSTOP 2×TTL", libc::SIGSTOP),
+            ("SIGTERM", libc::SIGTERM),
+        ] {
+            let trials: Vec<Trial> = (0..5).map(|_| failover_trial(ttl, signal)).collect();
+            let mut takeovers: Vec<f64> = trials.iter().map(|t| t.takeover).collect();
+            let mut floors: Vec<f64> = trials.iter().filter_map(|t| t.floor).collect();
+            let floor = if floors.is_empty() {
+                "—".to_string()
+            } else {
+                format!("{:.3} s", median(&mut floors))
+            };
+            println!(
+                "| {ttl} s | {name} | {:.3} s | {floor} | {} | {} | {} |",
+                median(&mut takeovers),
+                trials.iter().map(|t| t.lost).sum::<usize>(),
+                trials.iter().map(|t| t.doubled).sum::<usize>(),
+                trials.iter().map(|t| t.stale).sum::<usize>(),
+            );
+        }
+    }
+}
+
+fn bench_etcd_cost() {
+    println!("\n### etcd cost: raft proposals committed per run (one node, per-second jobs, 10 s window)\n");
+    println!("| jobs | shards | runs | proposals | per run | per shard per instant | target |");
+    println!("|---|---|---|---|---|---|---|");
+    for (jobs, shards) in [(20usize, 4u32), (200, 16)] {
+        let mut world = World::new();
+        let names: Vec<String> = (0..jobs).map(|i| format!("job{i}")).collect();
+        let list: Vec<(&str, &str, &str)> = names
+            .iter()
+            .map(|name| (name.as_str(), "* * * * * *", ""))
+            .collect();
+        let config = world.write_config("jobs.toml", shards, 3, &list);
+        world.start_node("a", &config);
+        wait_for(Duration::from_secs(30), "runs start", || {
+            world.runs().len() >= jobs * 2
+        });
+        sleep_to_mid_second();
+        let before_runs = world.runs().len();
+        let before = world
+            .etcd
+            .metric("etcd_server_proposals_committed_total")
+            .unwrap_or(f64::NAN);
+        std::thread::sleep(Duration::from_secs(10));
+        let after = world
+            .etcd
+            .metric("etcd_server_proposals_committed_total")
+            .unwrap_or(f64::NAN);
+        let runs = world.runs().len() - before_runs;
+        let proposals = after - before;
+        println!(
+            "| {jobs} | {shards} | {runs} | {proposals:.0} | {:.3} | {:.2} | ≤ 0.25 per run, ≤ 1 per shard per instant |",
+            proposals / runs as f64,
+            proposals / (f64::from(shards) * 10.0),
+        );
+    }
 }

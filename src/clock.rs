@@ -4,19 +4,42 @@
 //! instant therefore re-reads the wall clock after every wake and sleeps again if it is still
 //! early, so a tick never fires before its time even if the clock was stepped meanwhile.
 
+use std::time::Duration;
+
 use chrono::{DateTime, Utc};
+
+/// tokio's timer wheel has millisecond slots and rounds up; the last stretch before a tick is
+/// slept in finer steps so a run starts within a fraction of a millisecond of it.
+const FINE_STRETCH: Duration = Duration::from_millis(2);
+const FINE_STEP: Duration = Duration::from_micros(100);
 
 pub fn now() -> DateTime<Utc> {
     Utc::now()
 }
 
+fn until(target: DateTime<Utc>) -> Duration {
+    (target - now()).to_std().unwrap_or_default()
+}
+
 /// Returns at or after `target` by the wall clock.
 pub async fn sleep_until(target: DateTime<Utc>) {
     loop {
-        let remaining = target - now();
-        match remaining.to_std() {
-            Ok(wait) if !wait.is_zero() => tokio::time::sleep(wait).await,
-            _ => return,
+        let remaining = until(target);
+        if remaining <= FINE_STRETCH {
+            break;
         }
+        tokio::time::sleep(remaining - FINE_STRETCH).await;
     }
+    if until(target).is_zero() {
+        return;
+    }
+    // At most FINE_STRETCH of short blocking sleeps; block_in_place lets the runtime move other
+    // tasks off this worker meanwhile.
+    tokio::task::block_in_place(|| loop {
+        let remaining = until(target);
+        if remaining.is_zero() {
+            return;
+        }
+        std::thread::sleep(remaining.min(FINE_STEP));
+    });
 }

@@ -135,20 +135,35 @@ impl EtcdServer {
     }
 
     fn healthy(&self) -> bool {
-        let Ok(mut stream) = TcpStream::connect(("127.0.0.1", self.client_port)) else {
-            return false;
-        };
-        let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+        self.http_get("/health")
+            .is_some_and(|body| body.contains("\"health\":\"true\""))
+    }
+
+    /// The value of a counter or gauge on etcd's `/metrics` page, summed over its label sets.
+    pub fn metric(&self, name: &str) -> Option<f64> {
+        let page = self.http_get("/metrics")?;
+        let values: Vec<f64> = page
+            .lines()
+            .filter(|line| {
+                line.strip_prefix(name)
+                    .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
+            })
+            .filter_map(|line| line.rsplit(' ').next()?.parse().ok())
+            .collect();
+        (!values.is_empty()).then(|| values.iter().sum())
+    }
+
+    fn http_get(&self, path: &str) -> Option<String> {
+        let mut stream = TcpStream::connect(("127.0.0.1", self.client_port)).ok()?;
+        stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
         let request = format!(
-            "GET /health HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nConnection: close\r\n\r\n",
+            "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nConnection: close\r\n\r\n",
             self.client_port
         );
-        if stream.write_all(request.as_bytes()).is_err() {
-            return false;
-        }
+        stream.write_all(request.as_bytes()).ok()?;
         let mut response = String::new();
-        let _ = stream.read_to_string(&mut response);
-        response.contains("\"health\":\"true\"")
+        stream.read_to_string(&mut response).ok()?;
+        Some(response)
     }
 }
 

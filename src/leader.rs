@@ -7,6 +7,7 @@
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,9 +25,46 @@ use crate::runner::Tick;
 use crate::runs::Runs;
 use crate::session::Session;
 
-/// A tick is claimed this long before it is due, so the etcd round trip does not delay the
-/// spawn. It is also the window in which a leader that dies after claiming loses that tick.
-pub const CLAIM_LEAD: Duration = Duration::from_millis(50);
+/// How far ahead of a tick to claim it: a few times the recent claim latency, within bounds.
+///
+/// Claiming ahead keeps the etcd round trip out of the spawn's lateness. The lead is also the
+/// window in which a leader that dies after claiming a tick loses it, so it is kept as short as
+/// the measured latency allows instead of a fixed generous margin.
+#[derive(Clone)]
+pub struct ClaimLead {
+    average_micros: Arc<AtomicU64>,
+}
+
+impl ClaimLead {
+    const MIN: Duration = Duration::from_millis(3);
+    const MAX: Duration = Duration::from_millis(50);
+    const INITIAL: Duration = Duration::from_millis(10);
+
+    pub fn new() -> Self {
+        ClaimLead {
+            average_micros: Arc::new(AtomicU64::new(Self::INITIAL.as_micros() as u64 / 3)),
+        }
+    }
+
+    pub fn lead(&self) -> Duration {
+        let average = Duration::from_micros(self.average_micros.load(Ordering::Relaxed));
+        (average * 3).clamp(Self::MIN, Self::MAX)
+    }
+
+    /// Folds one claim's round trip into the moving average (weight 1/8).
+    pub fn observe(&self, took: Duration) {
+        let took = took.as_micros().min(u128::from(u32::MAX)) as u64;
+        let average = self.average_micros.load(Ordering::Relaxed);
+        self.average_micros
+            .store(average - average / 8 + took / 8, Ordering::Relaxed);
+    }
+}
+
+impl Default for ClaimLead {
+    fn default() -> Self {
+        Self::new()
+    }
+}
 /// Pause between attempts when etcd fails a call during a term.
 const RETRY_PAUSE: Duration = Duration::from_millis(200);
 
@@ -51,6 +89,7 @@ pub struct Term {
     pub runs: Runs,
     pub stop: CancellationToken,
     pub leadership: Leadership,
+    pub claim_lead: ClaimLead,
 }
 
 struct JobState {
@@ -102,7 +141,8 @@ impl Term {
             let Some(&Reverse((due, _))) = queue.peek() else {
                 return self.idle().await;
             };
-            let claim_at = due - chrono::Duration::from_std(CLAIM_LEAD).unwrap_or_default();
+            let claim_at =
+                due - chrono::Duration::from_std(self.claim_lead.lead()).unwrap_or_default();
             tokio::select! {
                 _ = clock::sleep_until(claim_at) => {}
                 _ = self.stop.cancelled() => return TermEnd::Stopped,
@@ -233,7 +273,11 @@ impl Term {
                     },
                 })
                 .collect();
-            match ledger::claim(&self.session, &self.keys, &self.leadership, &requests).await {
+            let sent = std::time::Instant::now();
+            let outcome =
+                ledger::claim(&self.session, &self.keys, &self.leadership, &requests).await;
+            self.claim_lead.observe(sent.elapsed());
+            match outcome {
                 Ok(Some(revision)) => {
                     for (index, tick) in wanted.drain(..) {
                         states[index].revision = revision;
@@ -333,4 +377,35 @@ enum Resolution {
     Ours,
     TakenByOther,
     Open,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ClaimLead;
+    use std::time::Duration;
+
+    #[test]
+    fn claim_lead_follows_latency_within_bounds() {
+        let lead = ClaimLead::new();
+        assert_eq!(
+            lead.lead(),
+            Duration::from_millis(10) - Duration::from_micros(1)
+        );
+        for _ in 0..100 {
+            lead.observe(Duration::from_micros(500));
+        }
+        assert_eq!(lead.lead(), ClaimLead::MIN);
+        for _ in 0..100 {
+            lead.observe(Duration::from_millis(8));
+        }
+        assert!(
+            lead.lead() > Duration::from_millis(20) && lead.lead() <= Duration::from_millis(24),
+            "{:?}",
+            lead.lead()
+        );
+        for _ in 0..100 {
+            lead.observe(Duration::from_secs(1));
+        }
+        assert_eq!(lead.lead(), ClaimLead::MAX);
+    }
 }

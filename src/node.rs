@@ -16,7 +16,7 @@ use crate::config::{Config, Job};
 use crate::election;
 use crate::etcd::CoordError;
 use crate::keys::Keys;
-use crate::leader::{Term, TermEnd};
+use crate::leader::{ClaimLead, Term, TermEnd};
 use crate::runs::Runs;
 use crate::session::Session;
 
@@ -38,6 +38,7 @@ pub async fn run(
     let keys = Keys::new(&config.cluster.name);
     let (runs, result_writer) = Runs::new(client.clone(), keys.clone());
     let jobs_by_shard = Arc::new(jobs_by_shard(&config));
+    let claim_lead = ClaimLead::new();
     tracing::info!(
         node = %options.node_id,
         cluster = %config.cluster.name,
@@ -76,6 +77,7 @@ pub async fn run(
                 jobs: jobs_by_shard[shard as usize].clone(),
                 runs: runs.clone(),
                 stop: shutdown.clone(),
+                claim_lead: claim_lead.clone(),
             };
             shards.spawn(shard_task.run());
         }
@@ -126,6 +128,7 @@ struct ShardTask {
     jobs: Vec<Arc<Job>>,
     runs: Runs,
     stop: CancellationToken,
+    claim_lead: ClaimLead,
 }
 
 impl ShardTask {
@@ -164,6 +167,7 @@ impl ShardTask {
                 runs: self.runs.clone(),
                 stop: self.stop.clone(),
                 leadership,
+                claim_lead: self.claim_lead.clone(),
             };
             let end = term.lead().await;
             tracing::info!(shard = self.shard, fence = term.leadership.fence, reason = ?end, "term ended");

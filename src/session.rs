@@ -147,7 +147,14 @@ impl Session {
                 responses.message().await
             };
             match etcd::within(limit, renewal).await {
-                Ok(Some(response)) if response.ttl() > 0 => self.renewed(sent_at),
+                Ok(Some(response)) if response.ttl() > 0 => {
+                    self.renewed(sent_at);
+                    tracing::debug!(
+                        lease = format!("{:x}", lease),
+                        ttl = response.ttl(),
+                        "lease renewed"
+                    );
+                }
                 Ok(Some(_)) => {
                     self.lose("etcd reports the lease expired");
                     return;
