@@ -20,10 +20,7 @@ use chrono::{DateTime, Utc};
 use support::*;
 
 fn main() {
-    let what: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|arg| !arg.starts_with("--"))
-        .collect();
+    let what: Vec<String> = std::env::args().skip(1).filter(|arg| !arg.starts_with("--")).collect();
     let wants = |name: &str| what.is_empty() || what.iter().any(|w| w == "all" || w == name);
     if wants("check") {
         bench_check(100_000);
@@ -90,8 +87,7 @@ fn bench_check(jobs: usize) {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("jobs.toml");
     write_jobs_file(&path, jobs);
-    let size_mib =
-        std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0) as f64 / (1024.0 * 1024.0);
+    let size_mib = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0) as f64 / (1024.0 * 1024.0);
     let mut times = Vec::new();
     for _ in 0..5 {
         let started = Instant::now();
@@ -109,28 +105,18 @@ fn bench_check(jobs: usize) {
     println!("\n### check over a generated {jobs}-job file ({size_mib:.1} MiB)\n");
     println!("| measure | value | target |");
     println!("|---|---|---|");
-    println!(
-        "| wall time, median of 5 | {:.3} s | ≤ 1 s |",
-        times[times.len() / 2]
-    );
-    println!(
-        "| wall time, max of 5 | {:.3} s | |",
-        times[times.len() - 1]
-    );
-    println!(
-        "| peak resident memory | {:.1} MiB | |",
-        children_max_rss_mib()
-    );
+    println!("| wall time, median of 5 | {:.3} s | ≤ 1 s |", times[times.len() / 2]);
+    println!("| wall time, max of 5 | {:.3} s | |", times[times.len() - 1]);
+    println!("| peak resident memory | {:.1} MiB | |", children_max_rss_mib());
 }
 
 /// Spawns the same record command `count` times at each of `seconds` whole seconds, from a plain
 /// program: the floor that shardcron's lateness is measured against.
 fn direct_spawn_lateness(world: &World, count: usize, seconds: usize) -> Vec<f64> {
     let file = world.dir.path().join(format!("direct-{count}.log"));
-    let command = world.record_command().replace(
-        &world.runs_file().display().to_string(),
-        &file.display().to_string(),
-    );
+    let command = world
+        .record_command()
+        .replace(&world.runs_file().display().to_string(), &file.display().to_string());
     for _ in 0..seconds {
         let now = Utc::now();
         let tick = DateTime::<Utc>::from_timestamp(now.timestamp() + 1, 0).expect("tick");
@@ -162,36 +148,25 @@ fn direct_spawn_lateness(world: &World, count: usize, seconds: usize) -> Vec<f64
 
 fn bench_lateness() {
     println!("\n### Firing lateness: a job's own clock at start minus its tick (one node)\n");
-    println!(
-        "| jobs due at once | runs | shardcron p50 | p99 | max | direct spawn p50 | p99 | max |"
-    );
+    println!("| jobs due at once | runs | shardcron p50 | p99 | max | direct spawn p50 | p99 | max |");
     println!("|---|---|---|---|---|---|---|---|");
     for (count, seconds) in [(1usize, 30usize), (20, 15), (200, 10)] {
         let mut world = World::new();
         let names: Vec<String> = (0..count).map(|i| format!("job{i}")).collect();
-        let jobs: Vec<(&str, &str, &str)> = names
-            .iter()
-            .map(|name| (name.as_str(), "* * * * * *", ""))
-            .collect();
+        let jobs: Vec<(&str, &str, &str)> = names.iter().map(|name| (name.as_str(), "* * * * * *", "")).collect();
         let config = world.write_config("jobs.toml", 16, 3, &jobs);
         world.start_node("a", &config);
-        wait_for(Duration::from_secs(30), "first runs", || {
-            !world.runs().is_empty()
-        });
+        wait_for(Duration::from_secs(30), "first runs", || !world.runs().is_empty());
         let warmed = now_secs() + 1.0;
         let target = count * seconds;
-        wait_for(
-            Duration::from_secs(seconds as u64 * 3 + 30),
-            "enough runs",
-            || {
-                world
-                    .runs()
-                    .iter()
-                    .filter(|run| run.tick.timestamp() as f64 > warmed)
-                    .count()
-                    >= target
-            },
-        );
+        wait_for(Duration::from_secs(seconds as u64 * 3 + 30), "enough runs", || {
+            world
+                .runs()
+                .iter()
+                .filter(|run| run.tick.timestamp() as f64 > warmed)
+                .count()
+                >= target
+        });
         let mut lateness: Vec<f64> = world
             .runs()
             .iter()
@@ -226,12 +201,11 @@ fn last_renewal(log: &str, before: f64) -> Option<f64> {
             Some(at.timestamp() as f64 + f64::from(at.timestamp_subsec_nanos()) / 1e9)
         })
         .filter(|at| *at <= before)
-        .fold(None, |last: Option<f64>, at| {
-            Some(last.map_or(at, |last| last.max(at)))
-        })
+        .fold(None, |last: Option<f64>, at| Some(last.map_or(at, |last| last.max(at))))
 }
 
 struct Trial {
+    leads: Option<f64>,
     takeover: f64,
     floor: Option<f64>,
     lost: usize,
@@ -241,12 +215,7 @@ struct Trial {
 
 fn failover_trial(ttl: u64, signal: libc::c_int) -> Trial {
     let mut world = World::new();
-    let config = world.write_config(
-        "jobs.toml",
-        1,
-        ttl,
-        &[("tick", "* * * * * *", "catch_up = \"all\"")],
-    );
+    let config = world.write_config("jobs.toml", 1, ttl, &[("tick", "* * * * * *", "catch_up = \"all\"")]);
     world.start_node("a", &config);
     wait_for(Duration::from_secs(20), "a runs", || {
         world.runs().iter().filter(|run| run.node == "a").count() >= 2
@@ -275,22 +244,18 @@ fn failover_trial(ttl: u64, signal: libc::c_int) -> Trial {
     ticks.sort();
     let doubled = ticks.windows(2).filter(|pair| pair[0] == pair[1]).count();
     ticks.dedup();
-    let lost = ticks
-        .windows(2)
-        .map(|pair| (pair[1] - pair[0] - 1) as usize)
-        .sum();
+    let lost = ticks.windows(2).map(|pair| (pair[1] - pair[0] - 1) as usize).sum();
     let fence_a = runs.iter().find(|run| run.node == "a").map(|run| run.fence);
     let stale = runs
         .iter()
         .filter(|run| run.node == "a" && Some(run.fence) == fence_a && run.started > takeover_at)
         .count();
     let floor = (signal != libc::SIGTERM)
-        .then(|| {
-            last_renewal(&world.nodes[0].log_text(), signalled)
-                .map(|renewed| renewed + ttl as f64 - signalled)
-        })
+        .then(|| last_renewal(&world.nodes[0].log_text(), signalled).map(|renewed| renewed + ttl as f64 - signalled))
         .flatten();
+    let leads = log_times(&world.nodes[1].log_text(), "leading shard").find(|at| *at > signalled);
     Trial {
+        leads: leads.map(|at| at - signalled),
         takeover: takeover_at - signalled,
         floor,
         lost,
@@ -300,11 +265,9 @@ fn failover_trial(ttl: u64, signal: libc::c_int) -> Trial {
 }
 
 fn bench_failover() {
-    println!(
-        "\n### Failover of a leader (one shard, per-second job, catch_up = \"all\"; median of 5)\n"
-    );
-    println!("| TTL | event | until another node runs a tick | floor: lease expiry | ticks lost | ticks doubled | stale-fence runs |");
-    println!("|---|---|---|---|---|---|---|");
+    println!("\n### Failover of a leader (one shard, per-second job, catch_up = \"all\"; median of 5)\n");
+    println!("| TTL | event | until another node leads | until it runs a tick | floor: lease expiry | ticks lost | ticks doubled | stale-fence runs |");
+    println!("|---|---|---|---|---|---|---|---|");
     for ttl in [3u64, 10] {
         for (name, signal) in [
             ("SIGKILL", libc::SIGKILL),
@@ -313,6 +276,12 @@ fn bench_failover() {
         ] {
             let trials: Vec<Trial> = (0..5).map(|_| failover_trial(ttl, signal)).collect();
             let mut takeovers: Vec<f64> = trials.iter().map(|t| t.takeover).collect();
+            let mut leads: Vec<f64> = trials.iter().filter_map(|t| t.leads).collect();
+            let leads = if leads.is_empty() {
+                "—".to_string()
+            } else {
+                format!("{:.3} s", median(&mut leads))
+            };
             let mut floors: Vec<f64> = trials.iter().filter_map(|t| t.floor).collect();
             let floor = if floors.is_empty() {
                 "—".to_string()
@@ -320,7 +289,7 @@ fn bench_failover() {
                 format!("{:.3} s", median(&mut floors))
             };
             println!(
-                "| {ttl} s | {name} | {:.3} s | {floor} | {} | {} | {} |",
+                "| {ttl} s | {name} | {leads} | {:.3} s | {floor} | {} | {} | {} |",
                 median(&mut takeovers),
                 trials.iter().map(|t| t.lost).sum::<usize>(),
                 trials.iter().map(|t| t.doubled).sum::<usize>(),
@@ -337,15 +306,10 @@ fn bench_etcd_cost() {
     for (jobs, shards) in [(20usize, 4u32), (200, 16)] {
         let mut world = World::new();
         let names: Vec<String> = (0..jobs).map(|i| format!("job{i}")).collect();
-        let list: Vec<(&str, &str, &str)> = names
-            .iter()
-            .map(|name| (name.as_str(), "* * * * * *", ""))
-            .collect();
+        let list: Vec<(&str, &str, &str)> = names.iter().map(|name| (name.as_str(), "* * * * * *", "")).collect();
         let config = world.write_config("jobs.toml", shards, 3, &list);
         world.start_node("a", &config);
-        wait_for(Duration::from_secs(30), "runs start", || {
-            world.runs().len() >= jobs * 2
-        });
+        wait_for(Duration::from_secs(30), "runs start", || world.runs().len() >= jobs * 2);
         sleep_to_mid_second();
         let before_runs = world.runs().len();
         let before = world

@@ -51,9 +51,7 @@ mod tests {
     use crate::schedule::Schedule;
 
     fn at(text: &str) -> DateTime<Utc> {
-        DateTime::parse_from_rfc3339(text)
-            .unwrap()
-            .with_timezone(&Utc)
+        DateTime::parse_from_rfc3339(text).unwrap().with_timezone(&Utc)
     }
 
     fn job(catch_up: CatchUp, starting_deadline: Option<u64>) -> Job {
@@ -86,11 +84,7 @@ mod tests {
             (job(CatchUp::None, None), last, vec![]),
             (job(CatchUp::All, Some(2)), last, secs(&[4, 5])),
             (job(CatchUp::All, None), None, vec![]),
-            (
-                job(CatchUp::Latest, None),
-                Some(at("2027-01-01T00:00:05Z")),
-                vec![],
-            ),
+            (job(CatchUp::Latest, None), Some(at("2027-01-01T00:00:05Z")), vec![]),
         ];
         for (job, last, expected) in cases {
             assert_eq!(

@@ -112,9 +112,7 @@ pub struct DevArgs {
 
 /// RFC 3339 with the zone's own offset, as operators read it (`2027-03-14T03:00:00-04:00`).
 pub fn format_instant(instant: DateTime<Utc>, zone: chrono_tz::Tz) -> String {
-    instant
-        .with_timezone(&zone)
-        .to_rfc3339_opts(SecondsFormat::Secs, false)
+    instant.with_timezone(&zone).to_rfc3339_opts(SecondsFormat::Secs, false)
 }
 
 pub fn check(args: &ConfigArg) -> Result<()> {
@@ -129,11 +127,7 @@ pub fn check(args: &ConfigArg) -> Result<()> {
             .or_insert_with(|| job.schedule.next_after(now));
         let zone = job.schedule.zone();
         let next = next.map_or_else(|| "never".to_string(), |next| format_instant(next, zone));
-        writeln!(
-            out,
-            "{} shard={} zone={} next={}",
-            job.name, job.shard, zone, next
-        )?;
+        writeln!(out, "{} shard={} zone={} next={}", job.name, job.shard, zone, next)?;
     }
     out.flush()?;
     eprintln!(
@@ -147,17 +141,11 @@ pub fn check(args: &ConfigArg) -> Result<()> {
 }
 
 pub fn next(args: &NextArgs) -> Result<()> {
-    let zone = parse_zone(&args.tz)
-        .map_err(anyhow::Error::msg)
-        .context("--tz")?;
+    let zone = parse_zone(&args.tz).map_err(anyhow::Error::msg).context("--tz")?;
     let schedule = Schedule::parse(&args.expression, zone)?;
     let mut cursor = match &args.from {
         Some(from) => DateTime::parse_from_rfc3339(from)
-            .with_context(|| {
-                format!(
-                    "--from {from:?} is not an RFC 3339 instant such as 2027-03-14T01:00:00-05:00"
-                )
-            })?
+            .with_context(|| format!("--from {from:?} is not an RFC 3339 instant such as 2027-03-14T01:00:00-05:00"))?
             .with_timezone(&Utc),
         None => Utc::now(),
     };

@@ -6,8 +6,8 @@
 //! revision: etcd revisions only grow, so a later leader always has a larger fence.
 
 use etcd_client::{
-    Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
-    TxnOpResponse, WatchOptions,
+    Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
+    WatchOptions,
 };
 
 use crate::etcd::{self, CoordError};
@@ -53,21 +53,14 @@ pub async fn enter(session: &Session, key: &str, node_id: &str) -> Result<i64, C
             .kvs()
             .first()
             .map(|kv| kv.create_revision())
-            .ok_or_else(|| {
-                CoordError::Protocol(format!("candidate key {key} vanished during the campaign"))
-            }),
+            .ok_or_else(|| CoordError::Protocol(format!("candidate key {key} vanished during the campaign"))),
         _ => Err(CoordError::Protocol("txn response without the get".into())),
     }
 }
 
 /// Waits until this node leads the shard. Returns when no candidate with a lower create revision
 /// is left; the caller races it against the session's loss and shutdown.
-pub async fn campaign(
-    session: &Session,
-    prefix: &str,
-    shard: u32,
-    node_id: &str,
-) -> Result<Leadership, CoordError> {
+pub async fn campaign(session: &Session, prefix: &str, shard: u32, node_id: &str) -> Result<Leadership, CoordError> {
     let key = format!("{prefix}{:x}", session.lease());
     let fence = enter(session, &key, node_id).await?;
     loop {
@@ -88,11 +81,7 @@ pub async fn campaign(
 
 /// Returns once `key` is deleted at or after `from_revision`, or when the watch ends for any
 /// other reason (the caller re-reads the candidates either way).
-async fn wait_for_delete(
-    session: &Session,
-    key: Vec<u8>,
-    from_revision: i64,
-) -> Result<(), CoordError> {
+async fn wait_for_delete(session: &Session, key: Vec<u8>, from_revision: i64) -> Result<(), CoordError> {
     let options = WatchOptions::new().with_start_revision(from_revision);
     let mut stream = etcd::call(session.client().watch(key, Some(options))).await?;
     loop {
@@ -114,20 +103,17 @@ async fn wait_for_delete(
 
 /// Whether `leadership` is still this shard's leader: its key exists with its fence and no
 /// candidate precedes it.
-pub async fn still_leads(
-    session: &Session,
-    prefix: &str,
-    leadership: &Leadership,
-) -> Result<bool, CoordError> {
+pub async fn still_leads(session: &Session, prefix: &str, leadership: &Leadership) -> Result<bool, CoordError> {
     let options = GetOptions::new()
         .with_prefix()
         .with_sort(SortTarget::Create, SortOrder::Ascend)
         .with_limit(1)
         .with_keys_only();
     let response = etcd::call(session.client().get(prefix, Some(options))).await?;
-    Ok(response.kvs().first().is_some_and(|kv| {
-        kv.key() == leadership.key.as_bytes() && kv.create_revision() == leadership.fence
-    }))
+    Ok(response
+        .kvs()
+        .first()
+        .is_some_and(|kv| kv.key() == leadership.key.as_bytes() && kv.create_revision() == leadership.fence))
 }
 
 /// Gives up leadership (or candidacy) by deleting this node's key, only if it is still ours.

@@ -64,9 +64,7 @@ pub fn connect_options(etcd: &Etcd) -> Result<ConnectOptions, SetupError> {
         .with_require_leader(true);
     if let Some(username) = &etcd.username {
         let password = match &etcd.password_env {
-            Some(var) => {
-                std::env::var(var).map_err(|_| SetupError::MissingPassword(var.clone()))?
-            }
+            Some(var) => std::env::var(var).map_err(|_| SetupError::MissingPassword(var.clone()))?,
             None => String::new(),
         };
         options = options.with_user(username.clone(), password);
@@ -81,14 +79,10 @@ pub fn connect_options(etcd: &Etcd) -> Result<ConnectOptions, SetupError> {
         };
         let mut tls_options = TlsOptions::new();
         if let Some(ca) = &tls.ca {
-            tls_options =
-                tls_options.ca_certificate(Certificate::from_pem(read("CA certificate", ca)?));
+            tls_options = tls_options.ca_certificate(Certificate::from_pem(read("CA certificate", ca)?));
         }
         if let (Some(cert), Some(key)) = (&tls.cert, &tls.key) {
-            tls_options = tls_options.identity(Identity::from_pem(
-                read("certificate", cert)?,
-                read("key", key)?,
-            ));
+            tls_options = tls_options.identity(Identity::from_pem(read("certificate", cert)?, read("key", key)?));
         }
         options = options.with_tls(tls_options);
     }
@@ -98,9 +92,5 @@ pub fn connect_options(etcd: &Etcd) -> Result<ConnectOptions, SetupError> {
 /// Connects to `endpoints`. etcd-client connects lazily enough that this mostly validates the
 /// URLs; an unreachable etcd shows up as failed calls, which callers retry.
 pub async fn connect(endpoints: &[String], options: ConnectOptions) -> Result<Client, CoordError> {
-    within(
-        Duration::from_secs(5),
-        Client::connect(endpoints, Some(options)),
-    )
-    .await
+    within(Duration::from_secs(5), Client::connect(endpoints, Some(options))).await
 }

@@ -37,9 +37,7 @@ impl EtcdServer {
     pub fn start(bin: &Path) -> Result<EtcdServer, EtcdServerError> {
         let mut server = EtcdServer {
             child: None,
-            dir: tempfile::Builder::new()
-                .prefix("shardcron-etcd-")
-                .tempdir()?,
+            dir: tempfile::Builder::new().prefix("shardcron-etcd-").tempdir()?,
             client_port: free_port()?,
             peer_port: free_port()?,
             bin: bin.to_path_buf(),
@@ -57,10 +55,7 @@ impl EtcdServer {
             .open(self.log_path())?;
         let child = Command::new(&self.bin)
             .arg("--name=shardcron-dev")
-            .arg(format!(
-                "--data-dir={}",
-                self.dir.path().join("data").display()
-            ))
+            .arg(format!("--data-dir={}", self.dir.path().join("data").display()))
             .arg(format!("--listen-client-urls={client}"))
             .arg(format!("--advertise-client-urls={client}"))
             .arg(format!("--listen-peer-urls={peer}"))
@@ -128,10 +123,7 @@ impl EtcdServer {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        Err(EtcdServerError::NotReady(
-            limit,
-            self.log_path().display().to_string(),
-        ))
+        Err(EtcdServerError::NotReady(limit, self.log_path().display().to_string()))
     }
 
     fn healthy(&self) -> bool {

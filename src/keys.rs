@@ -71,14 +71,8 @@ mod tests {
     #[test]
     fn layout() {
         let keys = Keys::new("prod");
-        assert_eq!(
-            keys.candidate(16, 3, 0x1f),
-            "/shardcron/prod/shards/3/n16/1f"
-        );
-        assert_eq!(
-            keys.parse_candidate("/shardcron/prod/shards/3/n16/1f"),
-            Some((3, 16))
-        );
+        assert_eq!(keys.candidate(16, 3, 0x1f), "/shardcron/prod/shards/3/n16/1f");
+        assert_eq!(keys.parse_candidate("/shardcron/prod/shards/3/n16/1f"), Some((3, 16)));
         assert_eq!(keys.job_last("backup"), "/shardcron/prod/jobs/backup/last");
         assert_eq!(keys.node("a"), "/shardcron/prod/nodes/a");
     }

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::catch_up::{missed_ticks, MAX_CATCH_UP};
@@ -19,6 +20,7 @@ use crate::clock;
 use crate::config::Job;
 use crate::election::{self, Leadership};
 use crate::etcd::CoordError;
+use crate::fleet::FleetView;
 use crate::keys::Keys;
 use crate::ledger::{self, Claim, ClaimRequest, Seen, MAX_OPS_PER_TXN};
 use crate::runner::Tick;
@@ -77,6 +79,8 @@ pub enum TermEnd {
     SessionLost,
     /// Another candidate leads now: campaign again.
     Deposed,
+    /// This node is not the shard's target and the target is campaigning: resign, stand by.
+    HandedOff,
 }
 
 /// What a term needs to know about its node and shard.
@@ -90,6 +94,8 @@ pub struct Term {
     pub stop: CancellationToken,
     pub leadership: Leadership,
     pub claim_lead: ClaimLead,
+    pub shards: u32,
+    pub fleet: watch::Receiver<FleetView>,
 }
 
 struct JobState {
@@ -101,6 +107,10 @@ struct JobState {
 impl Term {
     /// Leads the shard until shutdown, the session's loss or deposition.
     pub async fn lead(&self) -> TermEnd {
+        let mut fleet = self.fleet.clone();
+        if self.should_hand_over(&mut fleet) {
+            return TermEnd::HandedOff;
+        }
         let names: Vec<&str> = self.jobs.iter().map(|job| job.name.as_str()).collect();
         let seen = match self
             .retry(|| ledger::read_claims(&self.session, &self.keys, &names))
@@ -129,25 +139,43 @@ impl Term {
             .enumerate()
             .filter_map(|(index, state)| {
                 let from = state.last.map_or(now, |last| last.max(now));
-                state
-                    .job
-                    .schedule
-                    .next_after(from)
-                    .map(|next| Reverse((next, index)))
+                state.job.schedule.next_after(from).map(|next| Reverse((next, index)))
             })
             .collect();
 
         loop {
-            let Some(&Reverse((due, _))) = queue.peek() else {
-                return self.idle().await;
+            let claim_at = queue
+                .peek()
+                .map(|Reverse((due, _))| *due - chrono::Duration::from_std(self.claim_lead.lead()).unwrap_or_default());
+            let wake = async {
+                match claim_at {
+                    Some(at) => clock::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
             };
-            let claim_at =
-                due - chrono::Duration::from_std(self.claim_lead.lead()).unwrap_or_default();
+            // Between ticks is the quiet moment: no claim is in flight, so a handoff here
+            // neither loses nor doubles a tick.
             tokio::select! {
-                _ = clock::sleep_until(claim_at) => {}
+                _ = wake => {}
+                changed = fleet.changed() => {
+                    if changed.is_err() {
+                        // The view only closes when the session ends or the node stops.
+                        return tokio::select! {
+                            _ = self.stop.cancelled() => TermEnd::Stopped,
+                            _ = self.session.lost().cancelled() => TermEnd::SessionLost,
+                        };
+                    }
+                    if self.should_hand_over(&mut fleet) {
+                        return TermEnd::HandedOff;
+                    }
+                    continue;
+                }
                 _ = self.stop.cancelled() => return TermEnd::Stopped,
                 _ = self.session.lost().cancelled() => return TermEnd::SessionLost,
             }
+            let Some(&Reverse((due, _))) = queue.peek() else {
+                continue;
+            };
             let mut due_now = Vec::new();
             while let Some(&Reverse((next, index))) = queue.peek() {
                 if next != due {
@@ -185,11 +213,18 @@ impl Term {
         }
     }
 
-    async fn idle(&self) -> TermEnd {
-        tokio::select! {
-            _ = self.stop.cancelled() => TermEnd::Stopped,
-            _ = self.session.lost().cancelled() => TermEnd::SessionLost,
+    fn should_hand_over(&self, fleet: &mut watch::Receiver<FleetView>) -> bool {
+        let hand_over = fleet
+            .borrow_and_update()
+            .should_hand_over(self.shards, self.leadership.shard, &self.node_id);
+        if hand_over {
+            tracing::info!(
+                shard = self.leadership.shard,
+                fence = self.leadership.fence,
+                "handing the shard to its target node, which is campaigning for it"
+            );
         }
+        hand_over
     }
 
     /// Runs the ticks missed while the shard had no leader, as each job's policy says.
@@ -274,8 +309,7 @@ impl Term {
                 })
                 .collect();
             let sent = std::time::Instant::now();
-            let outcome =
-                ledger::claim(&self.session, &self.keys, &self.leadership, &requests).await;
+            let outcome = ledger::claim(&self.session, &self.keys, &self.leadership, &requests).await;
             self.claim_lead.observe(sent.elapsed());
             match outcome {
                 Ok(Some(revision)) => {
@@ -292,13 +326,7 @@ impl Term {
                         fence = self.leadership.fence,
                         "claim rejected by etcd: re-checking leadership"
                     );
-                    match election::still_leads(
-                        &self.session,
-                        &self.election_prefix,
-                        &self.leadership,
-                    )
-                    .await
-                    {
+                    match election::still_leads(&self.session, &self.election_prefix, &self.leadership).await {
                         Ok(true) => {}
                         Ok(false) => return Err(TermEnd::Deposed),
                         Err(err) => self.pause_after(&err).await?,
@@ -333,9 +361,7 @@ impl Term {
     fn resolve(&self, seen: &Seen, tick: DateTime<Utc>) -> Resolution {
         match &seen.claim {
             Some(claim)
-                if claim.scheduled_at == tick
-                    && claim.fence == self.leadership.fence
-                    && claim.node == self.node_id =>
+                if claim.scheduled_at == tick && claim.fence == self.leadership.fence && claim.node == self.node_id =>
             {
                 Resolution::Ours
             }
@@ -387,10 +413,7 @@ mod tests {
     #[test]
     fn claim_lead_follows_latency_within_bounds() {
         let lead = ClaimLead::new();
-        assert_eq!(
-            lead.lead(),
-            Duration::from_millis(10) - Duration::from_micros(1)
-        );
+        assert_eq!(lead.lead(), Duration::from_millis(10) - Duration::from_micros(1));
         for _ in 0..100 {
             lead.observe(Duration::from_micros(500));
         }

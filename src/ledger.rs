@@ -54,23 +54,14 @@ pub struct ClaimRequest {
 }
 
 /// Reads the last claims of `jobs`, in order.
-pub async fn read_claims(
-    session: &Session,
-    keys: &Keys,
-    jobs: &[&str],
-) -> Result<Vec<Seen>, CoordError> {
+pub async fn read_claims(session: &Session, keys: &Keys, jobs: &[&str]) -> Result<Vec<Seen>, CoordError> {
     let mut seen = Vec::with_capacity(jobs.len());
     for chunk in jobs.chunks(MAX_OPS_PER_TXN) {
-        let gets: Vec<TxnOp> = chunk
-            .iter()
-            .map(|job| TxnOp::get(keys.job_last(job), None))
-            .collect();
+        let gets: Vec<TxnOp> = chunk.iter().map(|job| TxnOp::get(keys.job_last(job), None)).collect();
         let response = etcd::call(session.client().txn(Txn::new().and_then(gets))).await?;
         for (job, op) in chunk.iter().zip(response.op_responses()) {
             let TxnOpResponse::Get(get) = op else {
-                return Err(CoordError::Protocol(
-                    "txn of gets answered with another op".into(),
-                ));
+                return Err(CoordError::Protocol("txn of gets answered with another op".into()));
             };
             let entry = match get.kvs().first() {
                 None => Seen::default(),
@@ -114,22 +105,14 @@ pub async fn claim(
             CompareOp::Equal,
             request.expected_revision,
         ));
-        let value = serde_json::to_vec(&request.claim)
-            .map_err(|err| CoordError::Protocol(err.to_string()))?;
+        let value = serde_json::to_vec(&request.claim).map_err(|err| CoordError::Protocol(err.to_string()))?;
         puts.push(TxnOp::put(key, value, None::<PutOptions>));
     }
-    let response = etcd::call(
-        session
-            .client()
-            .txn(Txn::new().when(compares).and_then(puts)),
-    )
-    .await?;
+    let response = etcd::call(session.client().txn(Txn::new().when(compares).and_then(puts))).await?;
     if !response.succeeded() {
         return Ok(None);
     }
-    Ok(Some(
-        response.header().map_or(0, |header| header.revision()),
-    ))
+    Ok(Some(response.header().map_or(0, |header| header.revision())))
 }
 
 /// Writes finished runs' records in as few transactions as etcd allows. Not guarded: a result is
@@ -142,8 +125,7 @@ pub async fn record_runs(
     for chunk in runs.chunks(MAX_OPS_PER_TXN) {
         let mut puts = Vec::with_capacity(chunk.len());
         for (job, record) in chunk {
-            let value =
-                serde_json::to_vec(record).map_err(|err| CoordError::Protocol(err.to_string()))?;
+            let value = serde_json::to_vec(record).map_err(|err| CoordError::Protocol(err.to_string()))?;
             puts.push(TxnOp::put(keys.job_result(job), value, None));
         }
         etcd::call(session_client.clone().txn(Txn::new().and_then(puts))).await?;

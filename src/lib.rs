@@ -26,6 +26,7 @@ pub mod config;
 pub mod election;
 pub mod etcd;
 pub mod etcd_server;
+pub mod fleet;
 pub mod keys;
 pub mod leader;
 pub mod ledger;

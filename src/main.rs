@@ -101,10 +101,7 @@ async fn run(config: Config, args: NodeArgs, dev_endpoints: Option<Vec<String>>)
 /// successor: we exit at once.
 async fn forward_signals(shutdown: CancellationToken) {
     use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
         tracing::error!("cannot install signal handlers; stop the node with SIGKILL");
         return;
     };

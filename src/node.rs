@@ -9,12 +9,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rand::Rng;
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, Job};
 use crate::election;
 use crate::etcd::CoordError;
+use crate::fleet::{self, FleetView, Member};
 use crate::keys::Keys;
 use crate::leader::{ClaimLead, Term, TermEnd};
 use crate::runs::Runs;
@@ -29,16 +31,12 @@ pub struct NodeOptions {
 
 /// Runs the node until `shutdown` is cancelled. Coordination failures are retried forever; only
 /// a shutdown ends this.
-pub async fn run(
-    config: Config,
-    options: NodeOptions,
-    client: etcd_client::Client,
-    shutdown: CancellationToken,
-) {
+pub async fn run(config: Config, options: NodeOptions, client: etcd_client::Client, shutdown: CancellationToken) {
     let keys = Keys::new(&config.cluster.name);
     let (runs, result_writer) = Runs::new(client.clone(), keys.clone());
     let jobs_by_shard = Arc::new(jobs_by_shard(&config));
     let claim_lead = ClaimLead::new();
+    let started_at = crate::clock::now();
     tracing::info!(
         node = %options.node_id,
         cluster = %config.cluster.name,
@@ -66,7 +64,37 @@ pub async fn run(
             }
         };
         tracing::info!(lease = format!("{:x}", session.lease()), ttl = ?session.ttl(), "session open; campaigning for every shard");
+        let member = Member {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            digest: config.digest.clone(),
+            shards: config.cluster.shards,
+            started_at,
+        };
+        if let Err(err) = fleet::register(&session, &keys, &options.node_id, &member).await {
+            let wait = backoff.next_delay();
+            tracing::warn!(error = %err, retry_in = ?wait, "cannot register this node in etcd; retrying with a new session");
+            session.close().await;
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => continue,
+                _ = shutdown.cancelled() => break,
+            }
+        }
+        let (view_sender, view) = watch::channel(FleetView::default());
         let mut shards = JoinSet::new();
+        shards.spawn(keep_fleet_view(
+            session.clone(),
+            keys.clone(),
+            config.cluster.shards,
+            view_sender,
+            shutdown.clone(),
+        ));
+        shards.spawn(warn_on_drift(
+            view.clone(),
+            config.digest.clone(),
+            options.node_id.clone(),
+            session.clone(),
+            shutdown.clone(),
+        ));
         for shard in 0..config.cluster.shards {
             let shard_task = ShardTask {
                 shard,
@@ -78,6 +106,7 @@ pub async fn run(
                 runs: runs.clone(),
                 stop: shutdown.clone(),
                 claim_lead: claim_lead.clone(),
+                fleet: view.clone(),
             };
             shards.spawn(shard_task.run());
         }
@@ -110,6 +139,59 @@ pub async fn run(
     tracing::info!("node stopped");
 }
 
+/// Keeps the fleet view current for this session, restarting the watch when it fails.
+async fn keep_fleet_view(
+    session: Session,
+    keys: Keys,
+    shards: u32,
+    view: watch::Sender<FleetView>,
+    shutdown: CancellationToken,
+) {
+    let mut backoff = Backoff::new();
+    loop {
+        tokio::select! {
+            result = fleet::watch(&session, &keys, shards, &view) => {
+                if let Err(err) = result {
+                    tracing::warn!(error = %err, "fleet watch failed; restarting it");
+                }
+            }
+            _ = session.lost().cancelled() => return,
+            _ = shutdown.cancelled() => return,
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(backoff.next_delay()) => {}
+            _ = session.lost().cancelled() => return,
+            _ = shutdown.cancelled() => return,
+        }
+    }
+}
+
+/// Logs each member whose jobs.toml differs from this node's, once per digest.
+async fn warn_on_drift(
+    mut view: watch::Receiver<FleetView>,
+    digest: String,
+    me: String,
+    session: Session,
+    shutdown: CancellationToken,
+) {
+    let mut reported = std::collections::BTreeSet::new();
+    loop {
+        {
+            let current = view.borrow_and_update();
+            for (id, member) in fleet::drifted(&current, &digest) {
+                if reported.insert((id.to_string(), member.digest.clone())) {
+                    tracing::warn!(node = %me, other = id, its_digest = %member.digest, our_digest = %digest, its_shards = member.shards, "config drift: this member runs a different jobs.toml");
+                }
+            }
+        }
+        tokio::select! {
+            changed = view.changed() => if changed.is_err() { return },
+            _ = session.lost().cancelled() => return,
+            _ = shutdown.cancelled() => return,
+        }
+    }
+}
+
 fn jobs_by_shard(config: &Config) -> Vec<Vec<Arc<Job>>> {
     let mut by_shard = vec![Vec::new(); config.cluster.shards as usize];
     for job in &config.jobs {
@@ -129,6 +211,7 @@ struct ShardTask {
     runs: Runs,
     stop: CancellationToken,
     claim_lead: ClaimLead,
+    fleet: watch::Receiver<FleetView>,
 }
 
 impl ShardTask {
@@ -168,11 +251,18 @@ impl ShardTask {
                 stop: self.stop.clone(),
                 leadership,
                 claim_lead: self.claim_lead.clone(),
+                shards: self.shards,
+                fleet: self.fleet.clone(),
             };
             let end = term.lead().await;
             tracing::info!(shard = self.shard, fence = term.leadership.fence, reason = ?end, "term ended");
             match end {
                 TermEnd::Deposed => continue,
+                TermEnd::HandedOff => {
+                    if let Err(err) = election::resign(&self.session, &term.leadership).await {
+                        tracing::warn!(shard = self.shard, error = %err, "could not resign; the claims still keep each tick once");
+                    }
+                }
                 TermEnd::Stopped | TermEnd::SessionLost => return,
             }
         }
@@ -204,9 +294,7 @@ impl Backoff {
     }
 
     pub fn next_delay(&mut self) -> Duration {
-        let ceiling = Self::BASE
-            .saturating_mul(1 << self.attempt.min(10))
-            .min(Self::CAP);
+        let ceiling = Self::BASE.saturating_mul(1 << self.attempt.min(10)).min(Self::CAP);
         self.attempt += 1;
         let millis = ceiling.as_millis() as u64;
         Duration::from_millis(rand::thread_rng().gen_range(millis / 2..=millis))

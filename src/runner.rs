@@ -118,10 +118,7 @@ pub async fn run(tick: &Tick, kill: &CancellationToken) -> RunRecord {
     };
     // The group may still hold the pipes open; stop reading rather than wait for it.
     for reader in [stdout, stderr].into_iter().flatten() {
-        if tokio::time::timeout(Duration::from_secs(1), reader)
-            .await
-            .is_err()
-        {
+        if tokio::time::timeout(Duration::from_secs(1), reader).await.is_err() {
             tracing::debug!(job = %job.name, "output reader still open after exit; detached");
         }
     }
@@ -173,10 +170,7 @@ async fn forward_lines(stream: impl AsyncRead + Unpin, tick: Tick, name: &'stati
 
 /// Reads one line into `line`, keeping at most [`MAX_LINE`] bytes of it and discarding the rest.
 /// Returns the number of bytes consumed, 0 at end of stream.
-async fn read_bounded_line<R: AsyncBufReadExt + Unpin>(
-    reader: &mut R,
-    line: &mut Vec<u8>,
-) -> std::io::Result<usize> {
+async fn read_bounded_line<R: AsyncBufReadExt + Unpin>(reader: &mut R, line: &mut Vec<u8>) -> std::io::Result<usize> {
     let mut consumed = 0;
     loop {
         let buffer = reader.fill_buf().await?;

@@ -49,10 +49,7 @@ impl Runs {
         let Some(first) = ticks.first() else { return };
         let job = Arc::clone(&first.job);
         {
-            let mut running = self
-                .running
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let mut running = self.running.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             let count = running.entry(job.name.clone()).or_default();
             if *count > 0 && job.overlap == Overlap::Skip {
                 drop(running);
@@ -70,10 +67,7 @@ impl Runs {
                 let record = runner::run(&tick, &runs.kill).await;
                 runs.report(&tick, record);
             }
-            let mut running = runs
-                .running
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let mut running = runs.running.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             if let Some(count) = running.get_mut(&job.name) {
                 *count = count.saturating_sub(1);
             }
@@ -93,10 +87,7 @@ impl Runs {
             return;
         }
         tracing::info!(running = self.tracker.len(), grace = ?grace, "waiting for running commands");
-        if tokio::time::timeout(grace, self.tracker.wait())
-            .await
-            .is_err()
-        {
+        if tokio::time::timeout(grace, self.tracker.wait()).await.is_err() {
             tracing::warn!(
                 running = self.tracker.len(),
                 "shutdown grace is over: killing the remaining commands"

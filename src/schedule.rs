@@ -148,15 +148,17 @@ fn expand_nickname(expression: &str) -> Result<&str, String> {
         "@weekly" => Ok("0 0 * * 0"),
         "@daily" | "@midnight" => Ok("0 0 * * *"),
         "@hourly" => Ok("0 * * * *"),
-        _ => Err("unknown nickname (expected one of @yearly @annually @monthly @weekly @daily @midnight @hourly)".to_string()),
+        _ => Err(
+            "unknown nickname (expected one of @yearly @annually @monthly @weekly @daily @midnight @hourly)"
+                .to_string(),
+        ),
     }
 }
 
 /// Parses an IANA zone name such as `Europe/Berlin`.
 pub fn parse_zone(name: &str) -> Result<Tz, String> {
-    Tz::from_str(name).map_err(|_| {
-        format!("unknown time zone {name:?} (expected an IANA name such as \"Europe/Berlin\")")
-    })
+    Tz::from_str(name)
+        .map_err(|_| format!("unknown time zone {name:?} (expected an IANA name such as \"Europe/Berlin\")"))
 }
 
 #[cfg(test)]
@@ -164,9 +166,7 @@ mod tests {
     use super::*;
 
     fn at(rfc3339: &str) -> DateTime<Utc> {
-        DateTime::parse_from_rfc3339(rfc3339)
-            .unwrap()
-            .with_timezone(&Utc)
+        DateTime::parse_from_rfc3339(rfc3339).unwrap().with_timezone(&Utc)
     }
 
     fn next_n(expr: &str, zone: &str, from: &str, n: usize) -> Vec<String> {
@@ -243,42 +243,22 @@ mod tests {
                 &["2027-01-01T00:00:20+00:00", "2027-01-01T00:00:40+00:00"],
             ),
             // Nicknames.
-            (
-                "@hourly",
-                "UTC",
-                "2027-01-01T00:30:00Z",
-                &["2027-01-01T01:00:00+00:00"],
-            ),
-            (
-                "@daily",
-                "UTC",
-                "2027-01-01T00:30:00Z",
-                &["2027-01-02T00:00:00+00:00"],
-            ),
+            ("@hourly", "UTC", "2027-01-01T00:30:00Z", &["2027-01-01T01:00:00+00:00"]),
+            ("@daily", "UTC", "2027-01-01T00:30:00Z", &["2027-01-02T00:00:00+00:00"]),
             (
                 "@midnight",
                 "UTC",
                 "2027-01-01T00:30:00Z",
                 &["2027-01-02T00:00:00+00:00"],
             ),
-            (
-                "@weekly",
-                "UTC",
-                "2027-01-01T00:30:00Z",
-                &["2027-01-03T00:00:00+00:00"],
-            ),
+            ("@weekly", "UTC", "2027-01-01T00:30:00Z", &["2027-01-03T00:00:00+00:00"]),
             (
                 "@monthly",
                 "UTC",
                 "2027-01-01T00:30:00Z",
                 &["2027-02-01T00:00:00+00:00"],
             ),
-            (
-                "@yearly",
-                "UTC",
-                "2027-01-01T00:30:00Z",
-                &["2028-01-01T00:00:00+00:00"],
-            ),
+            ("@yearly", "UTC", "2027-01-01T00:30:00Z", &["2028-01-01T00:00:00+00:00"]),
             (
                 "@annually",
                 "UTC",
@@ -399,10 +379,7 @@ mod tests {
             "@sometimes",
         ] {
             assert!(
-                matches!(
-                    Schedule::parse(bad, utc),
-                    Err(ScheduleError::Invalid { .. })
-                ),
+                matches!(Schedule::parse(bad, utc), Err(ScheduleError::Invalid { .. })),
                 "{bad:?} should be invalid"
             );
         }
@@ -419,11 +396,7 @@ mod tests {
     #[test]
     fn newest_ticks_walk_back_from_the_end() {
         let schedule = Schedule::parse("*/10 * * * * *", Tz::UTC).unwrap();
-        let (ticks, more) = schedule.newest_ticks_between(
-            at("2027-01-01T00:00:00Z"),
-            at("2027-01-01T00:00:35Z"),
-            100,
-        );
+        let (ticks, more) = schedule.newest_ticks_between(at("2027-01-01T00:00:00Z"), at("2027-01-01T00:00:35Z"), 100);
         assert_eq!(
             ticks,
             vec![
@@ -433,21 +406,10 @@ mod tests {
             ]
         );
         assert!(!more);
-        let (ticks, more) = schedule.newest_ticks_between(
-            at("2026-01-01T00:00:00Z"),
-            at("2027-01-01T00:00:35Z"),
-            2,
-        );
-        assert_eq!(
-            ticks,
-            vec![at("2027-01-01T00:00:20Z"), at("2027-01-01T00:00:30Z")]
-        );
+        let (ticks, more) = schedule.newest_ticks_between(at("2026-01-01T00:00:00Z"), at("2027-01-01T00:00:35Z"), 2);
+        assert_eq!(ticks, vec![at("2027-01-01T00:00:20Z"), at("2027-01-01T00:00:30Z")]);
         assert!(more);
-        let (ticks, _) = schedule.newest_ticks_between(
-            at("2027-01-01T00:00:30Z"),
-            at("2027-01-01T00:00:30Z"),
-            5,
-        );
+        let (ticks, _) = schedule.newest_ticks_between(at("2027-01-01T00:00:30Z"), at("2027-01-01T00:00:30Z"), 5);
         assert!(ticks.is_empty());
     }
 }

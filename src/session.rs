@@ -149,11 +149,7 @@ impl Session {
             match etcd::within(limit, renewal).await {
                 Ok(Some(response)) if response.ttl() > 0 => {
                     self.renewed(sent_at);
-                    tracing::debug!(
-                        lease = format!("{:x}", lease),
-                        ttl = response.ttl(),
-                        "lease renewed"
-                    );
+                    tracing::debug!(lease = format!("{:x}", lease), ttl = response.ttl(), "lease renewed");
                 }
                 Ok(Some(_)) => {
                     self.lose("etcd reports the lease expired");

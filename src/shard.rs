@@ -28,11 +28,7 @@ mod tests {
             ("x_y-z", 4096, 568),
         ];
         for (name, shards, expected) in pinned {
-            assert_eq!(
-                shard_of(name, *shards),
-                *expected,
-                "{name} in {shards} shards"
-            );
+            assert_eq!(shard_of(name, *shards), *expected, "{name} in {shards} shards");
         }
     }
 }

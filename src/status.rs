@@ -10,6 +10,7 @@ use serde::Serialize;
 use crate::clock;
 use crate::config::Config;
 use crate::etcd::{self, CoordError};
+use crate::fleet::Member;
 use crate::keys::Keys;
 use crate::ledger::{Claim, RunRecord};
 
@@ -18,8 +19,24 @@ use crate::ledger::{Claim, RunRecord};
 pub struct Status {
     pub cluster: String,
     pub shard_count: u32,
+    /// This config's digest; members with another one run a different jobs.toml.
+    pub digest: String,
+    pub nodes: Vec<NodeStatus>,
     pub shards: Vec<ShardStatus>,
     pub jobs: Vec<JobStatus>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct NodeStatus {
+    pub id: String,
+    pub version: String,
+    pub digest: String,
+    /// The node's config differs from the one `status` was given.
+    pub drift: bool,
+    pub shards: u32,
+    pub started_at: DateTime<Utc>,
+    /// Shards of this config's shard count that the node leads.
+    pub leads: usize,
 }
 
 #[derive(Debug, Serialize)]
@@ -59,14 +76,11 @@ pub async fn read(config: &Config, client: &etcd_client::Client) -> Result<Statu
         if let Some((shard, of)) = keys.parse_candidate(key) {
             if of == shards {
                 let node = String::from_utf8_lossy(kv.value()).into_owned();
-                per_shard
-                    .entry(shard)
-                    .or_default()
-                    .push((node, kv.create_revision()));
+                per_shard.entry(shard).or_default().push((node, kv.create_revision()));
             }
         }
     }
-    let shard_status = (0..shards)
+    let shard_status: Vec<ShardStatus> = (0..shards)
         .map(|shard| {
             let candidates = per_shard.remove(&shard).unwrap_or_default();
             ShardStatus {
@@ -77,6 +91,35 @@ pub async fn read(config: &Config, client: &etcd_client::Client) -> Result<Statu
             }
         })
         .collect();
+
+    let members = etcd::call(
+        client
+            .clone()
+            .get(keys.nodes_prefix(), Some(GetOptions::new().with_prefix())),
+    )
+    .await?;
+    let mut nodes = Vec::new();
+    for kv in members.kvs() {
+        let Ok(key) = kv.key_str() else { continue };
+        let Some(id) = key.strip_prefix(&keys.nodes_prefix()) else {
+            continue;
+        };
+        let Ok(member) = serde_json::from_slice::<Member>(kv.value()) else {
+            continue;
+        };
+        nodes.push(NodeStatus {
+            id: id.to_string(),
+            drift: member.digest != config.digest,
+            leads: shard_status
+                .iter()
+                .filter(|shard| shard.leader.as_deref() == Some(id))
+                .count(),
+            version: member.version,
+            digest: member.digest,
+            shards: member.shards,
+            started_at: member.started_at,
+        });
+    }
 
     let records = etcd::call(
         client
@@ -121,44 +164,102 @@ pub async fn read(config: &Config, client: &etcd_client::Client) -> Result<Statu
     Ok(Status {
         cluster: config.cluster.name.clone(),
         shard_count: shards,
+        digest: config.digest.clone(),
+        nodes,
         shards: shard_status,
         jobs,
     })
 }
 
-/// The human-readable form.
+/// The human-readable form: nodes, shard leaders and jobs as aligned tables.
 pub fn render(status: &Status) -> String {
+    let dash = || "-".to_string();
     let mut out = format!(
-        "cluster {} ({} shards)\n\nSHARD  LEADER  FENCE  STANDBY\n",
-        status.cluster, status.shard_count
+        "cluster {} ({} shards, config digest {})\n\n",
+        status.cluster, status.shard_count, status.digest
     );
-    for shard in &status.shards {
-        out.push_str(&format!(
-            "{}  {}  {}  {}\n",
-            shard.shard,
-            shard.leader.as_deref().unwrap_or("-"),
-            shard
-                .fence
-                .map_or("-".to_string(), |fence| fence.to_string()),
-            shard.standby
-        ));
+    let nodes: Vec<Vec<String>> = status
+        .nodes
+        .iter()
+        .map(|node| {
+            vec![
+                node.id.clone(),
+                node.leads.to_string(),
+                node.shards.to_string(),
+                format!("{}{}", node.digest, if node.drift { " (differs)" } else { "" }),
+                node.version.clone(),
+                node.started_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            ]
+        })
+        .collect();
+    out.push_str(&table(
+        &["NODE", "LEADS", "SHARDS", "DIGEST", "VERSION", "STARTED"],
+        &nodes,
+    ));
+    out.push('\n');
+    let shards: Vec<Vec<String>> = status
+        .shards
+        .iter()
+        .map(|shard| {
+            vec![
+                shard.shard.to_string(),
+                shard.leader.clone().unwrap_or_else(dash),
+                shard.fence.map_or_else(dash, |fence| fence.to_string()),
+                shard.standby.to_string(),
+            ]
+        })
+        .collect();
+    out.push_str(&table(&["SHARD", "LEADER", "FENCE", "STANDBY"], &shards));
+    out.push('\n');
+    let jobs: Vec<Vec<String>> = status
+        .jobs
+        .iter()
+        .map(|job| {
+            let claim = job.last_claim.as_ref();
+            let run = job.last_run.as_ref();
+            vec![
+                job.name.clone(),
+                job.shard.to_string(),
+                claim.map_or_else(dash, |claim| {
+                    claim.scheduled_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                }),
+                claim.map_or_else(dash, |claim| claim.node.clone()),
+                claim.map_or_else(dash, |claim| claim.fence.to_string()),
+                run.map_or_else(dash, |run| run.outcome.clone()),
+                run.and_then(|run| run.exit_code)
+                    .map_or_else(dash, |code| code.to_string()),
+                job.next.map_or_else(
+                    || "never".to_string(),
+                    |next| next.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                ),
+            ]
+        })
+        .collect();
+    out.push_str(&table(
+        &["JOB", "SHARD", "LAST TICK", "NODE", "FENCE", "OUTCOME", "EXIT", "NEXT"],
+        &jobs,
+    ));
+    out
+}
+
+fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|header| header.len()).collect();
+    for row in rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
     }
-    out.push_str("\nJOB  SHARD  LAST-TICK  NODE  FENCE  OUTCOME  EXIT  NEXT\n");
-    for job in &status.jobs {
-        let last = job.last_claim.as_ref();
-        let run = job.last_run.as_ref();
-        out.push_str(&format!(
-            "{}  {}  {}  {}  {}  {}  {}  {}\n",
-            job.name,
-            job.shard,
-            last.map_or("-".into(), |claim| claim.scheduled_at.to_rfc3339()),
-            last.map_or("-", |claim| claim.node.as_str()),
-            last.map_or("-".into(), |claim| claim.fence.to_string()),
-            run.map_or("-", |run| run.outcome.as_str()),
-            run.and_then(|run| run.exit_code)
-                .map_or("-".into(), |code| code.to_string()),
-            job.next.map_or("never".into(), |next| next.to_rfc3339()),
-        ));
+    let line = |cells: Vec<&str>| {
+        let padded: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .map(|(cell, width)| format!("{cell:<width$}"))
+            .collect();
+        format!("{}\n", padded.join("  ").trim_end())
+    };
+    let mut out = line(headers.to_vec());
+    for row in rows {
+        out.push_str(&line(row.iter().map(String::as_str).collect()));
     }
     out
 }

@@ -27,9 +27,7 @@ fn check_accepts_the_example_config_and_prints_a_line_per_job() {
         .find(|line| line.starts_with("heartbeat "))
         .expect("heartbeat line");
     assert!(
-        heartbeat.contains(" shard=4 ")
-            && heartbeat.contains(" zone=UTC ")
-            && heartbeat.contains(" next="),
+        heartbeat.contains(" shard=4 ") && heartbeat.contains(" zone=UTC ") && heartbeat.contains(" next="),
         "{heartbeat}"
     );
     let berlin = lines
@@ -135,14 +133,7 @@ fn next_prints_rfc3339_with_the_zone_offset_across_dst() {
 
 #[test]
 fn next_is_strictly_after_from_and_defaults_to_utc() {
-    let out = shardcron(&[
-        "next",
-        "@hourly",
-        "--from",
-        "2027-01-01T05:00:00Z",
-        "-n",
-        "2",
-    ]);
+    let out = shardcron(&["next", "@hourly", "--from", "2027-01-01T05:00:00Z", "-n", "2"]);
     assert_eq!(
         text(&out.stdout),
         "2027-01-01T06:00:00+00:00\n2027-01-01T07:00:00+00:00\n"

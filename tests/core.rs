@@ -13,31 +13,41 @@ const EVERY_SECOND: &str = "* * * * * *";
 #[test]
 fn two_nodes_lead_each_shard_once_and_set_cron_variables() {
     let mut world = World::new();
-    let jobs: Vec<(String, &str, &str)> = (0..6)
-        .map(|i| (format!("job{i}"), EVERY_SECOND, ""))
-        .collect();
-    let jobs: Vec<(&str, &str, &str)> = jobs.iter().map(|(n, s, e)| (n.as_str(), *s, *e)).collect();
+    let names: Vec<String> = (0..6).map(|i| format!("job{i}")).collect();
+    let jobs: Vec<(&str, &str, &str)> = names.iter().map(|name| (name.as_str(), EVERY_SECOND, "")).collect();
     let config = world.write_config("jobs.toml", 4, 3, &jobs);
     step("start nodes a and b");
     world.start_node("a", &config);
     world.start_node("b", &config);
-    wait_for(Duration::from_secs(20), "every job ran 3 times", || {
-        let runs = world.runs();
-        jobs.iter()
-            .all(|(name, _, _)| runs.iter().filter(|run| run.job == *name).count() >= 3)
+    step("wait until each leads two shards and stands by for the other two");
+    wait_for(Duration::from_secs(20), "a balanced fleet", || {
+        let status = world.status(&config);
+        let shards = status["shards"].as_array().cloned().unwrap_or_default();
+        let leads = |id: &str| shards.iter().filter(|shard| shard["leader"] == id).count();
+        shards.iter().all(|shard| shard["standby"] == 1) && leads("a") == 2 && leads("b") == 2
     });
-    step("every shard has exactly one leader and one standby");
+    let settled = now_secs();
     let status = world.status(&config);
-    let mut fences = std::collections::HashMap::new();
+    let mut leaders = std::collections::HashMap::new();
     for shard in status["shards"].as_array().expect("shards") {
-        let leader = shard["leader"].as_str().expect("a leader");
-        assert!(leader == "a" || leader == "b", "{shard}");
-        assert_eq!(shard["standby"], 1, "{shard}");
-        fences.insert(
-            shard["shard"].as_u64().unwrap() as u32,
-            (leader.to_string(), shard["fence"].as_i64().unwrap()),
+        let id = shard["shard"].as_u64().unwrap() as u32;
+        leaders.insert(
+            id,
+            (
+                shard["leader"].as_str().unwrap().to_string(),
+                shard["fence"].as_i64().unwrap(),
+            ),
         );
     }
+    wait_for(Duration::from_secs(20), "every job ran 3 times since", || {
+        let runs = world.runs();
+        names.iter().all(|name| {
+            runs.iter()
+                .filter(|run| run.job == *name && run.started > settled)
+                .count()
+                >= 3
+        })
+    });
     for node in &world.nodes {
         node.signal(libc::SIGTERM);
     }
@@ -51,84 +61,101 @@ fn two_nodes_lead_each_shard_once_and_set_cron_variables() {
     }
     step("each tick ran once, with the variables of its shard's leader");
     let runs = world.runs();
-    for (name, _, _) in &jobs {
+    for name in &names {
         assert_each_tick_once(&runs, name, 1);
     }
     for run in &runs {
         assert_eq!(run.shard, shard_of(&run.job, 4), "{run:?}");
-        let (leader, fence) = &fences[&run.shard];
-        assert_eq!(
-            (&run.node, run.fence),
-            (leader, *fence),
-            "{run:?} carries its leader's node and fence"
-        );
         assert_eq!(
             run.tick.timestamp_subsec_nanos(),
             0,
             "{run:?}: CRON_SCHEDULED_AT is the tick"
         );
-        assert!(
-            (0.0..1.0).contains(&run.lateness()),
-            "{run:?} started at its tick"
-        );
+        assert!((0.0..1.0).contains(&run.lateness()), "{run:?} started at its tick");
+        if run.started > settled {
+            let (leader, fence) = &leaders[&run.shard];
+            assert_eq!(
+                (&run.node, run.fence),
+                (leader, *fence),
+                "{run:?} carries its leader's node and fence"
+            );
+        }
     }
 }
 
-/// One shard, leader `a`, standby `b`; returns the config path once `a` runs ticks and `b` waits.
-fn leader_and_standby(world: &mut World, ttl: u64, extra: &str) -> std::path::PathBuf {
+/// The two nodes of a one-shard world, by role.
+struct Roles {
+    leader: usize,
+    leader_id: String,
+    standby_id: String,
+}
+
+/// One shard and two nodes; returns their roles once the shard's target leads and runs ticks and
+/// the other node stands by.
+fn leader_and_standby(world: &mut World, ttl: u64, extra: &str) -> Roles {
     let config = world.write_config("jobs.toml", 1, ttl, &[("tick", EVERY_SECOND, extra)]);
-    step("start a, wait for its runs");
+    step("start a and b");
     world.start_node("a", &config);
-    wait_for(Duration::from_secs(15), "a runs ticks", || {
-        world.runs().iter().filter(|run| run.node == "a").count() >= 2
-    });
-    step("start b as standby");
     world.start_node("b", &config);
-    wait_for(Duration::from_secs(10), "b waits behind a", || {
+    wait_for(Duration::from_secs(15), "a leader and a standby", || {
         world.status(&config)["shards"][0]["standby"] == 1
     });
-    assert_eq!(
-        world.leader_of(&config, 0).map(|(node, _)| node),
-        Some("a".to_string())
-    );
-    config
+    let (leader_id, _) = world.leader_of(&config, 0).expect("a leader");
+    let leader = world
+        .nodes
+        .iter()
+        .position(|node| node.id == leader_id)
+        .expect("leader is ours");
+    wait_for(Duration::from_secs(15), "the leader runs ticks", || {
+        world.runs().iter().filter(|run| run.node == leader_id).count() >= 2
+    });
+    let standby_id = world.nodes[1 - leader].id.clone();
+    step(&format!("{leader_id} leads, {standby_id} stands by"));
+    Roles {
+        leader,
+        leader_id,
+        standby_id,
+    }
+}
+
+fn first_start_after(runs: &[Run], node: &str, after: f64) -> f64 {
+    runs.iter()
+        .filter(|run| run.node == node && run.started > after)
+        .map(|run| run.started)
+        .fold(f64::MAX, f64::min)
 }
 
 #[test]
 fn sigkill_of_the_leader_moves_its_shard_within_ttl_and_loses_no_tick() {
     let mut world = World::new();
     let ttl = 2;
-    leader_and_standby(&mut world, ttl, "catch_up = \"all\"");
+    let roles = leader_and_standby(&mut world, ttl, "catch_up = \"all\"");
+    let old_fence = world.runs().iter().map(|run| run.fence).max().unwrap();
     sleep_to_mid_second();
-    step("SIGKILL a");
+    step("SIGKILL the leader");
     let killed_at = now_secs();
-    world.nodes[0].signal(libc::SIGKILL);
-    wait_for(Duration::from_secs(15), "b runs 3 ticks", || {
-        world.runs().iter().filter(|run| run.node == "b").count() >= 3
+    world.nodes[roles.leader].signal(libc::SIGKILL);
+    wait_for(Duration::from_secs(15), "the standby runs 3 ticks", || {
+        world
+            .runs()
+            .iter()
+            .filter(|run| run.node == roles.standby_id && run.started > killed_at)
+            .count()
+            >= 3
     });
     let runs = world.runs();
-    let first_b = runs
-        .iter()
-        .filter(|run| run.node == "b")
-        .map(|run| run.started)
-        .fold(f64::MAX, f64::min);
-    let takeover = first_b - killed_at;
+    let takeover = first_start_after(&runs, &roles.standby_id, killed_at) - killed_at;
     eprintln!("takeover after SIGKILL: {takeover:.3} s (TTL {ttl} s)");
     assert!(
         takeover <= ttl as f64 + 1.0,
-        "b ran its first tick {takeover:.3} s after the kill"
+        "the standby ran its first tick {takeover:.3} s after the kill"
     );
     let ticks = assert_each_tick_once(&runs, "tick", 1);
     assert!(ticks.len() >= 5);
-    let fence_a = runs
-        .iter()
-        .find(|run| run.node == "a")
-        .map(|run| run.fence)
-        .unwrap();
     assert!(
         runs.iter()
-            .filter(|run| run.node == "b")
-            .all(|run| run.fence > fence_a),
+            .filter(|run| run.started > killed_at)
+            .all(|run| run.fence > old_fence),
         "the new leader's fence is larger"
     );
 }
@@ -137,43 +164,34 @@ fn sigkill_of_the_leader_moves_its_shard_within_ttl_and_loses_no_tick() {
 fn sigstop_of_the_leader_never_runs_its_old_fence_after_takeover() {
     let mut world = World::new();
     let ttl = 2;
-    leader_and_standby(&mut world, ttl, "catch_up = \"all\"");
+    let roles = leader_and_standby(&mut world, ttl, "catch_up = \"all\"");
+    let old_fence = world.runs().iter().map(|run| run.fence).max().unwrap();
     sleep_to_mid_second();
-    step("SIGSTOP a for 2×TTL");
-    world.nodes[0].signal(libc::SIGSTOP);
+    step("SIGSTOP the leader for 2×TTL");
+    let stopped_at = now_secs();
+    world.nodes[roles.leader].signal(libc::SIGSTOP);
     std::thread::sleep(Duration::from_secs(2 * ttl));
-    step("SIGCONT a");
-    world.nodes[0].signal(libc::SIGCONT);
+    step("SIGCONT the leader");
+    world.nodes[roles.leader].signal(libc::SIGCONT);
     let resumed = now_secs();
-    wait_for(
-        Duration::from_secs(15),
-        "runs go on for 3 s after the resume",
-        || world.runs().iter().any(|run| run.started > resumed + 3.0),
-    );
+    wait_for(Duration::from_secs(15), "runs go on for 3 s after the resume", || {
+        world.runs().iter().any(|run| run.started > resumed + 3.0)
+    });
     let runs = world.runs();
-    let fence_a = runs
-        .iter()
-        .find(|run| run.node == "a")
-        .map(|run| run.fence)
-        .unwrap();
-    let takeover = runs
-        .iter()
-        .filter(|run| run.node == "b")
-        .map(|run| run.started)
-        .fold(f64::MAX, f64::min);
-    assert!(takeover < resumed, "b took over while a was stopped");
+    let takeover = first_start_after(&runs, &roles.standby_id, stopped_at);
+    assert!(takeover < resumed, "the standby took over while the leader was stopped");
     let stale: Vec<&Run> = runs
         .iter()
-        .filter(|run| run.node == "a" && run.fence == fence_a && run.started > takeover)
+        .filter(|run| run.fence == old_fence && run.started > takeover)
         .collect();
     assert!(
         stale.is_empty(),
-        "runs with a's old fence after the takeover: {stale:#?}"
+        "runs with the stopped leader's old fence after the takeover: {stale:#?}"
     );
     assert_each_tick_once(&runs, "tick", 1);
     assert!(
-        world.nodes[0].log_text().contains("session lost"),
-        "a logs why its terms ended"
+        world.nodes[roles.leader].log_text().contains("session lost"),
+        "the stopped leader logs why its terms ended"
     );
 }
 
@@ -181,23 +199,24 @@ fn sigstop_of_the_leader_never_runs_its_old_fence_after_takeover() {
 fn sigterm_of_the_leader_hands_over_without_missing_a_tick() {
     let mut world = World::new();
     // A long TTL: only the revoke on shutdown can make the handoff this fast.
-    leader_and_standby(&mut world, 10, "");
+    let roles = leader_and_standby(&mut world, 10, "");
     sleep_to_mid_second();
-    step("SIGTERM a");
+    step("SIGTERM the leader");
     let stopped_at = now_secs();
-    world.nodes[0].signal(libc::SIGTERM);
-    assert_eq!(world.nodes[0].wait_exit(Duration::from_secs(10)), Some(0));
-    wait_for(Duration::from_secs(10), "b runs 3 ticks", || {
-        world.runs().iter().filter(|run| run.node == "b").count() >= 3
+    world.nodes[roles.leader].signal(libc::SIGTERM);
+    assert_eq!(world.nodes[roles.leader].wait_exit(Duration::from_secs(10)), Some(0));
+    wait_for(Duration::from_secs(10), "the standby runs 3 ticks", || {
+        world
+            .runs()
+            .iter()
+            .filter(|run| run.node == roles.standby_id && run.started > stopped_at)
+            .count()
+            >= 3
     });
     let runs = world.runs();
-    let first_b = runs
-        .iter()
-        .filter(|run| run.node == "b")
-        .map(|run| run.started)
-        .fold(f64::MAX, f64::min);
-    eprintln!("first run on b {:.3} s after SIGTERM", first_b - stopped_at);
-    assert!(first_b - stopped_at < 1.0, "b runs the next tick");
+    let first = first_start_after(&runs, &roles.standby_id, stopped_at);
+    eprintln!("first run on the standby {:.3} s after SIGTERM", first - stopped_at);
+    assert!(first - stopped_at < 1.0, "the standby runs the next tick");
     assert_each_tick_once(&runs, "tick", 1);
 }
 
@@ -206,9 +225,7 @@ fn an_even_second_job_starts_within_50ms_of_its_tick() {
     let mut world = World::new();
     let config = world.write_config("jobs.toml", 2, 3, &[("even", "*/2 * * * * *", "")]);
     world.start_node("a", &config);
-    wait_for(Duration::from_secs(20), "4 runs", || {
-        world.runs().len() >= 4
-    });
+    wait_for(Duration::from_secs(20), "4 runs", || world.runs().len() >= 4);
     for run in world.runs() {
         assert_eq!(run.tick.timestamp() % 2, 0, "{run:?}");
         let lateness = run.lateness();

@@ -22,16 +22,10 @@ async fn a_claim_with_a_stale_fence_is_rejected_by_etcd() {
     let prefix = keys.election_prefix(1, 0);
 
     support::step("node a leads");
-    let session_a = Session::open(&client, Duration::from_secs(5))
-        .await
-        .expect("session a");
-    let leader_a = election::campaign(&session_a, &prefix, 0, "a")
-        .await
-        .expect("a leads");
+    let session_a = Session::open(&client, Duration::from_secs(5)).await.expect("session a");
+    let leader_a = election::campaign(&session_a, &prefix, 0, "a").await.expect("a leads");
     support::step("node b campaigns behind a");
-    let session_b = Session::open(&client, Duration::from_secs(5))
-        .await
-        .expect("session b");
+    let session_b = Session::open(&client, Duration::from_secs(5)).await.expect("session b");
     let campaign_b = {
         let (session_b, prefix) = (session_b.clone(), prefix.clone());
         tokio::spawn(async move { election::campaign(&session_b, &prefix, 0, "b").await })
@@ -64,43 +58,20 @@ async fn a_claim_with_a_stale_fence_is_rejected_by_etcd() {
     );
 
     support::step("a's late claim is rejected; b's succeeds");
-    let stale = ledger::claim(
-        &session_b,
-        &keys,
-        &leader_a,
-        &[request("a", leader_a.fence, 0)],
-    )
-    .await
-    .unwrap();
-    assert_eq!(
-        stale, None,
-        "a claim guarded by the old leader key must fail"
-    );
-    let fresh = ledger::claim(
-        &session_b,
-        &keys,
-        &leader_b,
-        &[request("b", leader_b.fence, 0)],
-    )
-    .await
-    .unwrap();
-    assert!(fresh.is_some());
-    support::step("a second claim from the same read is rejected too");
-    let again = ledger::claim(
-        &session_b,
-        &keys,
-        &leader_b,
-        &[request("b", leader_b.fence, 0)],
-    )
-    .await
-    .unwrap();
-    assert_eq!(again, None, "the record changed since it was read");
-    let seen = ledger::read_claims(&session_b, &keys, &["j"])
+    let stale = ledger::claim(&session_b, &keys, &leader_a, &[request("a", leader_a.fence, 0)])
         .await
         .unwrap();
-    assert_eq!(
-        seen[0].claim.as_ref().map(|claim| claim.node.as_str()),
-        Some("b")
-    );
+    assert_eq!(stale, None, "a claim guarded by the old leader key must fail");
+    let fresh = ledger::claim(&session_b, &keys, &leader_b, &[request("b", leader_b.fence, 0)])
+        .await
+        .unwrap();
+    assert!(fresh.is_some());
+    support::step("a second claim from the same read is rejected too");
+    let again = ledger::claim(&session_b, &keys, &leader_b, &[request("b", leader_b.fence, 0)])
+        .await
+        .unwrap();
+    assert_eq!(again, None, "the record changed since it was read");
+    let seen = ledger::read_claims(&session_b, &keys, &["j"]).await.unwrap();
+    assert_eq!(seen[0].claim.as_ref().map(|claim| claim.node.as_str()), Some("b"));
     session_b.close().await;
 }

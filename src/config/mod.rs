@@ -258,9 +258,7 @@ impl Source<'_> {
             .find_map(|line| job_header(line));
         let message = err.message().to_string();
         let field = backticked(&message)
-            .filter(|_| {
-                message.starts_with("unknown field") || message.starts_with("missing field")
-            })
+            .filter(|_| message.starts_with("unknown field") || message.starts_with("missing field"))
             .or_else(|| lines.get(line - 1).and_then(|line| key_of(line)));
         let job = job.filter(|job| Some(job.as_str()) != field.as_deref());
         ConfigError {
@@ -284,8 +282,7 @@ fn job_header(line: &str) -> Option<String> {
 fn key_of(line: &str) -> Option<String> {
     let (key, _) = line.split_once('=')?;
     let key = key.trim();
-    (!key.is_empty() && !key.starts_with('[') && !key.starts_with('#'))
-        .then(|| key.trim_matches('"').to_string())
+    (!key.is_empty() && !key.starts_with('[') && !key.starts_with('#')).then(|| key.trim_matches('"').to_string())
 }
 
 fn backticked(message: &str) -> Option<String> {
@@ -320,18 +317,13 @@ fn valid_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
-fn validate_cluster(
-    source: &Source,
-    raw: Option<Spanned<RawCluster>>,
-) -> Result<Cluster, ConfigError> {
+fn validate_cluster(source: &Source, raw: Option<Spanned<RawCluster>>) -> Result<Cluster, ConfigError> {
     let Some(raw) = raw else {
         return Err(source.error(None, None, Some("cluster"), "missing [cluster] section"));
     };
     let table_span = raw.span();
     let raw = raw.into_inner();
-    let field = |name: &str, message: String| {
-        source.error(Some(table_span.clone()), None, Some(name), message)
-    };
+    let field = |name: &str, message: String| source.error(Some(table_span.clone()), None, Some(name), message);
 
     let name = raw
         .name
@@ -355,10 +347,7 @@ fn validate_cluster(
             Some(shards.span()),
             None,
             Some("cluster.shards"),
-            format!(
-                "shards must be between 1 and {MAX_SHARDS}, found {}",
-                shards.get_ref()
-            ),
+            format!("shards must be between 1 and {MAX_SHARDS}, found {}", shards.get_ref()),
         ));
     }
     let lease_ttl = match &raw.lease_ttl {
@@ -375,9 +364,8 @@ fn validate_cluster(
         ));
     }
     let timezone = match &raw.timezone {
-        Some(value) => parse_zone(value.get_ref()).map_err(|message| {
-            source.error(Some(value.span()), None, Some("cluster.timezone"), message)
-        })?,
+        Some(value) => parse_zone(value.get_ref())
+            .map_err(|message| source.error(Some(value.span()), None, Some("cluster.timezone"), message))?,
         None => Tz::UTC,
     };
     Ok(Cluster {
@@ -402,11 +390,7 @@ fn validate_etcd(source: &Source, raw: Option<Spanned<RawEtcd>>) -> Result<Etcd,
             "missing etcd endpoints",
         )
     })?;
-    if endpoints
-        .get_ref()
-        .iter()
-        .all(|endpoint| endpoint.trim().is_empty())
-    {
+    if endpoints.get_ref().iter().all(|endpoint| endpoint.trim().is_empty()) {
         return Err(source.error(
             Some(endpoints.span()),
             None,
@@ -451,9 +435,7 @@ fn validate_job(
             Some(name_span),
             job,
             None,
-            format!(
-                "invalid job name: use at most {MAX_JOB_NAME} letters, digits, '.', '_' and '-'"
-            ),
+            format!("invalid job name: use at most {MAX_JOB_NAME} letters, digits, '.', '_' and '-'"),
         ));
     }
     let table_span = raw.span();
@@ -464,46 +446,25 @@ fn validate_job(
             .map_err(|message| source.error(Some(value.span()), job, Some("timezone"), message))?,
         None => cluster.timezone,
     };
-    let expression = raw.schedule.ok_or_else(|| {
-        source.error(
-            Some(table_span.clone()),
-            job,
-            Some("schedule"),
-            "missing schedule",
-        )
-    })?;
+    let expression = raw
+        .schedule
+        .ok_or_else(|| source.error(Some(table_span.clone()), job, Some("schedule"), "missing schedule"))?;
     let key = (expression.get_ref().trim().to_string(), timezone);
     let schedule = match schedules.get(&key) {
         Some(schedule) => Arc::clone(schedule),
         None => {
-            let parsed = Schedule::parse(expression.get_ref(), timezone).map_err(|err| {
-                source.error(
-                    Some(expression.span()),
-                    job,
-                    Some("schedule"),
-                    err.to_string(),
-                )
-            })?;
+            let parsed = Schedule::parse(expression.get_ref(), timezone)
+                .map_err(|err| source.error(Some(expression.span()), job, Some("schedule"), err.to_string()))?;
             let parsed = Arc::new(parsed);
             schedules.insert(key, Arc::clone(&parsed));
             parsed
         }
     };
-    let command = raw.command.ok_or_else(|| {
-        source.error(
-            Some(table_span.clone()),
-            job,
-            Some("command"),
-            "missing command",
-        )
-    })?;
+    let command = raw
+        .command
+        .ok_or_else(|| source.error(Some(table_span.clone()), job, Some("command"), "missing command"))?;
     if command.get_ref().trim().is_empty() {
-        return Err(source.error(
-            Some(command.span()),
-            job,
-            Some("command"),
-            "command is empty",
-        ));
+        return Err(source.error(Some(command.span()), job, Some("command"), "command is empty"));
     }
     let timeout = raw
         .timeout

@@ -68,13 +68,7 @@ type ErrorCase = (
 #[test]
 fn error_table() {
     let cases: Vec<ErrorCase> = vec![
-        (
-            "[cluster\nname=".to_string(),
-            Some(1),
-            None,
-            None,
-            "invalid",
-        ),
+        ("[cluster\nname=".to_string(), Some(1), None, None, "invalid"),
         (
             with_job("schedule = \"* * * * *\"\ncomand = \"true\""),
             Some(12),
@@ -139,9 +133,7 @@ fn error_table() {
             "invalid duration",
         ),
         (
-            with_job(
-                "schedule = \"* * * * *\"\ncommand = \"true\"\nstarting_deadline = \"5 parsecs\"",
-            ),
+            with_job("schedule = \"* * * * *\"\ncommand = \"true\"\nstarting_deadline = \"5 parsecs\""),
             Some(13),
             Some("backup"),
             Some("starting_deadline"),
@@ -266,14 +258,8 @@ fn error_table() {
             assert_eq!(err.job.as_deref(), Some(job), "job of {shown}");
         }
         assert_eq!(err.field.as_deref(), field, "field of {shown}");
-        assert!(
-            shown.contains(fragment),
-            "{shown:?} should contain {fragment:?}"
-        );
-        assert!(
-            shown.starts_with("jobs.toml:"),
-            "{shown:?} should name the file"
-        );
+        assert!(shown.contains(fragment), "{shown:?} should contain {fragment:?}");
+        assert!(shown.starts_with("jobs.toml:"), "{shown:?} should name the file");
     }
 }
 
@@ -297,10 +283,7 @@ fn schedules_are_parsed_once_per_expression_and_zone() {
         ));
     }
     let config = parse_str(&text).unwrap();
-    let distinct: std::collections::HashSet<*const Schedule> = config
-        .jobs
-        .iter()
-        .map(|job| Arc::as_ptr(&job.schedule))
-        .collect();
+    let distinct: std::collections::HashSet<*const Schedule> =
+        config.jobs.iter().map(|job| Arc::as_ptr(&job.schedule)).collect();
     assert_eq!(distinct.len(), 2);
 }

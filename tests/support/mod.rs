@@ -25,8 +25,7 @@ pub struct World {
 
 impl World {
     pub fn new() -> World {
-        let etcd =
-            EtcdServer::start(Path::new("etcd")).expect("start etcd (apt-get install etcd-server)");
+        let etcd = EtcdServer::start(Path::new("etcd")).expect("start etcd (apt-get install etcd-server)");
         World {
             etcd,
             dir: tempfile::tempdir().expect("temp dir"),
@@ -47,13 +46,7 @@ impl World {
     }
 
     /// Writes a config with `jobs` (name, schedule, extra TOML lines) recording their runs.
-    pub fn write_config(
-        &self,
-        file: &str,
-        shards: u32,
-        ttl_secs: u64,
-        jobs: &[(&str, &str, &str)],
-    ) -> PathBuf {
+    pub fn write_config(&self, file: &str, shards: u32, ttl_secs: u64, jobs: &[(&str, &str, &str)]) -> PathBuf {
         let mut text = format!(
             "[cluster]\nname = \"test\"\nshards = {shards}\nlease_ttl = \"{ttl_secs}s\"\n\n[etcd]\nendpoints = [\"{}\"]\n\n",
             self.etcd.client_url()
@@ -117,10 +110,7 @@ impl World {
     pub fn leader_of(&self, config: &Path, shard: u64) -> Option<(String, i64)> {
         let status = self.status(config);
         let entry = &status["shards"][shard as usize];
-        Some((
-            entry["leader"].as_str()?.to_string(),
-            entry["fence"].as_i64()?,
-        ))
+        Some((entry["leader"].as_str()?.to_string(), entry["fence"].as_i64()?))
     }
 
     /// Dumps every node's log, for a failing test's output.
@@ -190,9 +180,7 @@ pub struct Run {
 
 impl Run {
     pub fn lateness(&self) -> f64 {
-        self.started
-            - self.tick.timestamp() as f64
-            - f64::from(self.tick.timestamp_subsec_nanos()) / 1e9
+        self.started - self.tick.timestamp() as f64 - f64::from(self.tick.timestamp_subsec_nanos()) / 1e9
     }
 }
 
@@ -245,18 +233,11 @@ pub fn now_secs() -> f64 {
 /// Asserts every tick of `job` from its first to its last recorded run appears exactly once,
 /// on whole seconds `step` apart, and returns the ticks.
 pub fn assert_each_tick_once(runs: &[Run], job: &str, step_secs: i64) -> Vec<DateTime<Utc>> {
-    let mut ticks: Vec<DateTime<Utc>> = runs
-        .iter()
-        .filter(|run| run.job == job)
-        .map(|run| run.tick)
-        .collect();
+    let mut ticks: Vec<DateTime<Utc>> = runs.iter().filter(|run| run.job == job).map(|run| run.tick).collect();
     ticks.sort();
     let mut seen = std::collections::HashSet::new();
     for tick in &ticks {
-        assert!(
-            seen.insert(*tick),
-            "tick {tick} of {job} ran more than once: {runs:#?}"
-        );
+        assert!(seen.insert(*tick), "tick {tick} of {job} ran more than once: {runs:#?}");
     }
     for pair in ticks.windows(2) {
         assert_eq!(
