@@ -86,7 +86,6 @@ fn two_nodes_lead_each_shard_once_and_set_cron_variables() {
 /// The two nodes of a one-shard world, by role.
 struct Roles {
     leader: usize,
-    leader_id: String,
     standby_id: String,
 }
 
@@ -111,11 +110,7 @@ fn leader_and_standby(world: &mut World, ttl: u64, extra: &str) -> Roles {
     });
     let standby_id = world.nodes[1 - leader].id.clone();
     step(&format!("{leader_id} leads, {standby_id} stands by"));
-    Roles {
-        leader,
-        leader_id,
-        standby_id,
-    }
+    Roles { leader, standby_id }
 }
 
 fn first_start_after(runs: &[Run], node: &str, after: f64) -> f64 {
