@@ -191,15 +191,22 @@ fn bench_lateness() {
     }
 }
 
-/// The wall-clock time of a node's last "lease renewed" log line at or before `before`.
-fn last_renewal(log: &str, before: f64) -> Option<f64> {
+/// Wall-clock times of a node's log lines that contain `needle`.
+fn log_times<'a>(log: &'a str, needle: &'a str) -> impl Iterator<Item = f64> + 'a {
     log.lines()
-        .filter(|line| line.contains("lease renewed"))
+        .filter(move |line| line.contains(needle))
         .filter_map(|line| {
             let stamp = line.split_whitespace().next()?;
             let at = DateTime::parse_from_rfc3339(stamp).ok()?;
             Some(at.timestamp() as f64 + f64::from(at.timestamp_subsec_nanos()) / 1e9)
         })
+}
+
+/// When the node's lease was last granted or renewed at or before `before`: etcd drops the lease
+/// one TTL after that, at the earliest.
+fn last_renewal(log: &str, before: f64) -> Option<f64> {
+    log_times(log, "lease renewed")
+        .chain(log_times(log, "session open"))
         .filter(|at| *at <= before)
         .fold(None, |last: Option<f64>, at| Some(last.map_or(at, |last| last.max(at))))
 }
@@ -217,27 +224,39 @@ fn failover_trial(ttl: u64, signal: libc::c_int) -> Trial {
     let mut world = World::new();
     let config = world.write_config("jobs.toml", 1, ttl, &[("tick", "* * * * * *", "catch_up = \"all\"")]);
     world.start_node("a", &config);
-    wait_for(Duration::from_secs(20), "a runs", || {
-        world.runs().iter().filter(|run| run.node == "a").count() >= 2
-    });
     world.start_node("b", &config);
-    wait_for(Duration::from_secs(10), "b is standby", || {
+    wait_for(Duration::from_secs(20), "a leader and a standby", || {
         world.status(&config)["shards"][0]["standby"] == 1
+    });
+    let (leader_id, old_fence) = world.leader_of(&config, 0).expect("a leader");
+    let leader = world
+        .nodes
+        .iter()
+        .position(|node| node.id == leader_id)
+        .expect("our node");
+    let standby_id = world.nodes[1 - leader].id.clone();
+    wait_for(Duration::from_secs(20), "the leader runs", || {
+        world.runs().iter().filter(|run| run.node == leader_id).count() >= 2
     });
     sleep_to_mid_second();
     let signalled = now_secs();
-    world.nodes[0].signal(signal);
+    world.nodes[leader].signal(signal);
     if signal == libc::SIGSTOP {
         std::thread::sleep(Duration::from_secs(2 * ttl));
-        world.nodes[0].signal(libc::SIGCONT);
+        world.nodes[leader].signal(libc::SIGCONT);
     }
-    wait_for(Duration::from_secs(4 * ttl + 20), "b runs 3 ticks", || {
-        world.runs().iter().filter(|run| run.node == "b").count() >= 3
+    wait_for(Duration::from_secs(4 * ttl + 20), "the standby runs 3 ticks", || {
+        world
+            .runs()
+            .iter()
+            .filter(|run| run.node == standby_id && run.started > signalled)
+            .count()
+            >= 3
     });
     let runs = world.runs();
     let takeover_at = runs
         .iter()
-        .filter(|run| run.node == "b")
+        .filter(|run| run.node == standby_id && run.started > signalled)
         .map(|run| run.started)
         .fold(f64::MAX, f64::min);
     let mut ticks: Vec<i64> = runs.iter().map(|run| run.tick.timestamp()).collect();
@@ -245,15 +264,16 @@ fn failover_trial(ttl: u64, signal: libc::c_int) -> Trial {
     let doubled = ticks.windows(2).filter(|pair| pair[0] == pair[1]).count();
     ticks.dedup();
     let lost = ticks.windows(2).map(|pair| (pair[1] - pair[0] - 1) as usize).sum();
-    let fence_a = runs.iter().find(|run| run.node == "a").map(|run| run.fence);
     let stale = runs
         .iter()
-        .filter(|run| run.node == "a" && Some(run.fence) == fence_a && run.started > takeover_at)
+        .filter(|run| run.fence == old_fence && run.started > takeover_at)
         .count();
     let floor = (signal != libc::SIGTERM)
-        .then(|| last_renewal(&world.nodes[0].log_text(), signalled).map(|renewed| renewed + ttl as f64 - signalled))
+        .then(|| {
+            last_renewal(&world.nodes[leader].log_text(), signalled).map(|renewed| renewed + ttl as f64 - signalled)
+        })
         .flatten();
-    let leads = log_times(&world.nodes[1].log_text(), "leading shard").find(|at| *at > signalled);
+    let leads = log_times(&world.nodes[1 - leader].log_text(), "leading shard").find(|at| *at > signalled);
     Trial {
         leads: leads.map(|at| at - signalled),
         takeover: takeover_at - signalled,
