@@ -1,0 +1,196 @@
+//! The fleet against a real etcd: shards spread evenly over live nodes, a join moves few of them
+//! without losing or doubling a tick, a departure spreads its shards, and nodes whose configs
+//! disagree on the shard count still run each tick at most once.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use support::*;
+
+const TTL: u64 = 2;
+
+/// Leader of every shard, from `status --json`.
+fn leaders(world: &World, config: &Path) -> Vec<Option<String>> {
+    let status = world.status(config);
+    status["shards"]
+        .as_array()
+        .map(|shards| {
+            shards
+                .iter()
+                .map(|shard| shard["leader"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn loads(leaders: &[Option<String>]) -> BTreeMap<String, usize> {
+    let mut loads = BTreeMap::new();
+    for leader in leaders.iter().flatten() {
+        *loads.entry(leader.clone()).or_default() += 1;
+    }
+    loads
+}
+
+/// Waits until every shard has a leader and exactly `nodes` lead between `low` and `high` each.
+fn wait_balanced(world: &World, config: &Path, nodes: &[&str], low: usize, high: usize, limit: Duration) -> Duration {
+    let started = Instant::now();
+    wait_for(limit, &format!("{nodes:?} each lead {low}..={high} shards"), || {
+        let leaders = leaders(world, config);
+        let loads = loads(&leaders);
+        leaders.iter().all(Option::is_some)
+            && loads.len() == nodes.len()
+            && nodes
+                .iter()
+                .all(|node| loads.get(*node).is_some_and(|load| (low..=high).contains(load)))
+    });
+    started.elapsed()
+}
+
+fn every_second_jobs(count: usize) -> Vec<String> {
+    (0..count).map(|i| format!("job{i:02}")).collect()
+}
+
+fn write_jobs(world: &World, file: &str, shards: u32, names: &[String]) -> std::path::PathBuf {
+    let jobs: Vec<(&str, &str, &str)> = names
+        .iter()
+        .map(|name| (name.as_str(), "* * * * * *", "catch_up = \"all\""))
+        .collect();
+    world.write_config(file, shards, TTL, &jobs)
+}
+
+#[test]
+fn three_nodes_share_16_shards_and_a_fourth_takes_its_share_without_a_lost_tick() {
+    let mut world = World::new();
+    let names = every_second_jobs(24);
+    let config = write_jobs(&world, "jobs.toml", 16, &names);
+    for id in ["a", "b", "c"] {
+        step(&format!("start {id}"));
+        world.start_node(id, &config);
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let took = wait_balanced(&world, &config, &["a", "b", "c"], 5, 6, Duration::from_secs(6 * TTL));
+    let before = leaders(&world, &config);
+    eprintln!(
+        "3 nodes: loads {:?}, balanced {:.2} s after the last start",
+        loads(&before),
+        took.as_secs_f64()
+    );
+
+    step("start d");
+    let joined = now_secs();
+    world.start_node("d", &config);
+    let took = wait_balanced(
+        &world,
+        &config,
+        &["a", "b", "c", "d"],
+        4,
+        4,
+        Duration::from_secs(6 * TTL),
+    );
+    let after = leaders(&world, &config);
+    let moved = before.iter().zip(&after).filter(|(old, new)| old != new).count();
+    eprintln!(
+        "4 nodes: loads {:?}, {moved} shards moved, balanced {:.2} s after the join",
+        loads(&after),
+        took.as_secs_f64()
+    );
+    assert!(moved <= 6, "a join moved {moved} of 16 shards");
+
+    let settled = now_secs();
+    wait_for(Duration::from_secs(10), "3 more seconds of runs", || {
+        world.runs().iter().any(|run| run.started > settled + 3.0)
+    });
+    step("SIGKILL everything; every tick of every job ran exactly once");
+    for node in &world.nodes {
+        node.signal(libc::SIGKILL);
+    }
+    let runs = world.runs();
+    for name in &names {
+        let ticks = assert_each_tick_once(&runs, name, 1);
+        assert!(
+            ticks.first().is_some_and(|first| (first.timestamp() as f64) < joined),
+            "{name} ran before the join"
+        );
+    }
+}
+
+#[test]
+fn a_node_that_stops_or_dies_leaves_its_shards_spread_evenly() {
+    let mut world = World::new();
+    let names = every_second_jobs(8);
+    let config = write_jobs(&world, "jobs.toml", 16, &names);
+    for id in ["a", "b", "c", "d"] {
+        world.start_node(id, &config);
+    }
+    wait_balanced(
+        &world,
+        &config,
+        &["a", "b", "c", "d"],
+        4,
+        4,
+        Duration::from_secs(6 * TTL),
+    );
+
+    step("SIGTERM d");
+    world.nodes[3].signal(libc::SIGTERM);
+    assert_eq!(world.nodes[3].wait_exit(Duration::from_secs(10)), Some(0));
+    let took = wait_balanced(&world, &config, &["a", "b", "c"], 5, 6, Duration::from_secs(6 * TTL));
+    eprintln!("after SIGTERM: balanced in {:.2} s", took.as_secs_f64());
+
+    step("SIGKILL c");
+    world.nodes[2].signal(libc::SIGKILL);
+    let took = wait_balanced(&world, &config, &["a", "b"], 8, 8, Duration::from_secs(6 * TTL));
+    eprintln!("after SIGKILL: balanced in {:.2} s", took.as_secs_f64());
+    let runs = world.runs();
+    for name in &names {
+        assert_each_tick_once(&runs, name, 1);
+    }
+}
+
+#[test]
+fn nodes_with_different_shard_counts_never_run_a_tick_twice() {
+    let mut world = World::new();
+    let names = every_second_jobs(12);
+    let four = write_jobs(&world, "four.toml", 4, &names);
+    let seven = write_jobs(&world, "seven.toml", 7, &names);
+    step("a runs 4 shards, b runs 7: separate elections over the same jobs");
+    world.start_node("a", &four);
+    world.start_node("b", &seven);
+    wait_for(Duration::from_secs(20), "both nodes lead all their shards", || {
+        leaders(&world, &four)
+            .iter()
+            .all(|leader| leader.as_deref() == Some("a"))
+            && leaders(&world, &seven)
+                .iter()
+                .all(|leader| leader.as_deref() == Some("b"))
+    });
+    let started = now_secs();
+    wait_for(Duration::from_secs(20), "5 s of runs", || {
+        world.runs().iter().any(|run| run.started > started + 5.0)
+    });
+    for node in &world.nodes {
+        node.signal(libc::SIGKILL);
+    }
+    let runs = world.runs();
+    for name in &names {
+        assert_each_tick_once(&runs, name, 1);
+    }
+    let by_node = |id: &str| runs.iter().filter(|run| run.node == id).count();
+    eprintln!("runs: a {}, b {}", by_node("a"), by_node("b"));
+    let status = world.status(&four);
+    let drifted: Vec<&str> = status["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .filter(|node| node["drift"] == true)
+        .filter_map(|node| node["id"].as_str())
+        .collect();
+    assert_eq!(drifted, vec!["b"], "status flags the node whose config differs");
+    assert!(
+        world.nodes[0].log_text().contains("config drift"),
+        "a warns about b's config"
+    );
+}
