@@ -224,10 +224,15 @@ fn failover_trial(ttl: u64, signal: libc::c_int) -> Trial {
     let mut world = World::new();
     let config = world.write_config("jobs.toml", 1, ttl, &[("tick", "* * * * * *", "catch_up = \"all\"")]);
     world.start_node("a", &config);
-    world.start_node("b", &config);
-    wait_for(Duration::from_secs(20), "a leader and a standby", || {
-        world.status(&config)["shards"][0]["standby"] == 1
-    });
+    let target = shardcron::fleet::assign(1, &["a", "b"])[0].clone().expect("a target");
+    wait_for(
+        Duration::from_secs(20),
+        "the target leads and the other node stands by",
+        || {
+            let status = world.status(&config);
+            status["shards"][0]["leader"] == target.as_str() && status["shards"][0]["standby"] == 1
+        },
+    );
     let (leader_id, old_fence) = world.leader_of(&config, 0).expect("a leader");
     let leader = world
         .nodes

@@ -96,10 +96,17 @@ fn leader_and_standby(world: &mut World, ttl: u64, extra: &str) -> Roles {
     step("start a and b");
     world.start_node("a", &config);
     world.start_node("b", &config);
-    wait_for(Duration::from_secs(15), "a leader and a standby", || {
-        world.status(&config)["shards"][0]["standby"] == 1
-    });
-    let (leader_id, _) = world.leader_of(&config, 0).expect("a leader");
+    // Both nodes compute the same target for the shard; wait until it leads and the other waits.
+    let target = shardcron::fleet::assign(1, &["a", "b"])[0].clone().expect("a target");
+    wait_for(
+        Duration::from_secs(15),
+        "the target leads and the other node stands by",
+        || {
+            let status = world.status(&config);
+            status["shards"][0]["leader"] == target.as_str() && status["shards"][0]["standby"] == 1
+        },
+    );
+    let leader_id = target;
     let leader = world
         .nodes
         .iter()
