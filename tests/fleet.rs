@@ -79,6 +79,12 @@ fn three_nodes_share_16_shards_and_a_fourth_takes_its_share_without_a_lost_tick(
         took.as_secs_f64()
     );
 
+    // A job whose shard changed hands before its first claim has no record to catch up from,
+    // so wait until every job has run before the join that this test is about.
+    wait_for(Duration::from_secs(6 * TTL), "every job ran before the join", || {
+        let runs = world.runs();
+        names.iter().all(|name| runs.iter().any(|run| &run.job == name))
+    });
     step("start d");
     let joined = now_secs();
     world.start_node("d", &config);
