@@ -1,5 +1,5 @@
-//! A throwaway single-member etcd on free loopback ports in a temp dir: what `shardcron dev`
-//! runs against, and what every integration test starts for itself.
+//! Throwaway etcd on free loopback ports in a temp dir: one member for `shardcron dev` and most
+//! tests, three for the tests that kill etcd's own leader. Killed and removed on drop.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -8,13 +8,19 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// A running etcd process; stopped and its data removed on drop.
+/// A running etcd cluster of one or more members.
 pub struct EtcdServer {
-    child: Option<Child>,
+    members: Vec<Member>,
     dir: tempfile::TempDir,
+    bin: PathBuf,
+    initial_cluster: String,
+}
+
+struct Member {
+    name: String,
     client_port: u16,
     peer_port: u16,
-    bin: PathBuf,
+    child: Option<Child>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -33,34 +39,59 @@ pub fn free_port() -> std::io::Result<u16> {
 }
 
 impl EtcdServer {
-    /// Starts `bin` and waits until it answers `/health`.
+    /// Starts a single-member etcd and waits until it is healthy.
     pub fn start(bin: &Path) -> Result<EtcdServer, EtcdServerError> {
+        Self::start_cluster(bin, 1)
+    }
+
+    /// Starts `size` members on loopback and waits until each is healthy.
+    pub fn start_cluster(bin: &Path, size: usize) -> Result<EtcdServer, EtcdServerError> {
+        let mut members = Vec::with_capacity(size);
+        for index in 0..size {
+            members.push(Member {
+                name: format!("member{index}"),
+                client_port: free_port()?,
+                peer_port: free_port()?,
+                child: None,
+            });
+        }
+        let initial_cluster = members
+            .iter()
+            .map(|member| format!("{}=http://127.0.0.1:{}", member.name, member.peer_port))
+            .collect::<Vec<_>>()
+            .join(",");
         let mut server = EtcdServer {
-            child: None,
+            members,
             dir: tempfile::Builder::new().prefix("shardcron-etcd-").tempdir()?,
-            client_port: free_port()?,
-            peer_port: free_port()?,
             bin: bin.to_path_buf(),
+            initial_cluster,
         };
-        server.spawn()?;
+        for index in 0..size {
+            server.spawn(index)?;
+        }
+        for index in 0..size {
+            server.wait_healthy(index, Duration::from_secs(30))?;
+        }
         Ok(server)
     }
 
-    fn spawn(&mut self) -> Result<(), EtcdServerError> {
-        let client = format!("http://127.0.0.1:{}", self.client_port);
-        let peer = format!("http://127.0.0.1:{}", self.peer_port);
+    fn spawn(&mut self, index: usize) -> Result<(), EtcdServerError> {
+        let member = &self.members[index];
+        let client = format!("http://127.0.0.1:{}", member.client_port);
+        let peer = format!("http://127.0.0.1:{}", member.peer_port);
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(self.log_path())?;
+            .open(self.log_path_of(index))?;
         let child = Command::new(&self.bin)
-            .arg("--name=shardcron-dev")
-            .arg(format!("--data-dir={}", self.dir.path().join("data").display()))
+            .arg(format!("--name={}", member.name))
+            .arg(format!("--data-dir={}", self.dir.path().join(&member.name).display()))
             .arg(format!("--listen-client-urls={client}"))
             .arg(format!("--advertise-client-urls={client}"))
             .arg(format!("--listen-peer-urls={peer}"))
             .arg(format!("--initial-advertise-peer-urls={peer}"))
-            .arg(format!("--initial-cluster=shardcron-dev={peer}"))
+            .arg(format!("--initial-cluster={}", self.initial_cluster))
+            .arg("--initial-cluster-token=shardcron-throwaway")
             .arg("--logger=zap")
             .arg("--log-level=warn")
             .stdin(Stdio::null())
@@ -74,66 +105,110 @@ impl EtcdServer {
                 bin: self.bin.display().to_string(),
                 source,
             })?;
-        self.child = Some(child);
-        self.wait_healthy(Duration::from_secs(20))
+        self.members[index].child = Some(child);
+        Ok(())
     }
 
+    /// The first member's client URL.
     pub fn client_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        self.client_url_of(0)
     }
 
+    pub fn client_url_of(&self, index: usize) -> String {
+        format!("http://127.0.0.1:{}", self.members[index].client_port)
+    }
+
+    /// Every member's client URL.
+    pub fn client_urls(&self) -> Vec<String> {
+        (0..self.members.len()).map(|index| self.client_url_of(index)).collect()
+    }
+
+    /// host:port of the first member, for proxies.
+    pub fn client_address(&self) -> String {
+        format!("127.0.0.1:{}", self.members[0].client_port)
+    }
+
+    /// The first member's log.
     pub fn log_path(&self) -> PathBuf {
-        self.dir.path().join("etcd.log")
+        self.log_path_of(0)
     }
 
-    pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
+    fn log_path_of(&self, index: usize) -> PathBuf {
+        self.dir.path().join(format!("{}.log", self.members[index].name))
     }
 
-    /// Kills etcd and keeps its data, so [`EtcdServer::restart`] comes back with the same state.
+    /// Kills every member and keeps the data, so [`EtcdServer::restart`] comes back with the same
+    /// state.
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
+        for index in 0..self.members.len() {
+            self.kill_member(index);
+        }
+    }
+
+    pub fn kill_member(&mut self, index: usize) {
+        if let Some(mut child) = self.members[index].child.take() {
             let _ = child.kill();
             let _ = child.wait();
         }
     }
 
-    /// Starts etcd again on the same ports and data.
+    /// Starts every stopped member again on the same ports and data.
     pub fn restart(&mut self) -> Result<(), EtcdServerError> {
-        self.kill();
-        self.spawn()
+        for index in 0..self.members.len() {
+            self.restart_member(index)?;
+        }
+        Ok(())
     }
 
-    fn wait_healthy(&mut self, limit: Duration) -> Result<(), EtcdServerError> {
+    pub fn restart_member(&mut self, index: usize) -> Result<(), EtcdServerError> {
+        if self.members[index].child.is_none() {
+            self.spawn(index)?;
+            self.wait_healthy(index, Duration::from_secs(30))?;
+        }
+        Ok(())
+    }
+
+    /// The index of the member that is raft leader now, if any answers so.
+    pub fn leader_member(&self) -> Option<usize> {
+        (0..self.members.len()).find(|&index| self.metric_of(index, "etcd_server_is_leader") == Some(1.0))
+    }
+
+    fn wait_healthy(&mut self, index: usize, limit: Duration) -> Result<(), EtcdServerError> {
         let deadline = Instant::now() + limit;
         while Instant::now() < deadline {
-            if let Some(child) = self.child.as_mut() {
+            if let Some(child) = self.members[index].child.as_mut() {
                 if let Ok(Some(status)) = child.try_wait() {
                     return Err(EtcdServerError::Spawn {
                         bin: self.bin.display().to_string(),
                         source: std::io::Error::other(format!(
                             "exited with {status}; see {}",
-                            self.log_path().display()
+                            self.log_path_of(index).display()
                         )),
                     });
                 }
             }
-            if self.healthy() {
+            if self
+                .http_get(index, "/health")
+                .is_some_and(|body| body.contains("\"health\":\"true\""))
+            {
                 return Ok(());
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        Err(EtcdServerError::NotReady(limit, self.log_path().display().to_string()))
+        Err(EtcdServerError::NotReady(
+            limit,
+            self.log_path_of(index).display().to_string(),
+        ))
     }
 
-    fn healthy(&self) -> bool {
-        self.http_get("/health")
-            .is_some_and(|body| body.contains("\"health\":\"true\""))
-    }
-
-    /// The value of a counter or gauge on etcd's `/metrics` page, summed over its label sets.
+    /// The value of a counter or gauge on the first member's `/metrics` page, summed over its
+    /// label sets.
     pub fn metric(&self, name: &str) -> Option<f64> {
-        let page = self.http_get("/metrics")?;
+        self.metric_of(0, name)
+    }
+
+    fn metric_of(&self, index: usize, name: &str) -> Option<f64> {
+        let page = self.http_get(index, "/metrics")?;
         let values: Vec<f64> = page
             .lines()
             .filter(|line| {
@@ -145,13 +220,11 @@ impl EtcdServer {
         (!values.is_empty()).then(|| values.iter().sum())
     }
 
-    fn http_get(&self, path: &str) -> Option<String> {
-        let mut stream = TcpStream::connect(("127.0.0.1", self.client_port)).ok()?;
+    fn http_get(&self, index: usize, path: &str) -> Option<String> {
+        let port = self.members[index].client_port;
+        let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
         stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-        let request = format!(
-            "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nConnection: close\r\n\r\n",
-            self.client_port
-        );
+        let request = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n");
         stream.write_all(request.as_bytes()).ok()?;
         let mut response = String::new();
         stream.read_to_string(&mut response).ok()?;

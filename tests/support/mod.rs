@@ -2,6 +2,8 @@
 //! jobs that append one line per run to a file, and waits on conditions with deadlines.
 #![allow(dead_code)]
 
+pub mod proxy;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -64,6 +66,15 @@ impl World {
 
     /// Starts a node process and returns its index in `nodes`.
     pub fn start_node(&mut self, id: &str, config: &Path) -> usize {
+        self.start_node_with(id, config, &[])
+    }
+
+    /// Starts a node that reaches etcd at `endpoint` (a proxy, say) instead of the config's.
+    pub fn start_node_via(&mut self, id: &str, config: &Path, endpoint: &str) -> usize {
+        self.start_node_with(id, config, &["--endpoints", endpoint])
+    }
+
+    pub fn start_node_with(&mut self, id: &str, config: &Path, extra_args: &[&str]) -> usize {
         let log = self.dir.path().join(format!("{id}.log"));
         let log_file = std::fs::OpenOptions::new()
             .create(true)
@@ -73,6 +84,7 @@ impl World {
         let child = Command::new(SHARDCRON)
             .args(["run", "--node-id", id, "--shutdown-grace", "5s", "--config"])
             .arg(config)
+            .args(extra_args)
             .env("SHARDCRON_LOG", "info,shardcron=debug")
             .stdin(Stdio::null())
             .stdout(log_file.try_clone().expect("log"))
