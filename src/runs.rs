@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -23,10 +24,21 @@ const RESULT_BATCH_WINDOW: Duration = Duration::from_millis(250);
 #[derive(Clone)]
 pub struct Runs {
     tracker: TaskTracker,
-    running: Arc<Mutex<HashMap<String, usize>>>,
+    jobs: Arc<Mutex<HashMap<String, JobRuns>>>,
     /// Cancelled when the shutdown grace is over: running commands are killed.
     kill: CancellationToken,
     results: mpsc::UnboundedSender<(String, RunRecord)>,
+}
+
+/// One job's runs on this node.
+#[derive(Default)]
+struct JobRuns {
+    /// Sequences started or waiting; the entry is dropped at zero.
+    pending: usize,
+    /// When the run going now started, by the wall clock.
+    running_since: Option<DateTime<Utc>>,
+    /// Held by the running sequence: an `overlap = "skip"` job runs one tick at a time, in order.
+    turn: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Runs {
@@ -36,42 +48,65 @@ impl Runs {
         let writer = tokio::spawn(write_results(client, keys, receiver));
         let runs = Runs {
             tracker: TaskTracker::new(),
-            running: Arc::default(),
+            jobs: Arc::default(),
             kill: CancellationToken::new(),
             results,
         };
         (runs, writer)
     }
 
-    /// Runs `ticks` of one job one after another (a catch-up runs missed ticks in order), unless
-    /// the job's overlap policy says to skip them.
+    /// Runs `ticks` of one job one after another (a catch-up runs missed ticks in order).
+    ///
+    /// With `overlap = "skip"` the ticks are skipped when, at the first one's scheduled time, the
+    /// job was already running here from an earlier tick: that is the overlap the policy is for.
+    /// A tick fired late (its claim waited on etcd, or a takeover caught it up) may find the
+    /// job's previous late run still going without having overlapped anything at its scheduled
+    /// time; it waits its turn instead of being skipped.
     pub fn start(&self, ticks: Vec<Tick>) {
         let Some(first) = ticks.first() else { return };
         let job = Arc::clone(&first.job);
-        {
-            let mut running = self.running.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            let count = running.entry(job.name.clone()).or_default();
-            if *count > 0 && job.overlap == Overlap::Skip {
-                drop(running);
+        let turn = {
+            let mut jobs = self.jobs.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let runs = jobs.entry(job.name.clone()).or_default();
+            let overlapped = runs.running_since.is_some_and(|since| since <= first.scheduled_at);
+            if overlapped && job.overlap == Overlap::Skip {
+                drop(jobs);
                 for tick in ticks {
-                    tracing::info!(job = %job.name, tick = %tick.scheduled_at_text(), "skipped: the previous run of this job on this node is still going (overlap = \"skip\")");
+                    tracing::info!(job = %job.name, tick = %tick.scheduled_at_text(), "skipped: the previous run of this job on this node was still going at this tick (overlap = \"skip\")");
                     self.report(&tick, skipped(&tick));
                 }
                 return;
             }
-            *count += 1;
-        }
+            runs.pending += 1;
+            (job.overlap == Overlap::Skip).then(|| Arc::clone(&runs.turn))
+        };
         let runs = self.clone();
         self.tracker.spawn(async move {
+            let _turn = match &turn {
+                Some(turn) => Some(turn.lock().await),
+                None => None,
+            };
             for tick in ticks {
+                runs.mark_running(&job.name, Some(clock::now()));
                 let record = runner::run(&tick, &runs.kill).await;
                 runs.report(&tick, record);
             }
-            let mut running = runs.running.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            if let Some(count) = running.get_mut(&job.name) {
-                *count = count.saturating_sub(1);
+            runs.mark_running(&job.name, None);
+            let mut jobs = runs.jobs.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            if let Some(entry) = jobs.get_mut(&job.name) {
+                entry.pending = entry.pending.saturating_sub(1);
+                if entry.pending == 0 {
+                    jobs.remove(&job.name);
+                }
             }
         });
+    }
+
+    fn mark_running(&self, job: &str, since: Option<DateTime<Utc>>) {
+        let mut jobs = self.jobs.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(entry) = jobs.get_mut(job) {
+            entry.running_since = since;
+        }
     }
 
     fn report(&self, tick: &Tick, record: RunRecord) {

@@ -237,3 +237,38 @@ fn an_even_second_job_starts_within_50ms_of_its_tick() {
         );
     }
 }
+
+#[test]
+fn overlap_skip_skips_ticks_while_a_run_goes_and_allow_runs_them_all() {
+    let mut world = World::new();
+    let record = world.record_command();
+    let text = format!(
+        "[cluster]\nname = \"test\"\nshards = 1\nlease_ttl = \"3s\"\n\n[etcd]\nendpoints = [\"{}\"]\n\n\
+         [jobs.slow]\nschedule = \"{EVERY_SECOND}\"\ncommand = '{record}; sleep 2.5'\n\n\
+         [jobs.slow-parallel]\nschedule = \"{EVERY_SECOND}\"\ncommand = '{record}; sleep 2.5'\noverlap = \"allow\"\n",
+        world.etcd.client_url()
+    );
+    let config = world.dir.path().join("jobs.toml");
+    std::fs::write(&config, text).unwrap();
+    world.start_node("a", &config);
+    wait_for(Duration::from_secs(30), "slow ran 3 times", || {
+        world.runs().iter().filter(|run| run.job == "slow").count() >= 3
+    });
+    let runs = world.runs();
+    let mut slow: Vec<&Run> = runs.iter().filter(|run| run.job == "slow").collect();
+    slow.sort_by_key(|run| run.tick);
+    for pair in slow.windows(2) {
+        assert!(
+            pair[1].started - pair[0].started >= 2.5,
+            "a skip job started while its previous run went on: {pair:#?}"
+        );
+        assert!((pair[1].tick - pair[0].tick).num_seconds() >= 3, "{pair:#?}");
+    }
+    let first_slow = slow[0].tick;
+    let parallel = assert_each_tick_once(&runs, "slow-parallel", 1);
+    assert!(
+        parallel.iter().filter(|tick| **tick >= first_slow).count() >= 5,
+        "the allow job ran every tick: {parallel:?}"
+    );
+    assert!(world.nodes[0].log_text().contains("skipped: the previous run"));
+}
