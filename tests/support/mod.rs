@@ -27,7 +27,13 @@ pub struct World {
 
 impl World {
     pub fn new() -> World {
-        let etcd = EtcdServer::start(Path::new("etcd")).expect("start etcd (apt-get install etcd-server)");
+        World::with_etcd_members(1)
+    }
+
+    /// A world whose etcd is a cluster of `members` on loopback.
+    pub fn with_etcd_members(members: usize) -> World {
+        let etcd =
+            EtcdServer::start_cluster(Path::new("etcd"), members).expect("start etcd (apt-get install etcd-server)");
         World {
             etcd,
             dir: tempfile::tempdir().expect("temp dir"),
@@ -49,14 +55,25 @@ impl World {
 
     /// Writes a config with `jobs` (name, schedule, extra TOML lines) recording their runs.
     pub fn write_config(&self, file: &str, shards: u32, ttl_secs: u64, jobs: &[(&str, &str, &str)]) -> PathBuf {
+        self.write_config_running(file, shards, ttl_secs, jobs, &self.record_command())
+    }
+
+    /// Like [`World::write_config`], with every job running `command`.
+    pub fn write_config_running(
+        &self,
+        file: &str,
+        shards: u32,
+        ttl_secs: u64,
+        jobs: &[(&str, &str, &str)],
+        command: &str,
+    ) -> PathBuf {
         let mut text = format!(
-            "[cluster]\nname = \"test\"\nshards = {shards}\nlease_ttl = \"{ttl_secs}s\"\n\n[etcd]\nendpoints = [\"{}\"]\n\n",
-            self.etcd.client_url()
+            "[cluster]\nname = \"test\"\nshards = {shards}\nlease_ttl = \"{ttl_secs}s\"\n\n[etcd]\nendpoints = {:?}\n\n",
+            self.etcd.client_urls()
         );
         for (name, schedule, extra) in jobs {
             text.push_str(&format!(
-                "[jobs.{name}]\nschedule = \"{schedule}\"\ncommand = '{}'\n{extra}\n\n",
-                self.record_command()
+                "[jobs.{name}]\nschedule = \"{schedule}\"\ncommand = '{command}'\n{extra}\n\n"
             ));
         }
         let path = self.dir.path().join(file);
@@ -171,6 +188,34 @@ impl Node {
             std::thread::sleep(Duration::from_millis(20));
         }
         None
+    }
+
+    /// CPU seconds (user + system) the process has used so far, from `/proc`.
+    pub fn cpu_seconds(&self) -> f64 {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap_or_default();
+        // Fields after the parenthesised command name; utime and stime are the 12th and 13th.
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .map(|(_, rest)| rest.split_whitespace().collect())
+            .unwrap_or_default();
+        let ticks: f64 = fields
+            .iter()
+            .skip(11)
+            .take(2)
+            .filter_map(|f| f.parse::<f64>().ok())
+            .sum();
+        // SAFETY: sysconf only reads a system constant.
+        ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+    }
+
+    /// Peak resident memory of the process so far, in MiB, from `/proc`.
+    pub fn peak_rss_mib(&self) -> f64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmHWM:"))
+            .and_then(|rest| rest.split_whitespace().next()?.parse::<f64>().ok())
+            .map_or(f64::NAN, |kib| kib / 1024.0)
     }
 
     pub fn log_text(&self) -> String {
