@@ -7,6 +7,8 @@
 //! cargo bench --bench bench -- lateness     # firing lateness vs. direct spawn
 //! cargo bench --bench bench -- failover     # SIGKILL / SIGSTOP / SIGTERM of a leader
 //! cargo bench --bench bench -- etcd-cost    # etcd writes per run
+//! cargo bench --bench bench -- scale        # 100,000 jobs on an idle node; 1,024 shards led
+//! cargo bench --bench bench -- timeline     # a chaos run drawn as benches/timeline.svg
 //! ```
 
 #[path = "../tests/support/mod.rs"]
@@ -34,6 +36,17 @@ fn main() {
     if wants("etcd-cost") {
         bench_etcd_cost();
     }
+    if wants("scale") {
+        bench_idle_node(100_000);
+        bench_many_shards(1024, 3);
+    }
+    if wants("timeline") {
+        bench_timeline(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("benches/timeline.svg")
+                .as_path(),
+        );
+    }
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -53,16 +66,21 @@ fn ms(seconds: f64) -> String {
     format!("{:.1} ms", seconds * 1000.0)
 }
 
+/// A mix of everyday schedules, one of them per-10-seconds.
+const EVERYDAY: [&str; 6] = [
+    "*/5 * * * *",
+    "0 * * * *",
+    "30 2 * * *",
+    "*/10 * * * * *",
+    "0 0 * * MON-FRI",
+    "15 4 1 * *",
+];
+
+/// Schedules that do not fire during a benchmark (unless it runs across New Year).
+const YEARLY: [&str; 3] = ["0 0 1 1 *", "30 12 1 1 *", "0 6 1 JAN *"];
+
 /// Generates a `jobs.toml` of `jobs` jobs over a handful of distinct schedules and zones.
-fn write_jobs_file(path: &Path, jobs: usize) {
-    let schedules = [
-        "*/5 * * * *",
-        "0 * * * *",
-        "30 2 * * *",
-        "*/10 * * * * *",
-        "0 0 * * MON-FRI",
-        "15 4 1 * *",
-    ];
+fn write_jobs_file(path: &Path, jobs: usize, schedules: &[&str]) {
     let zones = ["UTC", "Europe/Berlin", "America/New_York"];
     let mut text = String::from("[cluster]\nname = \"bench\"\nshards = 64\nlease_ttl = \"10s\"\n\n[etcd]\nendpoints = [\"http://127.0.0.1:2379\"]\n\n");
     for i in 0..jobs {
@@ -86,7 +104,7 @@ fn children_max_rss_mib() -> f64 {
 fn bench_check(jobs: usize) {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("jobs.toml");
-    write_jobs_file(&path, jobs);
+    write_jobs_file(&path, jobs, &EVERYDAY);
     let size_mib = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0) as f64 / (1024.0 * 1024.0);
     let mut times = Vec::new();
     for _ in 0..5 {
@@ -224,6 +242,7 @@ fn failover_trial(ttl: u64, signal: libc::c_int) -> Trial {
     let mut world = World::new();
     let config = world.write_config("jobs.toml", 1, ttl, &[("tick", "* * * * * *", "catch_up = \"all\"")]);
     world.start_node("a", &config);
+    world.start_node("b", &config);
     let target = shardcron::fleet::assign(1, &["a", "b"])[0].clone().expect("a target");
     wait_for(
         Duration::from_secs(20),
@@ -354,4 +373,255 @@ fn bench_etcd_cost() {
             proposals / (f64::from(shards) * 10.0),
         );
     }
+}
+
+/// A node holding `jobs` jobs that do not fire: how long until it leads every shard, and what
+/// holding them costs while idle.
+fn bench_idle_node(jobs: usize) {
+    let mut world = World::new();
+    let path = world.dir.path().join("idle.toml");
+    write_jobs_file(&path, jobs, &YEARLY);
+    let started = Instant::now();
+    let url = world.etcd.client_url();
+    world.start_node_via("a", &path, &url);
+    wait_for(Duration::from_secs(120), "the node leads all 64 shards", || {
+        world.nodes[0].log_text().matches("leading shard").count() >= 64
+    });
+    let led_in = started.elapsed().as_secs_f64();
+    std::thread::sleep(Duration::from_secs(2));
+    let node = &world.nodes[0];
+    let cpu_before = node.cpu_seconds();
+    std::thread::sleep(Duration::from_secs(10));
+    let cpu = node.cpu_seconds() - cpu_before;
+    println!("\n### A node holding {jobs} jobs (64 shards, none due), idle for 10 s\n");
+    println!("| measure | value | target |");
+    println!("|---|---|---|");
+    println!("| time until it leads all 64 shards | {led_in:.2} s | |");
+    println!("| CPU during 10 s idle | {cpu:.3} CPU-s | ≤ 0.5 CPU-s |");
+    println!("| resident memory after | {:.1} MiB | ≤ 150 MB |", node.rss_mib());
+    println!("| peak resident memory | {:.1} MiB | |", node.peak_rss_mib());
+}
+
+/// `nodes` nodes start together on `shards` shards: time until every shard has a leader, and
+/// until each node leads its fair share.
+fn bench_many_shards(shards: u32, nodes: usize) {
+    let mut world = World::new();
+    let names: Vec<String> = (0..8).map(|i| format!("job{i}")).collect();
+    let jobs: Vec<(&str, &str, &str)> = names.iter().map(|name| (name.as_str(), YEARLY[0], "")).collect();
+    let config = world.write_config("jobs.toml", shards, 10, &jobs);
+    let started = Instant::now();
+    for index in 0..nodes {
+        world.start_node(&format!("n{index}"), &config);
+    }
+    let leaders = |world: &World| -> Vec<Option<String>> {
+        world.status(&config)["shards"]
+            .as_array()
+            .map(|all| all.iter().map(|s| s["leader"].as_str().map(str::to_string)).collect())
+            .unwrap_or_default()
+    };
+    let mut all_led = None;
+    let low = shards as usize / nodes;
+    let high = low + usize::from(shards as usize % nodes != 0);
+    wait_for(Duration::from_secs(120), "every shard led and balanced", || {
+        let leaders = leaders(&world);
+        let every = leaders.len() == shards as usize && leaders.iter().all(Option::is_some);
+        if every && all_led.is_none() {
+            all_led = Some(started.elapsed().as_secs_f64());
+        }
+        every
+            && (0..nodes).all(|index| {
+                let id = format!("n{index}");
+                let load = leaders
+                    .iter()
+                    .filter(|leader| leader.as_deref() == Some(id.as_str()))
+                    .count();
+                (low..=high).contains(&load)
+            })
+    });
+    let balanced = started.elapsed().as_secs_f64();
+    println!("\n### {shards} shards over {nodes} nodes started together\n");
+    println!("| measure | value | target |");
+    println!("|---|---|---|");
+    println!(
+        "| until every shard has a leader | {:.2} s | ≤ 5 s |",
+        all_led.unwrap_or(f64::NAN)
+    );
+    println!("| until each node leads {low}–{high} | {balanced:.2} s | |");
+}
+
+/// One chaos run drawn as an SVG: a row per job, a mark per run at its start time coloured by
+/// node, the fault moments as vertical lines, and any lost or doubled tick in red.
+fn bench_timeline(out: &Path) {
+    let ttl = 3;
+    let mut world = World::new();
+    let names: Vec<String> = (0..8).map(|i| format!("job{i}")).collect();
+    let jobs: Vec<(&str, &str, &str)> = names
+        .iter()
+        .map(|name| (name.as_str(), "* * * * * *", "catch_up = \"all\""))
+        .collect();
+    let config = world.write_config("jobs.toml", 8, ttl, &jobs);
+    for id in ["a", "b", "c"] {
+        world.start_node(id, &config);
+    }
+    wait_for(Duration::from_secs(30), "every job runs", || {
+        let runs = world.runs();
+        names.iter().all(|name| runs.iter().any(|run| &run.job == name))
+    });
+    let origin = now_secs().floor() + 1.0;
+    let mut events: Vec<(f64, String)> = Vec::new();
+    let mut at = |world: &mut World, second: f64, label: &str, act: &dyn Fn(&mut World)| {
+        let wait = origin + second - now_secs();
+        if wait > 0.0 {
+            std::thread::sleep(Duration::from_secs_f64(wait));
+        }
+        act(world);
+        events.push((now_secs() - origin, label.to_string()));
+    };
+    let index_of = |world: &World, id: &str| world.nodes.iter().rposition(|node| node.id == id).expect("node");
+    at(&mut world, 5.5, "SIGKILL a", &|world| {
+        let a = index_of(world, "a");
+        world.nodes[a].signal(libc::SIGKILL)
+    });
+    at(&mut world, 14.5, "a restarts", &|world| {
+        world.start_node("a", &config);
+    });
+    at(&mut world, 22.5, "SIGSTOP b", &|world| {
+        let b = index_of(world, "b");
+        world.nodes[b].signal(libc::SIGSTOP)
+    });
+    at(&mut world, 22.5 + 2.0 * ttl as f64, "SIGCONT b", &|world| {
+        let b = index_of(world, "b");
+        world.nodes[b].signal(libc::SIGCONT)
+    });
+    at(&mut world, 36.5, "SIGTERM c", &|world| {
+        let c = index_of(world, "c");
+        world.nodes[c].signal(libc::SIGTERM)
+    });
+    let end = 46.0;
+    std::thread::sleep(Duration::from_secs_f64((origin + end - now_secs()).max(0.0) + 1.0));
+    let runs = world.runs();
+    let svg = render_timeline(&runs, &names, origin, end, &events);
+    std::fs::write(out, svg).expect("write the timeline");
+
+    let mut lost = 0;
+    let mut doubled = 0;
+    for name in &names {
+        let mut ticks: Vec<i64> = runs
+            .iter()
+            .filter(|run| &run.job == name)
+            .map(|run| run.tick.timestamp())
+            .filter(|tick| (*tick as f64) >= origin && (*tick as f64) < origin + end)
+            .collect();
+        ticks.sort();
+        let before = ticks.len();
+        ticks.dedup();
+        doubled += before - ticks.len();
+        lost += (end as usize).saturating_sub(ticks.len());
+    }
+    println!("\n### Timeline of a chaos run ({})\n", out.display());
+    println!("| jobs | seconds | faults | ticks lost | ticks doubled |");
+    println!("|---|---|---|---|---|");
+    println!(
+        "| {} per-second, catch_up = \"all\", 3 nodes, TTL {ttl} s | {end:.0} | {} | {lost} | {doubled} |",
+        names.len(),
+        events
+            .iter()
+            .map(|(_, label)| label.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+}
+
+fn render_timeline(runs: &[Run], names: &[String], origin: f64, end: f64, events: &[(f64, String)]) -> String {
+    const LEFT: f64 = 90.0;
+    const TOP: f64 = 40.0;
+    const ROW: f64 = 28.0;
+    const PER_SECOND: f64 = 18.0;
+    let colours = [("a", "#1f77b4"), ("b", "#2ca02c"), ("c", "#ff7f0e")];
+    let colour = |node: &str| {
+        colours
+            .iter()
+            .find(|(id, _)| *id == node)
+            .map_or("#7f7f7f", |(_, colour)| colour)
+    };
+    let width = LEFT + end * PER_SECOND + 30.0;
+    let height = TOP + ROW * names.len() as f64 + 60.0;
+    let x = |seconds: f64| LEFT + seconds * PER_SECOND;
+    let mut svg = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width:.0}\" height=\"{height:.0}\" font-family=\"sans-serif\" font-size=\"11\">\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
+         <text x=\"{LEFT}\" y=\"16\" font-size=\"13\">shardcron chaos run: each mark is one run at its start, coloured by node; red = lost or doubled tick</text>\n"
+    );
+    for second in (0..=end as usize).step_by(5) {
+        let at = x(second as f64);
+        svg.push_str(&format!(
+            "<line x1=\"{at:.1}\" y1=\"{TOP}\" x2=\"{at:.1}\" y2=\"{:.1}\" stroke=\"#eee\"/>\n<text x=\"{at:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{second} s</text>\n",
+            TOP + ROW * names.len() as f64,
+            TOP + ROW * names.len() as f64 + 14.0
+        ));
+    }
+    for (row, name) in names.iter().enumerate() {
+        let y = TOP + ROW * row as f64 + ROW / 2.0;
+        let shard = runs.iter().find(|run| &run.job == name).map_or(0, |run| run.shard);
+        svg.push_str(&format!(
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{name} (shard {shard})</text>\n",
+            LEFT - 6.0,
+            y + 4.0
+        ));
+        let mut counts: std::collections::BTreeMap<i64, usize> = std::collections::BTreeMap::new();
+        for run in runs.iter().filter(|run| &run.job == name) {
+            *counts.entry(run.tick.timestamp()).or_default() += 1;
+        }
+        for run in runs.iter().filter(|run| &run.job == name) {
+            let at = run.started - origin;
+            if !(0.0..end).contains(&at) {
+                continue;
+            }
+            let doubled = counts[&run.tick.timestamp()] > 1;
+            svg.push_str(&format!(
+                "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"4\" height=\"{:.1}\" fill=\"{}\"{}><title>{} tick {} fence {} node {} started +{:.3} s</title></rect>\n",
+                x(at) - 2.0,
+                y - ROW / 3.0,
+                ROW * 2.0 / 3.0,
+                colour(&run.node),
+                if doubled { " stroke=\"red\" stroke-width=\"2\"" } else { "" },
+                run.job,
+                run.tick.to_rfc3339(),
+                run.fence,
+                run.node,
+                run.lateness()
+            ));
+        }
+        for second in 0..end as i64 {
+            let tick = origin as i64 + second;
+            if !counts.contains_key(&tick) {
+                svg.push_str(&format!(
+                    "<text x=\"{:.1}\" y=\"{:.1}\" fill=\"red\" text-anchor=\"middle\" font-weight=\"bold\">×</text>\n",
+                    x(second as f64),
+                    y + 4.0
+                ));
+            }
+        }
+    }
+    for (at, label) in events {
+        let at_x = x(*at);
+        svg.push_str(&format!(
+            "<line x1=\"{at_x:.1}\" y1=\"{:.1}\" x2=\"{at_x:.1}\" y2=\"{:.1}\" stroke=\"black\" stroke-dasharray=\"4 3\"/>\n<text x=\"{:.1}\" y=\"{:.1}\">{label}</text>\n",
+            TOP - 8.0,
+            TOP + ROW * names.len() as f64,
+            at_x + 3.0,
+            TOP - 10.0
+        ));
+    }
+    let legend_y = TOP + ROW * names.len() as f64 + 36.0;
+    for (index, (id, fill)) in colours.iter().enumerate() {
+        let at = LEFT + index as f64 * 90.0;
+        svg.push_str(&format!(
+            "<rect x=\"{at:.1}\" y=\"{:.1}\" width=\"10\" height=\"10\" fill=\"{fill}\"/><text x=\"{:.1}\" y=\"{legend_y:.1}\">node {id}</text>\n",
+            legend_y - 9.0,
+            at + 14.0
+        ));
+    }
+    svg.push_str("</svg>\n");
+    svg
 }

@@ -15,9 +15,9 @@ fn main() -> ExitCode {
     let result = match &cli.command {
         Command::Check(args) => cli::check(args),
         Command::Next(args) => cli::next(args),
-        Command::Run(args) => args.config.load().and_then(|config| with_runtime(run(config, args.node.clone(), None))),
+        Command::Run(args) => load_for_node(&args.config).and_then(|config| with_runtime(run(config, args.node.clone(), None))),
         Command::Status(args) => args.config.load().and_then(|config| with_runtime(show_status(config, args.endpoints.clone(), args.json))),
-        Command::Dev(args) => args.config.load().and_then(|config| {
+        Command::Dev(args) => load_for_node(&args.config).and_then(|config| {
             init_logging();
             let server = EtcdServer::start(&args.etcd_bin)?;
             tracing::info!(endpoint = %server.client_url(), log = %server.log_path().display(), "throwaway etcd started; Ctrl-C stops the node and removes it");
@@ -130,4 +130,25 @@ async fn show_status(config: Config, endpoints_flag: Vec<String>, json: bool) ->
         print!("{}", status::render(&status));
     }
     Ok(())
+}
+
+/// Loads the config for a long-running node so that the parse leaves nothing resident behind.
+///
+/// Parsing a 100,000-job `jobs.toml` builds a TOML document many times the size of the jobs,
+/// and the jobs end up scattered between its freed pieces: glibc cannot return a page that still
+/// holds one live job, so the parse's peak would stay resident for the node's whole life
+/// (measured: 226 MiB resident with 100,000 jobs, against 25 MiB of jobs). Parsing on a thread
+/// of its own keeps all of it in that thread's malloc arena; the copy made here is laid out
+/// densely, and once the original is dropped the whole arena is free and handed back.
+fn load_for_node(args: &cli::ConfigArg) -> Result<Config> {
+    let parsed = std::thread::scope(|scope| scope.spawn(|| args.load()).join())
+        .map_err(|_| anyhow::anyhow!("the config parser panicked"))??;
+    let config = parsed.clone();
+    drop(parsed);
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free heap pages to the OS; it touches no live allocation.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+    Ok(config)
 }

@@ -31,17 +31,19 @@ pub struct NodeOptions {
 
 /// Runs the node until `shutdown` is cancelled. Coordination failures are retried forever; only
 /// a shutdown ends this.
-pub async fn run(config: Config, options: NodeOptions, client: etcd_client::Client, shutdown: CancellationToken) {
+pub async fn run(mut config: Config, options: NodeOptions, client: etcd_client::Client, shutdown: CancellationToken) {
     let keys = Keys::new(&config.cluster.name);
     let (runs, result_writer) = Runs::new(client.clone(), keys.clone());
-    let jobs_by_shard = Arc::new(jobs_by_shard(&config));
+    let job_count = config.jobs.len();
+    // The jobs move into their shards: a node with 100,000 jobs holds one copy of each.
+    let jobs_by_shard = Arc::new(jobs_by_shard(config.cluster.shards, std::mem::take(&mut config.jobs)));
     let claim_lead = ClaimLead::new();
     let started_at = crate::clock::now();
     tracing::info!(
         node = %options.node_id,
         cluster = %config.cluster.name,
         shards = config.cluster.shards,
-        jobs = config.jobs.len(),
+        jobs = job_count,
         lease_ttl = ?config.cluster.lease_ttl,
         "node starting"
     );
@@ -192,10 +194,11 @@ async fn warn_on_drift(
     }
 }
 
-fn jobs_by_shard(config: &Config) -> Vec<Vec<Arc<Job>>> {
-    let mut by_shard = vec![Vec::new(); config.cluster.shards as usize];
-    for job in &config.jobs {
-        by_shard[job.shard as usize].push(Arc::new(job.clone()));
+fn jobs_by_shard(shards: u32, jobs: Vec<Job>) -> Vec<Vec<Arc<Job>>> {
+    let mut by_shard = vec![Vec::new(); shards as usize];
+    for job in jobs {
+        let shard = job.shard as usize;
+        by_shard[shard].push(Arc::new(job));
     }
     by_shard
 }

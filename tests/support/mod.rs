@@ -190,7 +190,8 @@ impl Node {
         None
     }
 
-    /// CPU seconds (user + system) the process has used so far, from `/proc`.
+    /// CPU seconds (user + system) the process has used so far, exited threads included, from
+    /// `/proc` (10 ms clock ticks).
     pub fn cpu_seconds(&self) -> f64 {
         let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap_or_default();
         // Fields after the parenthesised command name; utime and stime are the 12th and 13th.
@@ -210,10 +211,19 @@ impl Node {
 
     /// Peak resident memory of the process so far, in MiB, from `/proc`.
     pub fn peak_rss_mib(&self) -> f64 {
+        self.memory_mib("VmHWM:")
+    }
+
+    /// Resident memory of the process now, in MiB, from `/proc`.
+    pub fn rss_mib(&self) -> f64 {
+        self.memory_mib("VmRSS:")
+    }
+
+    fn memory_mib(&self, field: &str) -> f64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
         status
             .lines()
-            .find_map(|line| line.strip_prefix("VmHWM:"))
+            .find_map(|line| line.strip_prefix(field))
             .and_then(|rest| rest.split_whitespace().next()?.parse::<f64>().ok())
             .map_or(f64::NAN, |kib| kib / 1024.0)
     }
