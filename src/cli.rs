@@ -85,6 +85,18 @@ pub struct NodeArgs {
     /// On SIGTERM/SIGINT, how long running commands may go on before they are killed.
     #[arg(long, env = "SHARDCRON_SHUTDOWN_GRACE", default_value = "30s", value_parser = humantime::parse_duration)]
     pub shutdown_grace: Duration,
+    /// Serve Prometheus metrics at http://HOST:PORT/metrics.
+    #[arg(long, env = "SHARDCRON_METRICS_ADDR", value_name = "HOST:PORT")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Log lines as human-readable text or as one JSON object per line.
+    #[arg(long, env = "SHARDCRON_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Debug, Args)]

@@ -36,10 +36,14 @@ pub async fn within<T, F>(limit: Duration, future: F) -> Result<T, CoordError>
 where
     F: Future<Output = Result<T, etcd_client::Error>>,
 {
-    match tokio::time::timeout(limit, future).await {
+    let result = match tokio::time::timeout(limit, future).await {
         Ok(result) => result.map_err(CoordError::from),
         Err(_) => Err(CoordError::Timeout(limit)),
+    };
+    if result.is_err() {
+        crate::metrics::get().etcd_errors.inc();
     }
+    result
 }
 
 /// Why a client could not be built from the config: not retryable, the operator must act.

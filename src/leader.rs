@@ -96,6 +96,8 @@ pub struct Term {
     pub claim_lead: ClaimLead,
     pub shards: u32,
     pub fleet: watch::Receiver<FleetView>,
+    /// Cancelled when this term ends, however it ends: runs it started retry no more.
+    pub leading: CancellationToken,
 }
 
 struct JobState {
@@ -107,6 +109,7 @@ struct JobState {
 impl Term {
     /// Leads the shard until shutdown, the session's loss or deposition.
     pub async fn lead(&self) -> TermEnd {
+        let _leading = self.leading.clone().drop_guard();
         let mut fleet = self.fleet.clone();
         if self.should_hand_over(&mut fleet) {
             return TermEnd::HandedOff;
@@ -193,7 +196,9 @@ impl Term {
                 tracing::error!(shard = self.leadership.shard, tick = %due, "the lease may have expired before the tick: not starting its claimed runs");
                 return TermEnd::SessionLost;
             }
+            let lateness = (clock::now() - due).to_std().unwrap_or_default();
             for index in &claimed {
+                crate::metrics::get().lateness.observe(lateness.as_secs_f64());
                 self.runs.start(vec![self.tick(&states[*index].job, due)]);
             }
             for index in due_now {
@@ -210,6 +215,7 @@ impl Term {
             scheduled_at,
             fence: self.leadership.fence,
             node: self.node_id.clone(),
+            leading: self.leading.clone(),
         }
     }
 
@@ -252,6 +258,7 @@ impl Term {
             for (index, ticks) in chunk.iter().filter(|(index, _)| claimed.contains(index)) {
                 let job = &states[*index].job;
                 tracing::info!(job = %job.name, ticks = ticks.len(), first = %ticks[0], policy = ?job.catch_up, "catching up missed ticks");
+                crate::metrics::get().catch_up_runs.inc_by(ticks.len() as u64);
                 self.runs
                     .start(ticks.iter().map(|tick| self.tick(job, *tick)).collect());
             }
@@ -321,6 +328,7 @@ impl Term {
                     break;
                 }
                 Ok(None) => {
+                    crate::metrics::get().claim_failures.inc();
                     tracing::warn!(
                         shard = self.leadership.shard,
                         fence = self.leadership.fence,

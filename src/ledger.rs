@@ -30,11 +30,18 @@ pub struct RunRecord {
     pub scheduled_at: DateTime<Utc>,
     pub fence: i64,
     pub node: String,
-    /// `exited`, `killed`, `timeout`, `spawn_failed` or `skipped`.
+    /// `exited`, `killed`, `timeout`, `replaced`, `spawn_failed` or `skipped`.
     pub outcome: String,
     pub exit_code: Option<i32>,
     pub duration_ms: u64,
     pub finished_at: DateTime<Utc>,
+    /// How many times the command was started for this tick (1 + retries used; 0 if skipped).
+    #[serde(default = "one")]
+    pub attempts: u32,
+}
+
+fn one() -> u32 {
+    1
 }
 
 /// A job's last claim as read from etcd, with the revision a claim must find unchanged.

@@ -15,6 +15,7 @@
 //! - [`runner`]: running one tick's command in its own process group.
 //! - [`runs`]: this node's runs: overlap, shutdown grace, result batching.
 //! - [`node`]: session, campaigns and terms of one node process.
+//! - [`metrics`]: Prometheus metrics and their `/metrics` endpoint.
 //! - [`status`]: what `shardcron status` reads and prints.
 //! - [`etcd_server`]: a throwaway local etcd for `dev` and tests.
 //! - [`clock`]: the wall clock, read in one place.
@@ -30,6 +31,7 @@ pub mod fleet;
 pub mod keys;
 pub mod leader;
 pub mod ledger;
+pub mod metrics;
 pub mod node;
 pub mod runner;
 pub mod runs;

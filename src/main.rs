@@ -3,7 +3,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use shardcron::cli::{self, Cli, Command, NodeArgs};
+use shardcron::cli::{self, Cli, Command, LogFormat, NodeArgs};
 use shardcron::config::Config;
 use shardcron::etcd_server::EtcdServer;
 use shardcron::node::{self, NodeOptions};
@@ -18,7 +18,7 @@ fn main() -> ExitCode {
         Command::Run(args) => load_for_node(&args.config).and_then(|config| with_runtime(run(config, args.node.clone(), None))),
         Command::Status(args) => args.config.load().and_then(|config| with_runtime(show_status(config, args.endpoints.clone(), args.json))),
         Command::Dev(args) => load_for_node(&args.config).and_then(|config| {
-            init_logging();
+            init_logging(args.node.log_format);
             let server = EtcdServer::start(&args.etcd_bin)?;
             tracing::info!(endpoint = %server.client_url(), log = %server.log_path().display(), "throwaway etcd started; Ctrl-C stops the node and removes it");
             let endpoints = vec![server.client_url()];
@@ -44,14 +44,18 @@ fn with_runtime<F: std::future::Future<Output = Result<()>>>(future: F) -> Resul
         .block_on(future)
 }
 
-fn init_logging() {
+fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("SHARDCRON_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr)
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).try_init(),
+        // One object per line: the event's fields (job, tick, stream, fence...) are keys of
+        // `fields`, the message is `fields.message`.
+        LogFormat::Json => builder.json().with_current_span(false).try_init(),
+    };
 }
 
 fn endpoints(config: &Config, flag: Vec<String>) -> Vec<String> {
@@ -67,7 +71,7 @@ fn endpoints(config: &Config, flag: Vec<String>) -> Vec<String> {
 }
 
 async fn run(config: Config, args: NodeArgs, dev_endpoints: Option<Vec<String>>) -> Result<()> {
-    init_logging();
+    init_logging(args.log_format);
     let endpoints = dev_endpoints.unwrap_or_else(|| endpoints(&config, args.endpoints.clone()));
     let node_id = match args.node_id {
         Some(id) => id,
@@ -84,6 +88,13 @@ async fn run(config: Config, args: NodeArgs, dev_endpoints: Option<Vec<String>>)
 
     let shutdown = CancellationToken::new();
     tokio::spawn(forward_signals(shutdown.clone()));
+    if let Some(addr) = args.metrics_addr {
+        let listener = shardcron::metrics::bind(addr)
+            .await
+            .with_context(|| format!("cannot serve metrics on {addr}"))?;
+        tracing::info!(address = %addr, "serving Prometheus metrics at /metrics");
+        tokio::spawn(shardcron::metrics::serve(listener, shutdown.clone()));
+    }
     node::run(
         config,
         NodeOptions {

@@ -256,8 +256,12 @@ impl ShardTask {
                 claim_lead: self.claim_lead.clone(),
                 shards: self.shards,
                 fleet: self.fleet.clone(),
+                leading: CancellationToken::new(),
             };
+            let shards_led = &crate::metrics::get().shards_led;
+            shards_led.inc();
             let end = term.lead().await;
+            shards_led.dec();
             tracing::info!(shard = self.shard, fence = term.leadership.fence, reason = ?end, "term ended");
             match end {
                 TermEnd::Deposed => continue,

@@ -13,12 +13,12 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::Command;
 use tokio_util::sync::CancellationToken;
 
+use rand::Rng;
+
 use crate::clock;
-use crate::config::Job;
+use crate::config::{Job, MAX_RETRY_BACKOFF};
 use crate::ledger::RunRecord;
 
-/// After SIGTERM to a timed-out job, how long before SIGKILL.
-pub const KILL_GRACE: Duration = Duration::from_secs(10);
 /// Longer output lines are cut, so a job printing without newlines cannot grow the node's memory.
 pub const MAX_LINE: usize = 8 * 1024;
 
@@ -29,6 +29,8 @@ pub struct Tick {
     pub scheduled_at: DateTime<Utc>,
     pub fence: i64,
     pub node: String,
+    /// Cancelled when the term that claimed this tick ends: no retry starts after that.
+    pub leading: CancellationToken,
 }
 
 impl Tick {
@@ -37,9 +39,65 @@ impl Tick {
     }
 }
 
-/// Runs `tick` to completion and says how it ended. `kill` cancels the run at once (forced
-/// shutdown); the run's own timeout is handled here.
-pub async fn run(tick: &Tick, kill: &CancellationToken) -> RunRecord {
+/// Why a running command is stopped from outside.
+pub struct Stops<'a> {
+    /// The shutdown grace is over: SIGKILL at once.
+    pub kill: &'a CancellationToken,
+    /// A newer tick replaces this run (`overlap = "replace"`): SIGTERM, SIGKILL after
+    /// `kill_grace`.
+    pub replace: &'a CancellationToken,
+}
+
+/// Runs `tick` to completion, retrying a failed attempt as the job allows while this node still
+/// leads the shard, and says how the last attempt ended.
+pub async fn run(tick: &Tick, stops: &Stops<'_>) -> RunRecord {
+    let job = &tick.job;
+    let mut attempt = 1;
+    loop {
+        let mut record = run_once(tick, attempt, stops).await;
+        record.attempts = attempt;
+        let retryable = match record.outcome.as_str() {
+            "exited" => record.exit_code != Some(0),
+            "timeout" | "spawn_failed" => true,
+            _ => false,
+        };
+        if !retryable || attempt > job.retries {
+            return record;
+        }
+        let delay = retry_delay(job.retry_backoff, attempt);
+        tracing::warn!(job = %job.name, tick = %tick.scheduled_at_text(), fence = tick.fence, attempt, retries = job.retries, retry_in = ?delay, "attempt failed; retrying");
+        crate::metrics::get()
+            .retries
+            .get_or_create(&crate::metrics::JobLabel::new(&job.name))
+            .inc();
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = tick.leading.cancelled() => {
+                tracing::warn!(job = %job.name, tick = %tick.scheduled_at_text(), attempt, "this node no longer leads the shard: no more retries");
+                return record;
+            }
+            _ = stops.kill.cancelled() => return record,
+            _ = stops.replace.cancelled() => return record,
+        }
+        if tick.leading.is_cancelled() {
+            tracing::warn!(job = %job.name, tick = %tick.scheduled_at_text(), attempt, "this node no longer leads the shard: no more retries");
+            return record;
+        }
+        attempt += 1;
+    }
+}
+
+/// The delay before retry number `attempt` (1-based): `base` doubled per earlier retry, capped,
+/// with full jitter over its upper half so that a fleet's retries do not line up.
+pub fn retry_delay(base: Duration, attempt: u32) -> Duration {
+    let ceiling = base
+        .saturating_mul(1u32 << (attempt - 1).min(20))
+        .min(MAX_RETRY_BACKOFF.max(base));
+    let millis = ceiling.as_millis() as u64;
+    Duration::from_millis(rand::thread_rng().gen_range(millis / 2..=millis))
+}
+
+async fn run_once(tick: &Tick, attempt: u32, stops: &Stops<'_>) -> RunRecord {
     let job = &tick.job;
     let started = std::time::Instant::now();
     let record = |outcome: &str, exit_code: Option<i32>| RunRecord {
@@ -50,6 +108,7 @@ pub async fn run(tick: &Tick, kill: &CancellationToken) -> RunRecord {
         exit_code,
         duration_ms: started.elapsed().as_millis() as u64,
         finished_at: clock::now(),
+        attempts: attempt,
     };
     let mut command = Command::new("sh");
     command
@@ -61,6 +120,7 @@ pub async fn run(tick: &Tick, kill: &CancellationToken) -> RunRecord {
         .env("CRON_SHARD", job.shard.to_string())
         .env("CRON_SCHEDULED_AT", tick.scheduled_at_text())
         .env("CRON_NODE", &tick.node)
+        .env("CRON_ATTEMPT", attempt.to_string())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -72,12 +132,12 @@ pub async fn run(tick: &Tick, kill: &CancellationToken) -> RunRecord {
     let mut child = match command.spawn() {
         Ok(child) => child,
         Err(err) => {
-            tracing::error!(job = %job.name, tick = %tick.scheduled_at_text(), error = %err, "could not start the command");
+            tracing::error!(job = %job.name, tick = %tick.scheduled_at_text(), attempt, error = %err, "could not start the command");
             return record("spawn_failed", None);
         }
     };
     let pid = child.id();
-    tracing::info!(job = %job.name, tick = %tick.scheduled_at_text(), fence = tick.fence, pid, "run started");
+    tracing::info!(job = %job.name, tick = %tick.scheduled_at_text(), fence = tick.fence, attempt, pid, "run started");
     let stdout = child
         .stdout
         .take()
@@ -93,23 +153,24 @@ pub async fn run(tick: &Tick, kill: &CancellationToken) -> RunRecord {
             None => std::future::pending().await,
         }
     };
+    let terminate = |why: &str| {
+        tracing::warn!(job = %job.name, tick = %tick.scheduled_at_text(), attempt, kill_grace = ?job.kill_grace, "{why}: SIGTERM to the process group");
+        signal_group(pid, libc::SIGTERM);
+    };
     let mut outcome = "exited";
     let status = tokio::select! {
         status = child.wait() => status,
         _ = timeout => {
-            tracing::warn!(job = %job.name, tick = %tick.scheduled_at_text(), timeout = ?job.timeout, "timed out: SIGTERM to the process group");
             outcome = "timeout";
-            signal_group(pid, libc::SIGTERM);
-            tokio::select! {
-                status = child.wait() => status,
-                _ = tokio::time::sleep(KILL_GRACE) => {
-                    tracing::warn!(job = %job.name, tick = %tick.scheduled_at_text(), "still running after SIGTERM: SIGKILL to the process group");
-                    signal_group(pid, libc::SIGKILL);
-                    child.wait().await
-                }
-            }
+            terminate("timed out");
+            wait_or_kill(&mut child, pid, job.kill_grace, stops.kill, tick).await
         }
-        _ = kill.cancelled() => {
+        _ = stops.replace.cancelled() => {
+            outcome = "replaced";
+            terminate("replaced by a newer tick (overlap = \"replace\")");
+            wait_or_kill(&mut child, pid, job.kill_grace, stops.kill, tick).await
+        }
+        _ = stops.kill.cancelled() => {
             tracing::warn!(job = %job.name, tick = %tick.scheduled_at_text(), "shutdown grace is over: SIGKILL to the process group");
             outcome = "killed";
             signal_group(pid, libc::SIGKILL);
@@ -125,17 +186,39 @@ pub async fn run(tick: &Tick, kill: &CancellationToken) -> RunRecord {
     let exit_code = status.as_ref().ok().and_then(|status| status.code());
     let record = record(outcome, exit_code);
     match &status {
-        Ok(status) if status.success() => {
-            tracing::info!(job = %job.name, tick = %tick.scheduled_at_text(), fence = tick.fence, duration_ms = record.duration_ms, "run succeeded")
+        Ok(status) if status.success() && outcome == "exited" => {
+            tracing::info!(job = %job.name, tick = %tick.scheduled_at_text(), fence = tick.fence, attempt, duration_ms = record.duration_ms, "run succeeded")
         }
         Ok(status) => {
-            tracing::warn!(job = %job.name, tick = %tick.scheduled_at_text(), fence = tick.fence, duration_ms = record.duration_ms, status = %status, outcome, "run failed")
+            tracing::warn!(job = %job.name, tick = %tick.scheduled_at_text(), fence = tick.fence, attempt, duration_ms = record.duration_ms, status = %status, outcome, "run failed")
         }
         Err(err) => {
-            tracing::error!(job = %job.name, tick = %tick.scheduled_at_text(), error = %err, "could not wait for the command")
+            tracing::error!(job = %job.name, tick = %tick.scheduled_at_text(), attempt, error = %err, "could not wait for the command")
         }
     }
     record
+}
+
+/// After a SIGTERM: waits `grace` for the command to exit, then SIGKILLs its process group.
+async fn wait_or_kill(
+    child: &mut tokio::process::Child,
+    pid: Option<u32>,
+    grace: Duration,
+    kill: &CancellationToken,
+    tick: &Tick,
+) -> std::io::Result<std::process::ExitStatus> {
+    tokio::select! {
+        status = child.wait() => status,
+        _ = tokio::time::sleep(grace) => {
+            tracing::warn!(job = %tick.job.name, tick = %tick.scheduled_at_text(), "still running after SIGTERM: SIGKILL to the process group");
+            signal_group(pid, libc::SIGKILL);
+            child.wait().await
+        }
+        _ = kill.cancelled() => {
+            signal_group(pid, libc::SIGKILL);
+            child.wait().await
+        }
+    }
 }
 
 fn signal_group(pid: Option<u32>, signal: libc::c_int) {
@@ -158,7 +241,7 @@ async fn forward_lines(stream: impl AsyncRead + Unpin, tick: Tick, name: &'stati
             Ok(_) => {
                 let text = String::from_utf8_lossy(&line);
                 let text = text.trim_end_matches(['\n', '\r']);
-                tracing::info!(job = %tick.job.name, tick = %tick.scheduled_at_text(), stream = name, "{text}");
+                tracing::info!(job = %tick.job.name, tick = %tick.scheduled_at_text(), fence = tick.fence, stream = name, "{text}");
             }
             Err(err) => {
                 tracing::debug!(job = %tick.job.name, error = %err, "output stream closed");
@@ -187,6 +270,23 @@ async fn read_bounded_line<R: AsyncBufReadExt + Unpin>(reader: &mut R, line: &mu
         consumed += take;
         if done {
             return Ok(consumed);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_delays_double_with_jitter_and_stop_at_the_cap() {
+        let base = Duration::from_secs(1);
+        for (attempt, ceiling) in [(1, 1), (2, 2), (3, 4), (9, 256), (10, 300), (40, 300)] {
+            let ceiling = Duration::from_secs(ceiling);
+            for _ in 0..20 {
+                let delay = retry_delay(base, attempt);
+                assert!(delay >= ceiling / 2 && delay <= ceiling, "attempt {attempt}: {delay:?}");
+            }
         }
     }
 }

@@ -37,8 +37,10 @@ struct JobRuns {
     pending: usize,
     /// When the run going now started, by the wall clock.
     running_since: Option<DateTime<Utc>>,
-    /// Held by the running sequence: an `overlap = "skip"` job runs one tick at a time, in order.
+    /// Held by the running sequence: a `skip` or `replace` job runs one tick at a time, in order.
     turn: Arc<tokio::sync::Mutex<()>>,
+    /// Cancelled to stop the running sequence of a `replace` job.
+    replace: CancellationToken,
 }
 
 impl Runs {
@@ -61,24 +63,32 @@ impl Runs {
     /// job was already running here from an earlier tick: that is the overlap the policy is for.
     /// A tick fired late (its claim waited on etcd, or a takeover caught it up) may find the
     /// job's previous late run still going without having overlapped anything at its scheduled
-    /// time; it waits its turn instead of being skipped.
+    /// time; it waits its turn instead of being skipped. With `"replace"` the running sequence
+    /// is stopped and the new ticks run once it has exited.
     pub fn start(&self, ticks: Vec<Tick>) {
         let Some(first) = ticks.first() else { return };
         let job = Arc::clone(&first.job);
         let turn = {
             let mut jobs = self.jobs.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             let runs = jobs.entry(job.name.clone()).or_default();
-            let overlapped = runs.running_since.is_some_and(|since| since <= first.scheduled_at);
-            if overlapped && job.overlap == Overlap::Skip {
-                drop(jobs);
-                for tick in ticks {
-                    tracing::info!(job = %job.name, tick = %tick.scheduled_at_text(), "skipped: the previous run of this job on this node was still going at this tick (overlap = \"skip\")");
-                    self.report(&tick, skipped(&tick));
+            match job.overlap {
+                Overlap::Skip if runs.running_since.is_some_and(|since| since <= first.scheduled_at) => {
+                    drop(jobs);
+                    for tick in ticks {
+                        tracing::info!(job = %job.name, tick = %tick.scheduled_at_text(), "skipped: the previous run of this job on this node was still going at this tick (overlap = \"skip\")");
+                        crate::metrics::get().skipped_overlaps.inc();
+                        self.report(&tick, not_run(&tick, "skipped"));
+                    }
+                    return;
                 }
-                return;
+                Overlap::Replace if runs.running_since.is_some() => {
+                    tracing::info!(job = %job.name, tick = %first.scheduled_at_text(), "replacing the job's running run with this tick (overlap = \"replace\")");
+                    runs.replace.cancel();
+                }
+                _ => {}
             }
             runs.pending += 1;
-            (job.overlap == Overlap::Skip).then(|| Arc::clone(&runs.turn))
+            (job.overlap != Overlap::Allow).then(|| Arc::clone(&runs.turn))
         };
         let runs = self.clone();
         self.tracker.spawn(async move {
@@ -86,9 +96,18 @@ impl Runs {
                 Some(turn) => Some(turn.lock().await),
                 None => None,
             };
+            let replace = runs.take_turn(&job.name, job.overlap);
             for tick in ticks {
+                if replace.is_cancelled() {
+                    runs.report(&tick, not_run(&tick, "replaced"));
+                    continue;
+                }
                 runs.mark_running(&job.name, Some(clock::now()));
-                let record = runner::run(&tick, &runs.kill).await;
+                let stops = runner::Stops {
+                    kill: &runs.kill,
+                    replace: &replace,
+                };
+                let record = runner::run(&tick, &stops).await;
                 runs.report(&tick, record);
             }
             runs.mark_running(&job.name, None);
@@ -102,6 +121,23 @@ impl Runs {
         });
     }
 
+    /// Called by a sequence once it holds the job's turn: the token that stops it. A `replace`
+    /// sequence that already has a newer one waiting behind it starts out replaced.
+    fn take_turn(&self, job: &str, overlap: Overlap) -> CancellationToken {
+        let token = CancellationToken::new();
+        if overlap != Overlap::Replace {
+            return token;
+        }
+        let mut jobs = self.jobs.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(entry) = jobs.get_mut(job) {
+            if entry.pending > 1 {
+                token.cancel();
+            }
+            entry.replace = token.clone();
+        }
+        token
+    }
+
     fn mark_running(&self, job: &str, since: Option<DateTime<Utc>>) {
         let mut jobs = self.jobs.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some(entry) = jobs.get_mut(job) {
@@ -110,6 +146,7 @@ impl Runs {
     }
 
     fn report(&self, tick: &Tick, record: RunRecord) {
+        crate::metrics::get().record_run(&tick.job.name, &record);
         // The writer only stops after every sender is gone, so this cannot fail while we live.
         let _ = self.results.send((tick.job.name.clone(), record));
     }
@@ -133,15 +170,17 @@ impl Runs {
     }
 }
 
-fn skipped(tick: &Tick) -> RunRecord {
+/// The record of a tick that was claimed but not run: `skipped` or `replaced`.
+fn not_run(tick: &Tick, outcome: &str) -> RunRecord {
     RunRecord {
         scheduled_at: tick.scheduled_at,
         fence: tick.fence,
         node: tick.node.clone(),
-        outcome: "skipped".into(),
+        outcome: outcome.into(),
         exit_code: None,
         duration_ms: 0,
         finished_at: clock::now(),
+        attempts: 0,
     }
 }
 

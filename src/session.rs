@@ -89,6 +89,7 @@ impl Session {
 
     fn lose(&self, why: &str) {
         if !self.inner.lost.is_cancelled() {
+            crate::metrics::get().session_losses.inc();
             tracing::warn!(
                 lease = format!("{:x}", self.inner.lease),
                 reason = why,

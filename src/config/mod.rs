@@ -68,6 +68,12 @@ pub struct Job {
     pub schedule: Arc<Schedule>,
     pub command: String,
     pub timeout: Option<Duration>,
+    /// After the timeout's (or a replacement's) SIGTERM, how long before SIGKILL.
+    pub kill_grace: Duration,
+    /// Further attempts after a failed run of the same tick, while this node leads the shard.
+    pub retries: u32,
+    /// The first retry's delay; each next one doubles, capped at [`MAX_RETRY_BACKOFF`], jittered.
+    pub retry_backoff: Duration,
     pub catch_up: CatchUp,
     pub starting_deadline: Option<Duration>,
     pub overlap: Overlap,
@@ -92,10 +98,23 @@ pub enum CatchUp {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum Overlap {
+    /// Skip the new tick.
     #[default]
     Skip,
+    /// Run both.
     Allow,
+    /// Stop the running one (SIGTERM, SIGKILL after `kill_grace`), then run the new tick.
+    Replace,
 }
+
+/// Default for `kill_grace`.
+pub const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(10);
+/// Default for `retry_backoff`.
+pub const DEFAULT_RETRY_BACKOFF: Duration = Duration::from_secs(1);
+/// Retry delays grow up to this.
+pub const MAX_RETRY_BACKOFF: Duration = Duration::from_secs(300);
+/// At most this many retries per tick: a job that needs more is failing, not flaky.
+pub const MAX_RETRIES: i64 = 100;
 
 /// A config that cannot be used, located as precisely as the file allows.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -175,6 +194,9 @@ struct RawJob {
     command: Option<Spanned<String>>,
     timezone: Option<Spanned<String>>,
     timeout: Option<Spanned<String>>,
+    kill_grace: Option<Spanned<String>>,
+    retries: Option<Spanned<i64>>,
+    retry_backoff: Option<Spanned<String>>,
     catch_up: Option<Spanned<CatchUp>>,
     starting_deadline: Option<Spanned<String>>,
     overlap: Option<Spanned<Overlap>>,
@@ -479,6 +501,38 @@ fn validate_job(
             "timeout must be longer than zero",
         ));
     }
+    let kill_grace = raw
+        .kill_grace
+        .as_ref()
+        .map(|value| parse_duration(source, value, job, "kill_grace"))
+        .transpose()?
+        .unwrap_or(DEFAULT_KILL_GRACE);
+    let retries = match &raw.retries {
+        Some(value) if !(0..=MAX_RETRIES).contains(value.get_ref()) => {
+            return Err(source.error(
+                Some(value.span()),
+                job,
+                Some("retries"),
+                format!("retries must be between 0 and {MAX_RETRIES}"),
+            ))
+        }
+        Some(value) => *value.get_ref() as u32,
+        None => 0,
+    };
+    let retry_backoff = raw
+        .retry_backoff
+        .as_ref()
+        .map(|value| parse_duration(source, value, job, "retry_backoff"))
+        .transpose()?
+        .unwrap_or(DEFAULT_RETRY_BACKOFF);
+    if let (Some(value), None) = (&raw.retry_backoff, &raw.retries) {
+        return Err(source.error(
+            Some(value.span()),
+            job,
+            Some("retry_backoff"),
+            "retry_backoff without retries has no effect; set retries",
+        ));
+    }
     let starting_deadline = raw
         .starting_deadline
         .as_ref()
@@ -504,6 +558,9 @@ fn validate_job(
         schedule,
         command: command.into_inner(),
         timeout,
+        kill_grace,
+        retries,
+        retry_backoff,
         catch_up: raw.catch_up.map(Spanned::into_inner).unwrap_or_default(),
         starting_deadline,
         overlap: raw.overlap.map(Spanned::into_inner).unwrap_or_default(),

@@ -54,6 +54,20 @@ fn defaults_apply() {
     assert_eq!(job.overlap, Overlap::Skip);
     assert_eq!(job.schedule.zone(), chrono_tz::UTC);
     assert!(job.timeout.is_none() && job.starting_deadline.is_none());
+    assert_eq!(job.kill_grace, DEFAULT_KILL_GRACE);
+    assert_eq!((job.retries, job.retry_backoff), (0, DEFAULT_RETRY_BACKOFF));
+}
+
+#[test]
+fn retries_kill_grace_and_replace_validate() {
+    let config = parse_str(&with_job(
+        "schedule = \"@hourly\"\ncommand = \"true\"\nretries = 3\nretry_backoff = \"500ms\"\nkill_grace = \"2s\"\noverlap = \"replace\"",
+    ))
+    .unwrap();
+    let job = &config.jobs[0];
+    assert_eq!((job.retries, job.retry_backoff), (3, Duration::from_millis(500)));
+    assert_eq!(job.kill_grace, Duration::from_secs(2));
+    assert_eq!(job.overlap, Overlap::Replace);
 }
 
 /// One error kind: (file text, expected line, job, field, a fragment of the message).
@@ -145,6 +159,27 @@ fn error_table() {
             Some("backup"),
             Some("catch_up"),
             "unknown variant",
+        ),
+        (
+            with_job("schedule = \"* * * * *\"\ncommand = \"true\"\nretries = -1"),
+            Some(13),
+            Some("backup"),
+            Some("retries"),
+            "between 0 and 100",
+        ),
+        (
+            with_job("schedule = \"* * * * *\"\ncommand = \"true\"\nretry_backoff = \"2s\""),
+            Some(13),
+            Some("backup"),
+            Some("retry_backoff"),
+            "set retries",
+        ),
+        (
+            with_job("schedule = \"* * * * *\"\ncommand = \"true\"\nkill_grace = \"later\""),
+            Some(13),
+            Some("backup"),
+            Some("kill_grace"),
+            "invalid duration",
         ),
         (
             with_job("schedule = \"* * * * *\"\ncommand = \"true\"\noverlap = \"queue\""),

@@ -1,0 +1,256 @@
+//! Prometheus metrics of this node, and the small HTTP endpoint that serves them.
+//!
+//! The metrics are process-wide, like the log: every part of the node counts into the one
+//! [`Metrics`] that [`get`] returns, whether or not `--metrics-addr` serves them.
+
+use std::net::SocketAddr;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+
+use crate::ledger::RunRecord;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct JobLabel {
+    pub job: String,
+}
+
+impl JobLabel {
+    pub fn new(job: &str) -> Self {
+        JobLabel { job: job.to_string() }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RunLabels {
+    pub job: String,
+    /// `success`, `failure`, `timeout`, `replaced`, `killed`, `spawn_failed` or `skipped`.
+    pub result: String,
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+/// Every metric the node exports.
+pub struct Metrics {
+    registry: Registry,
+    pub runs: Family<RunLabels, Counter>,
+    pub run_duration: HistogramFamily<JobLabel>,
+    pub lateness: Histogram,
+    pub retries: Family<JobLabel, Counter>,
+    pub shards_led: Gauge,
+    pub claim_failures: Counter,
+    pub catch_up_runs: Counter,
+    pub skipped_overlaps: Counter,
+    pub session_losses: Counter,
+    pub etcd_errors: Counter,
+}
+
+fn duration_histogram() -> Histogram {
+    // 10 ms to about 5.8 hours.
+    Histogram::new(exponential_buckets(0.01, 4.0, 12))
+}
+
+impl Metrics {
+    fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("shardcron");
+        let metrics = Metrics {
+            runs: Family::default(),
+            run_duration: Family::new_with_constructor(duration_histogram as fn() -> Histogram),
+            // 0.5 ms to about 4 s.
+            lateness: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
+            retries: Family::default(),
+            shards_led: Gauge::default(),
+            claim_failures: Counter::default(),
+            catch_up_runs: Counter::default(),
+            skipped_overlaps: Counter::default(),
+            session_losses: Counter::default(),
+            etcd_errors: Counter::default(),
+            registry: Registry::default(),
+        };
+        registry.register("runs", "Finished runs by job and result", metrics.runs.clone());
+        registry.register(
+            "run_duration_seconds",
+            "How long each run took, by job",
+            metrics.run_duration.clone(),
+        );
+        registry.register(
+            "firing_lateness_seconds",
+            "How late after its tick an on-time run was started",
+            metrics.lateness.clone(),
+        );
+        registry.register("retries", "Retried attempts, by job", metrics.retries.clone());
+        registry.register("shards_led", "Shards this node leads now", metrics.shards_led.clone());
+        registry.register(
+            "claim_failures",
+            "Tick claims that etcd rejected",
+            metrics.claim_failures.clone(),
+        );
+        registry.register(
+            "catch_up_runs",
+            "Missed ticks run by a new leader",
+            metrics.catch_up_runs.clone(),
+        );
+        registry.register(
+            "skipped_overlaps",
+            "Ticks skipped because the job was still running (overlap = \"skip\")",
+            metrics.skipped_overlaps.clone(),
+        );
+        registry.register(
+            "session_losses",
+            "Times this node lost its etcd lease",
+            metrics.session_losses.clone(),
+        );
+        registry.register(
+            "etcd_errors",
+            "etcd calls that failed or timed out",
+            metrics.etcd_errors.clone(),
+        );
+        Metrics { registry, ..metrics }
+    }
+
+    /// Counts a finished (or skipped) run.
+    pub fn record_run(&self, job: &str, record: &RunRecord) {
+        let result = match (record.outcome.as_str(), record.exit_code) {
+            ("exited", Some(0)) => "success",
+            ("exited", _) => "failure",
+            (other, _) => other,
+        };
+        self.runs
+            .get_or_create(&RunLabels {
+                job: job.to_string(),
+                result: result.to_string(),
+            })
+            .inc();
+        if record.outcome != "skipped" {
+            self.run_duration
+                .get_or_create(&JobLabel::new(job))
+                .observe(record.duration_ms as f64 / 1000.0);
+        }
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut text = String::new();
+        if let Err(err) = prometheus_client::encoding::text::encode(&mut text, &self.registry) {
+            tracing::warn!(error = %err, "cannot encode metrics");
+        }
+        text
+    }
+}
+
+/// The node's metrics.
+pub fn get() -> &'static Metrics {
+    static METRICS: OnceLock<Metrics> = OnceLock::new();
+    METRICS.get_or_init(Metrics::new)
+}
+
+/// Serves `GET /metrics` on `listener` until `shutdown`.
+pub async fn serve(listener: TcpListener, shutdown: CancellationToken) {
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(err) => {
+                    tracing::warn!(error = %err, "metrics endpoint: accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            _ = shutdown.cancelled() => return,
+        };
+        tokio::spawn(async move {
+            if let Err(err) = answer(stream).await {
+                tracing::debug!(%peer, error = %err, "metrics request failed");
+            }
+        });
+    }
+}
+
+/// Binds the metrics endpoint, so a bad address fails the start rather than a later request.
+pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    TcpListener::bind(addr).await
+}
+
+/// Answers one HTTP/1.x request. The request head is read up to 8 KiB within 5 s; anything but
+/// `GET /metrics` is a 404.
+async fn answer(mut stream: TcpStream) -> std::io::Result<()> {
+    let mut head = Vec::with_capacity(512);
+    let mut buffer = [0u8; 1024];
+    let read_head = async {
+        while !head.windows(4).any(|window| window == b"\r\n\r\n") && head.len() < 8 * 1024 {
+            let read = stream.read(&mut buffer).await?;
+            if read == 0 {
+                break;
+            }
+            head.extend_from_slice(&buffer[..read]);
+        }
+        Ok::<(), std::io::Error>(())
+    };
+    tokio::time::timeout(Duration::from_secs(5), read_head)
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "request head not sent within 5 s"))??;
+    let request_line = head.split(|&byte| byte == b'\r').next().unwrap_or_default();
+    let mut parts = request_line.split(|&byte| byte == b' ');
+    let (method, path) = (parts.next().unwrap_or_default(), parts.next().unwrap_or_default());
+    let path = path.split(|&byte| byte == b'?').next().unwrap_or_default();
+    let (status, content_type, body) = if method == b"GET" && path == b"/metrics" {
+        (
+            "200 OK",
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            get().render(),
+        )
+    } else {
+        (
+            "404 Not Found",
+            "text/plain; charset=utf-8",
+            "try GET /metrics\n".to_string(),
+        )
+    };
+    let response = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(response.as_bytes()).await?;
+    stream.shutdown().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_are_counted_by_job_and_result() {
+        let record = |outcome: &str, exit_code: Option<i32>| RunRecord {
+            scheduled_at: chrono::DateTime::UNIX_EPOCH,
+            fence: 1,
+            node: "n".into(),
+            outcome: outcome.into(),
+            exit_code,
+            duration_ms: 20,
+            finished_at: chrono::DateTime::UNIX_EPOCH,
+            attempts: 1,
+        };
+        let metrics = Metrics::new();
+        metrics.record_run("metrics-test", &record("exited", Some(0)));
+        metrics.record_run("metrics-test", &record("exited", Some(2)));
+        metrics.record_run("metrics-test", &record("timeout", None));
+        let text = metrics.render();
+        for line in [
+            "shardcron_runs_total{job=\"metrics-test\",result=\"success\"} 1",
+            "shardcron_runs_total{job=\"metrics-test\",result=\"failure\"} 1",
+            "shardcron_runs_total{job=\"metrics-test\",result=\"timeout\"} 1",
+            "shardcron_run_duration_seconds_count{job=\"metrics-test\"} 3",
+        ] {
+            assert!(text.contains(line), "{line} missing from:\n{text}");
+        }
+    }
+}

@@ -1,0 +1,190 @@
+//! What an operator runs day to day, against a real etcd: retries, `overlap = "replace"`,
+//! `kill_grace`, Prometheus metrics scraped over HTTP, JSON logs.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use support::*;
+
+/// A config with `jobs` given as TOML tables after the `[jobs.NAME]` header.
+fn write_jobs(world: &World, jobs: &[(&str, String)]) -> PathBuf {
+    let mut text = format!(
+        "[cluster]\nname = \"ops\"\nshards = 2\nlease_ttl = \"3s\"\n\n[etcd]\nendpoints = [\"{}\"]\n\n",
+        world.etcd.client_url()
+    );
+    for (name, body) in jobs {
+        text.push_str(&format!("[jobs.{name}]\n{body}\n\n"));
+    }
+    let path = world.dir.path().join("jobs.toml");
+    std::fs::write(&path, text).expect("write config");
+    path
+}
+
+fn last_run(world: &World, config: &std::path::Path, job: &str) -> serde_json::Value {
+    world.status(config)["jobs"]
+        .as_array()
+        .and_then(|jobs| jobs.iter().find(|entry| entry["name"] == job).cloned())
+        .map(|entry| entry["last_run"].clone())
+        .unwrap_or_default()
+}
+
+#[test]
+fn retries_replace_and_kill_grace_do_what_the_config_says() {
+    let mut world = World::new();
+    let record = world.record_command();
+    let config = write_jobs(
+        &world,
+        &[
+            (
+                "flaky",
+                format!(
+                    "schedule = \"*/4 * * * * *\"\ncommand = '[ \"$CRON_ATTEMPT\" -ge 3 ] || exit 1; {record}'\nretries = 3\nretry_backoff = \"200ms\""
+                ),
+            ),
+            (
+                "replaced",
+                "schedule = \"*/3 * * * * *\"\ncommand = 'sleep 30'\noverlap = \"replace\"\nkill_grace = \"1s\"".into(),
+            ),
+            (
+                "stubborn",
+                "schedule = \"*/5 * * * * *\"\ncommand = \"trap '' TERM; sleep 30\"\ntimeout = \"1s\"\nkill_grace = \"1s\"".into(),
+            ),
+        ],
+    );
+    world.start_node("a", &config);
+    wait_for(Duration::from_secs(40), "each job's result is recorded", || {
+        last_run(&world, &config, "flaky")["attempts"] == 3
+            && last_run(&world, &config, "replaced")["outcome"] == "replaced"
+            && last_run(&world, &config, "stubborn")["outcome"] == "timeout"
+    });
+
+    step("flaky: two failed attempts, retried within the tick, the third succeeds");
+    let flaky = last_run(&world, &config, "flaky");
+    assert_eq!(
+        (flaky["outcome"].as_str(), flaky["exit_code"].as_i64()),
+        (Some("exited"), Some(0)),
+        "{flaky}"
+    );
+    let runs = world.runs();
+    let flaky_ticks: Vec<_> = runs
+        .iter()
+        .filter(|run| run.job == "flaky")
+        .map(|run| run.tick)
+        .collect();
+    let mut unique = flaky_ticks.clone();
+    unique.dedup();
+    assert_eq!(flaky_ticks, unique, "one successful attempt per tick");
+    let log = world.nodes[0].log_text();
+    for attempt in [1, 2] {
+        assert!(
+            log.lines()
+                .any(|line| line.contains("attempt failed; retrying") && line.contains(&format!("attempt={attempt}"))),
+            "attempt {attempt} is logged as retried"
+        );
+    }
+
+    step("replaced: each tick stops the previous run after SIGTERM");
+    let replaced = last_run(&world, &config, "replaced");
+    assert!(
+        replaced["duration_ms"].as_u64().unwrap_or(u64::MAX) < 5_000,
+        "{replaced}"
+    );
+    assert!(log.contains("replaced by a newer tick"));
+
+    step("stubborn: SIGTERM at the 1 s timeout, SIGKILL after the 1 s kill_grace");
+    let stubborn = last_run(&world, &config, "stubborn");
+    let took = stubborn["duration_ms"].as_u64().unwrap_or_default();
+    assert!((2_000..5_000).contains(&took), "{stubborn}");
+}
+
+/// `GET path` on `port`; returns the status line and the body.
+fn http_get(port: u16, path: &str) -> (String, String) {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connect to the metrics endpoint");
+    stream.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("read");
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    (head.lines().next().unwrap_or_default().to_string(), body.to_string())
+}
+
+/// The value of the sample `name` (with its labels, as printed) in a metrics page.
+fn sample(page: &str, name: &str) -> Option<f64> {
+    page.lines().find_map(|line| {
+        line.strip_prefix(name)?
+            .strip_prefix(' ')?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    })
+}
+
+#[test]
+fn metrics_are_scraped_over_http_and_json_logs_carry_the_run_fields() {
+    let mut world = World::new();
+    let record = world.record_command();
+    let config = write_jobs(
+        &world,
+        &[
+            (
+                "ok",
+                format!("schedule = \"* * * * * *\"\ncommand = 'echo hello; {record}'"),
+            ),
+            ("bad", "schedule = \"* * * * * *\"\ncommand = \"exit 4\"".into()),
+        ],
+    );
+    let port = shardcron::etcd_server::free_port().expect("free port");
+    let addr = format!("127.0.0.1:{port}");
+    world.start_node_with("a", &config, &["--metrics-addr", &addr, "--log-format", "json"]);
+    wait_for(Duration::from_secs(30), "3 runs of ok", || world.runs().len() >= 3);
+
+    let mut page = String::new();
+    wait_for(Duration::from_secs(10), "the metrics show both jobs' runs", || {
+        page = http_get(port, "/metrics").1;
+        sample(&page, "shardcron_runs_total{job=\"ok\",result=\"success\"}").is_some_and(|n| n >= 2.0)
+            && sample(&page, "shardcron_runs_total{job=\"bad\",result=\"failure\"}").is_some_and(|n| n >= 2.0)
+    });
+    assert_eq!(sample(&page, "shardcron_shards_led"), Some(2.0), "{page}");
+    assert!(sample(&page, "shardcron_firing_lateness_seconds_count").is_some_and(|n| n >= 2.0));
+    assert!(sample(&page, "shardcron_run_duration_seconds_count{job=\"ok\"}").is_some_and(|n| n >= 2.0));
+    for counter in [
+        "shardcron_claim_failures_total",
+        "shardcron_catch_up_runs_total",
+        "shardcron_skipped_overlaps_total",
+        "shardcron_session_losses_total",
+        "shardcron_etcd_errors_total",
+    ] {
+        assert!(sample(&page, counter).is_some(), "{counter} missing from:\n{page}");
+    }
+    let (status, _) = http_get(port, "/other");
+    assert!(status.contains("404"), "{status}");
+
+    step("every log line is one JSON object; job output carries job, tick, stream and fence");
+    let log = world.nodes[0].log_text();
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|err| panic!("not JSON ({err}): {line}")))
+        .collect();
+    let output = lines
+        .iter()
+        .find(|line| line["fields"]["message"] == "hello")
+        .expect("the job's output line");
+    assert_eq!(output["fields"]["job"], "ok");
+    assert_eq!(output["fields"]["stream"], "stdout");
+    assert!(output["fields"]["tick"]
+        .as_str()
+        .is_some_and(|tick| tick.ends_with('Z')));
+    assert!(
+        output["fields"]["fence"].as_i64().is_some_and(|fence| fence > 0),
+        "{output}"
+    );
+}
