@@ -23,6 +23,7 @@ use crate::etcd::CoordError;
 use crate::fleet::FleetView;
 use crate::keys::Keys;
 use crate::ledger::{self, Claim, ClaimRequest, Seen, MAX_OPS_PER_TXN};
+use crate::node::Loaded;
 use crate::runner::Tick;
 use crate::runs::Runs;
 use crate::session::Session;
@@ -81,6 +82,8 @@ pub enum TermEnd {
     Deposed,
     /// This node is not the shard's target and the target is campaigning: resign, stand by.
     HandedOff,
+    /// `jobs.toml` was reloaded: lead on, with the new jobs, under the same leadership.
+    JobsReloaded,
 }
 
 /// What a term needs to know about its node and shard.
@@ -90,6 +93,8 @@ pub struct Term {
     pub election_prefix: String,
     pub node_id: String,
     pub jobs: Vec<Arc<Job>>,
+    /// Changes when a reload replaces the node's jobs.
+    pub jobs_reloaded: watch::Receiver<Arc<Loaded>>,
     pub runs: Runs,
     pub stop: CancellationToken,
     pub leadership: Leadership,
@@ -111,6 +116,7 @@ impl Term {
     pub async fn lead(&self) -> TermEnd {
         let _leading = self.leading.clone().drop_guard();
         let mut fleet = self.fleet.clone();
+        let mut jobs_reloaded = self.jobs_reloaded.clone();
         if self.should_hand_over(&mut fleet) {
             return TermEnd::HandedOff;
         }
@@ -173,6 +179,7 @@ impl Term {
                     }
                     continue;
                 }
+                Ok(()) = jobs_reloaded.changed() => return TermEnd::JobsReloaded,
                 _ = self.stop.cancelled() => return TermEnd::Stopped,
                 _ = self.session.lost().cancelled() => return TermEnd::SessionLost,
             }

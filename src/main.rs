@@ -88,6 +88,8 @@ async fn run(config: Config, args: NodeArgs, dev_endpoints: Option<Vec<String>>)
 
     let shutdown = CancellationToken::new();
     tokio::spawn(forward_signals(shutdown.clone()));
+    let (reloads, reloaded) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(reload_on_hangup(config.clone_without_jobs(), reloads));
     if let Some(addr) = args.metrics_addr {
         let listener = shardcron::metrics::bind(addr)
             .await
@@ -103,6 +105,7 @@ async fn run(config: Config, args: NodeArgs, dev_endpoints: Option<Vec<String>>)
         },
         client,
         shutdown,
+        reloaded,
     )
     .await;
     Ok(())
@@ -127,6 +130,36 @@ async fn forward_signals(shutdown: CancellationToken) {
     }
     tracing::warn!("second signal: exiting now");
     std::process::exit(130);
+}
+
+/// SIGHUP re-reads the config file. A file that does not validate is rejected with its error
+/// and the old jobs kept; a changed `[cluster]` or `[etcd]` section needs a restart; anything
+/// else goes to the node, which applies it without giving up its shards.
+async fn reload_on_hangup(running: Config, reloads: tokio::sync::mpsc::UnboundedSender<Config>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut hangups) = signal(SignalKind::hangup()) else {
+        tracing::error!("cannot install the SIGHUP handler; restart the node to reload jobs.toml");
+        return;
+    };
+    while hangups.recv().await.is_some() {
+        let path = running.path.clone();
+        tracing::info!(config = %path.display(), "SIGHUP: reloading jobs.toml");
+        let loaded = tokio::task::spawn_blocking(move || shardcron::config::load(&path)).await;
+        match loaded {
+            Ok(Ok(config)) if config.cluster != running.cluster || config.etcd != running.etcd => {
+                tracing::error!(config = %running.path.display(), "reload refused: the [cluster] or [etcd] section changed; restart the node to apply it (the old jobs keep running)");
+            }
+            Ok(Ok(config)) => {
+                if reloads.send(config).is_err() {
+                    return;
+                }
+            }
+            Ok(Err(err)) => {
+                tracing::error!(error = %err, "reload rejected: the old jobs keep running");
+            }
+            Err(err) => tracing::error!(error = %err, "reload failed: the old jobs keep running"),
+        }
+    }
 }
 
 async fn show_status(config: Config, endpoints_flag: Vec<String>, json: bool) -> Result<()> {

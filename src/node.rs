@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rand::Rng;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -29,29 +29,58 @@ pub struct NodeOptions {
     pub shutdown_grace: Duration,
 }
 
+/// The jobs a node runs, by shard, and the digest of the file they came from. Replaced whole
+/// when a reload brings new jobs.
+pub struct Loaded {
+    pub digest: String,
+    pub by_shard: Vec<Vec<Arc<Job>>>,
+}
+
+impl Loaded {
+    /// The jobs move into their shards: a node with 100,000 jobs holds one copy of each.
+    fn new(config: Config) -> Loaded {
+        let mut by_shard = vec![Vec::new(); config.cluster.shards as usize];
+        for job in config.jobs {
+            let shard = job.shard as usize;
+            by_shard[shard].push(Arc::new(job));
+        }
+        Loaded {
+            digest: config.digest,
+            by_shard,
+        }
+    }
+}
+
 /// Runs the node until `shutdown` is cancelled. Coordination failures are retried forever; only
-/// a shutdown ends this.
-pub async fn run(mut config: Config, options: NodeOptions, client: etcd_client::Client, shutdown: CancellationToken) {
+/// a shutdown ends this. Each config on `reloads` (same `[cluster]`, validated by the caller)
+/// replaces the jobs at the next quiet moment of every term, without giving up a shard.
+pub async fn run(
+    config: Config,
+    options: NodeOptions,
+    client: etcd_client::Client,
+    shutdown: CancellationToken,
+    mut reloads: mpsc::UnboundedReceiver<Config>,
+) {
     let keys = Keys::new(&config.cluster.name);
     let (runs, result_writer) = Runs::new(client.clone(), keys.clone());
     let job_count = config.jobs.len();
-    // The jobs move into their shards: a node with 100,000 jobs holds one copy of each.
-    let jobs_by_shard = Arc::new(jobs_by_shard(config.cluster.shards, std::mem::take(&mut config.jobs)));
+    let cluster = config.cluster.clone();
+    let (loaded_sender, loaded) = watch::channel(Arc::new(Loaded::new(config)));
     let claim_lead = ClaimLead::new();
     let started_at = crate::clock::now();
     tracing::info!(
         node = %options.node_id,
-        cluster = %config.cluster.name,
-        shards = config.cluster.shards,
+        cluster = %cluster.name,
+        shards = cluster.shards,
         jobs = job_count,
-        lease_ttl = ?config.cluster.lease_ttl,
+        lease_ttl = ?cluster.lease_ttl,
         "node starting"
     );
 
     let mut backoff = Backoff::new();
     while !shutdown.is_cancelled() {
         let session = tokio::select! {
-            opened = Session::open(&client, config.cluster.lease_ttl) => opened,
+            opened = Session::open(&client, cluster.lease_ttl) => opened,
             _ = shutdown.cancelled() => break,
         };
         let session = match session {
@@ -68,8 +97,8 @@ pub async fn run(mut config: Config, options: NodeOptions, client: etcd_client::
         tracing::info!(lease = format!("{:x}", session.lease()), ttl = ?session.ttl(), "session open; campaigning for every shard");
         let member = Member {
             version: env!("CARGO_PKG_VERSION").to_string(),
-            digest: config.digest.clone(),
-            shards: config.cluster.shards,
+            digest: loaded.borrow().digest.clone(),
+            shards: cluster.shards,
             started_at,
         };
         if let Err(err) = fleet::register(&session, &keys, &options.node_id, &member).await {
@@ -86,25 +115,33 @@ pub async fn run(mut config: Config, options: NodeOptions, client: etcd_client::
         shards.spawn(keep_fleet_view(
             session.clone(),
             keys.clone(),
-            config.cluster.shards,
+            cluster.shards,
             view_sender,
+            shutdown.clone(),
+        ));
+        shards.spawn(register_reloads(
+            session.clone(),
+            keys.clone(),
+            options.node_id.clone(),
+            member,
+            loaded.clone(),
             shutdown.clone(),
         ));
         shards.spawn(warn_on_drift(
             view.clone(),
-            config.digest.clone(),
+            loaded.clone(),
             options.node_id.clone(),
             session.clone(),
             shutdown.clone(),
         ));
-        for shard in 0..config.cluster.shards {
+        for shard in 0..cluster.shards {
             let shard_task = ShardTask {
                 shard,
-                shards: config.cluster.shards,
+                shards: cluster.shards,
                 session: session.clone(),
                 keys: keys.clone(),
                 node_id: options.node_id.clone(),
-                jobs: jobs_by_shard[shard as usize].clone(),
+                jobs: loaded.clone(),
                 runs: runs.clone(),
                 stop: shutdown.clone(),
                 claim_lead: claim_lead.clone(),
@@ -112,9 +149,12 @@ pub async fn run(mut config: Config, options: NodeOptions, client: etcd_client::
             };
             shards.spawn(shard_task.run());
         }
-        tokio::select! {
-            _ = session.lost().cancelled() => {}
-            _ = shutdown.cancelled() => {}
+        loop {
+            tokio::select! {
+                _ = session.lost().cancelled() => break,
+                _ = shutdown.cancelled() => break,
+                Some(config) = reloads.recv() => apply_reload(config, &cluster, &loaded_sender),
+            }
         }
         // Terms see the same tokens and end promptly; waiting for them guarantees no claim is
         // in flight when the lease is revoked.
@@ -171,7 +211,7 @@ async fn keep_fleet_view(
 /// Logs each member whose jobs.toml differs from this node's, once per digest.
 async fn warn_on_drift(
     mut view: watch::Receiver<FleetView>,
-    digest: String,
+    mut loaded: watch::Receiver<Arc<Loaded>>,
     me: String,
     session: Session,
     shutdown: CancellationToken,
@@ -179,28 +219,54 @@ async fn warn_on_drift(
     let mut reported = std::collections::BTreeSet::new();
     loop {
         {
+            let digest = loaded.borrow_and_update().digest.clone();
             let current = view.borrow_and_update();
             for (id, member) in fleet::drifted(&current, &digest) {
-                if reported.insert((id.to_string(), member.digest.clone())) {
+                if reported.insert((id.to_string(), member.digest.clone(), digest.clone())) {
                     tracing::warn!(node = %me, other = id, its_digest = %member.digest, our_digest = %digest, its_shards = member.shards, "config drift: this member runs a different jobs.toml");
                 }
             }
         }
         tokio::select! {
             changed = view.changed() => if changed.is_err() { return },
+            changed = loaded.changed() => if changed.is_err() { return },
             _ = session.lost().cancelled() => return,
             _ = shutdown.cancelled() => return,
         }
     }
 }
 
-fn jobs_by_shard(shards: u32, jobs: Vec<Job>) -> Vec<Vec<Arc<Job>>> {
-    let mut by_shard = vec![Vec::new(); shards as usize];
-    for job in jobs {
-        let shard = job.shard as usize;
-        by_shard[shard].push(Arc::new(job));
+/// Swaps in a reloaded config's jobs. A changed `[cluster]` needs a restart: the caller
+/// checks, and this refuses too rather than run jobs sharded for another shard count.
+fn apply_reload(config: Config, cluster: &crate::config::Cluster, loaded: &watch::Sender<Arc<Loaded>>) {
+    if config.cluster != *cluster {
+        tracing::error!("reload refused: the [cluster] section changed; restart the node to apply it");
+        return;
     }
-    by_shard
+    tracing::info!(jobs = config.jobs.len(), digest = %config.digest, "reloaded jobs.toml: terms take the new jobs between ticks, keeping their shards");
+    loaded.send_replace(Arc::new(Loaded::new(config)));
+}
+
+/// Registers this node again with the new digest whenever a reload changes the jobs.
+async fn register_reloads(
+    session: Session,
+    keys: Keys,
+    node_id: String,
+    mut member: Member,
+    mut loaded: watch::Receiver<Arc<Loaded>>,
+    shutdown: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            changed = loaded.changed() => if changed.is_err() { return },
+            _ = session.lost().cancelled() => return,
+            _ = shutdown.cancelled() => return,
+        }
+        member.digest = loaded.borrow_and_update().digest.clone();
+        if let Err(err) = fleet::register(&session, &keys, &node_id, &member).await {
+            tracing::warn!(error = %err, "cannot update this node's registration after a reload; others see the old digest until the next session");
+        }
+    }
 }
 
 /// Campaigns for one shard and leads it whenever elected, until the session ends.
@@ -210,7 +276,7 @@ struct ShardTask {
     session: Session,
     keys: Keys,
     node_id: String,
-    jobs: Vec<Arc<Job>>,
+    jobs: watch::Receiver<Arc<Loaded>>,
     runs: Runs,
     stop: CancellationToken,
     claim_lead: ClaimLead,
@@ -218,7 +284,7 @@ struct ShardTask {
 }
 
 impl ShardTask {
-    async fn run(self) {
+    async fn run(mut self) {
         let prefix = self.keys.election_prefix(self.shards, self.shard);
         let mut backoff = Backoff::new();
         loop {
@@ -238,39 +304,47 @@ impl ShardTask {
                 }
             };
             backoff.reset();
-            tracing::info!(
-                shard = self.shard,
-                fence = leadership.fence,
-                jobs = self.jobs.len(),
-                "leading shard"
-            );
-            let term = Term {
-                session: self.session.clone(),
-                keys: self.keys.clone(),
-                election_prefix: prefix.clone(),
-                node_id: self.node_id.clone(),
-                jobs: self.jobs.clone(),
-                runs: self.runs.clone(),
-                stop: self.stop.clone(),
-                leadership,
-                claim_lead: self.claim_lead.clone(),
-                shards: self.shards,
-                fleet: self.fleet.clone(),
-                leading: CancellationToken::new(),
-            };
-            let shards_led = &crate::metrics::get().shards_led;
-            shards_led.inc();
-            let end = term.lead().await;
-            shards_led.dec();
-            tracing::info!(shard = self.shard, fence = term.leadership.fence, reason = ?end, "term ended");
-            match end {
-                TermEnd::Deposed => continue,
-                TermEnd::HandedOff => {
-                    if let Err(err) = election::resign(&self.session, &term.leadership).await {
-                        tracing::warn!(shard = self.shard, error = %err, "could not resign; the claims still keep each tick once");
+            let mut leadership = Some(leadership);
+            // One leadership may span several terms: a reload ends a term between ticks and the
+            // next one leads on with the new jobs, without resigning.
+            while let Some(held) = leadership.take() {
+                let jobs = self.jobs.borrow_and_update().by_shard[self.shard as usize].clone();
+                tracing::info!(
+                    shard = self.shard,
+                    fence = held.fence,
+                    jobs = jobs.len(),
+                    "leading shard"
+                );
+                let term = Term {
+                    session: self.session.clone(),
+                    keys: self.keys.clone(),
+                    election_prefix: prefix.clone(),
+                    node_id: self.node_id.clone(),
+                    jobs,
+                    jobs_reloaded: self.jobs.clone(),
+                    runs: self.runs.clone(),
+                    stop: self.stop.clone(),
+                    leadership: held,
+                    claim_lead: self.claim_lead.clone(),
+                    shards: self.shards,
+                    fleet: self.fleet.clone(),
+                    leading: CancellationToken::new(),
+                };
+                let shards_led = &crate::metrics::get().shards_led;
+                shards_led.inc();
+                let end = term.lead().await;
+                shards_led.dec();
+                tracing::info!(shard = self.shard, fence = term.leadership.fence, reason = ?end, "term ended");
+                match end {
+                    TermEnd::JobsReloaded => leadership = Some(term.leadership),
+                    TermEnd::Deposed => {}
+                    TermEnd::HandedOff => {
+                        if let Err(err) = election::resign(&self.session, &term.leadership).await {
+                            tracing::warn!(shard = self.shard, error = %err, "could not resign; the claims still keep each tick once");
+                        }
                     }
+                    TermEnd::Stopped | TermEnd::SessionLost => return,
                 }
-                TermEnd::Stopped | TermEnd::SessionLost => return,
             }
         }
     }

@@ -188,3 +188,83 @@ fn metrics_are_scraped_over_http_and_json_logs_carry_the_run_fields() {
         "{output}"
     );
 }
+
+#[test]
+fn sighup_reloads_jobs_without_giving_up_shards_and_rejects_bad_files() {
+    let mut world = World::new();
+    let record = world.record_command();
+    let every_second = |name: &str| {
+        (
+            name.to_string(),
+            format!("schedule = \"* * * * * *\"\ncommand = '{record}'"),
+        )
+    };
+    let (first, second) = (every_second("first"), every_second("second"));
+    let config = write_jobs(&world, &[(&first.0, first.1.clone())]);
+    world.start_node("a", &config);
+    wait_for(Duration::from_secs(30), "first runs", || {
+        world.runs().iter().any(|run| run.job == "first")
+    });
+    // `status` reads its own copy: the node's file is about to be broken on purpose.
+    let status_config = world.dir.path().join("status.toml");
+    std::fs::copy(&config, &status_config).unwrap();
+    let fences = |world: &World| -> Vec<Option<i64>> {
+        world.status(&status_config)["shards"]
+            .as_array()
+            .map(|shards| shards.iter().map(|shard| shard["fence"].as_i64()).collect())
+            .unwrap_or_default()
+    };
+    let before = fences(&world);
+    assert!(before.iter().all(Option::is_some), "{before:?}");
+
+    step("swap first for second, SIGHUP");
+    write_jobs(&world, &[(&second.0, second.1.clone())]);
+    world.nodes[0].signal(libc::SIGHUP);
+    let reloaded_at = now_secs();
+    wait_for(Duration::from_secs(15), "second runs", || {
+        world.runs().iter().any(|run| run.job == "second")
+    });
+    wait_for(Duration::from_secs(10), "2 s with the new jobs", || {
+        now_secs() > reloaded_at + 2.0
+    });
+    let runs = world.runs();
+    assert!(
+        runs.iter()
+            .filter(|run| run.job == "first")
+            .all(|run| run.started < reloaded_at + 1.5),
+        "the removed job stopped"
+    );
+    assert_eq!(fences(&world), before, "every shard kept its leader and fence");
+    assert_each_tick_once(&runs, "second", 1);
+
+    step("an invalid file is rejected and the jobs go on");
+    std::fs::write(
+        &config,
+        "[cluster]\nname = \"ops\"\nshards = 2\n[jobs.broken]\ncomand = \"true\"\n",
+    )
+    .unwrap();
+    world.nodes[0].signal(libc::SIGHUP);
+    wait_for(Duration::from_secs(10), "the rejection is logged", || {
+        world.nodes[0].log_text().contains("reload rejected")
+    });
+    let rejected_at = now_secs();
+
+    step("a changed [cluster] asks for a restart");
+    write_jobs(&world, &[(&second.0, second.1.clone())]);
+    let more_shards = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace("shards = 2", "shards = 3");
+    std::fs::write(&config, more_shards).unwrap();
+    world.nodes[0].signal(libc::SIGHUP);
+    wait_for(Duration::from_secs(10), "the refusal is logged", || {
+        world.nodes[0].log_text().contains("restart the node to apply it")
+    });
+    wait_for(Duration::from_secs(10), "second runs on", || {
+        world
+            .runs()
+            .iter()
+            .any(|run| run.job == "second" && run.started > rejected_at + 2.0)
+    });
+    assert_eq!(fences(&world), before, "no reload gave up a shard");
+    assert_each_tick_once(&world.runs(), "second", 1);
+}

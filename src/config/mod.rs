@@ -35,7 +35,7 @@ pub struct Config {
     pub digest: String,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Cluster {
     pub name: String,
     pub shards: u32,
@@ -43,7 +43,7 @@ pub struct Cluster {
     pub timezone: Tz,
 }
 
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Etcd {
     pub endpoints: Vec<String>,
     pub username: Option<String>,
@@ -52,7 +52,7 @@ pub struct Etcd {
     pub tls: Option<EtcdTls>,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct EtcdTls {
     pub ca: Option<PathBuf>,
     pub cert: Option<PathBuf>,
@@ -115,6 +115,19 @@ pub const DEFAULT_RETRY_BACKOFF: Duration = Duration::from_secs(1);
 pub const MAX_RETRY_BACKOFF: Duration = Duration::from_secs(300);
 /// At most this many retries per tick: a job that needs more is failing, not flaky.
 pub const MAX_RETRIES: i64 = 100;
+
+impl Config {
+    /// The config without its jobs: what a node compares a reloaded file against.
+    pub fn clone_without_jobs(&self) -> Config {
+        Config {
+            path: self.path.clone(),
+            cluster: self.cluster.clone(),
+            etcd: self.etcd.clone(),
+            jobs: Vec::new(),
+            digest: self.digest.clone(),
+        }
+    }
+}
 
 /// A config that cannot be used, located as precisely as the file allows.
 #[derive(Debug, Clone, PartialEq, Eq)]
