@@ -11,12 +11,50 @@ use crate::config::Etcd;
 /// retry after a failure can never double a write that a guard would reject.
 #[derive(Debug, thiserror::Error)]
 pub enum CoordError {
+    // Not marked as the source: the message already carries it, and error chains would print
+    // it twice.
     #[error("etcd: {0}")]
-    Etcd(#[from] etcd_client::Error),
+    Etcd(etcd_client::Error),
     #[error("etcd did not answer within {0:?}")]
     Timeout(Duration),
     #[error("etcd answered with something unexpected: {0}")]
     Protocol(String),
+}
+
+impl From<etcd_client::Error> for CoordError {
+    fn from(err: etcd_client::Error) -> Self {
+        CoordError::Etcd(err)
+    }
+}
+
+impl CoordError {
+    /// Whether etcd, or the TLS handshake with it, refused this client's credentials: a wrong
+    /// password, an unknown user, a certificate from another authority. Retrying cannot help
+    /// until the operator fixes the config, unlike an etcd that is down or out of reach.
+    pub fn is_refusal(&self) -> bool {
+        let CoordError::Etcd(err) = self else {
+            return false;
+        };
+        if let etcd_client::Error::GRpcStatus(status) = err {
+            use tonic::Code;
+            if matches!(
+                status.code(),
+                Code::InvalidArgument | Code::Unauthenticated | Code::PermissionDenied
+            ) {
+                return true;
+            }
+        }
+        // A failed handshake reaches us as a transport error; its source chain says why.
+        let detail = format!("{err:?}").to_ascii_lowercase();
+        detail.contains("certificate") || detail.contains("handshake")
+    }
+}
+
+/// A read of `key` that needs a working, authorised connection: what a node tries once at
+/// start, so a refused credential ends the start with a clear error instead of endless retries.
+pub async fn probe(client: &Client, key: &str) -> Result<(), CoordError> {
+    let options = etcd_client::GetOptions::new().with_keys_only().with_limit(1);
+    call(client.clone().get(key, Some(options))).await.map(|_| ())
 }
 
 /// How long one unary etcd call may take. A connection cut by a dropping firewall hangs rather

@@ -14,12 +14,24 @@ pub struct EtcdServer {
     dir: tempfile::TempDir,
     bin: PathBuf,
     initial_cluster: String,
+    tls: Option<ServerTls>,
+}
+
+/// Certificates for an etcd that serves its clients over TLS and asks them for a certificate
+/// signed by `ca`: what the tests of `[etcd.tls]` run against.
+#[derive(Debug, Clone)]
+pub struct ServerTls {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub ca: PathBuf,
 }
 
 struct Member {
     name: String,
     client_port: u16,
     peer_port: u16,
+    /// Plain-HTTP `/health` and `/metrics`, also when clients speak TLS.
+    metrics_port: u16,
     child: Option<Child>,
 }
 
@@ -44,14 +56,24 @@ impl EtcdServer {
         Self::start_cluster(bin, 1)
     }
 
+    /// Starts a single-member etcd whose clients must use TLS with a client certificate.
+    pub fn start_tls(bin: &Path, tls: ServerTls) -> Result<EtcdServer, EtcdServerError> {
+        Self::start_with(bin, 1, Some(tls))
+    }
+
     /// Starts `size` members on loopback and waits until each is healthy.
     pub fn start_cluster(bin: &Path, size: usize) -> Result<EtcdServer, EtcdServerError> {
+        Self::start_with(bin, size, None)
+    }
+
+    fn start_with(bin: &Path, size: usize, tls: Option<ServerTls>) -> Result<EtcdServer, EtcdServerError> {
         let mut members = Vec::with_capacity(size);
         for index in 0..size {
             members.push(Member {
                 name: format!("member{index}"),
                 client_port: free_port()?,
                 peer_port: free_port()?,
+                metrics_port: free_port()?,
                 child: None,
             });
         }
@@ -65,6 +87,7 @@ impl EtcdServer {
             dir: tempfile::Builder::new().prefix("shardcron-etcd-").tempdir()?,
             bin: bin.to_path_buf(),
             initial_cluster,
+            tls,
         };
         for index in 0..size {
             server.spawn(index)?;
@@ -77,8 +100,20 @@ impl EtcdServer {
 
     fn spawn(&mut self, index: usize) -> Result<(), EtcdServerError> {
         let member = &self.members[index];
-        let client = format!("http://127.0.0.1:{}", member.client_port);
+        let client = self.client_url_of(index);
         let peer = format!("http://127.0.0.1:{}", member.peer_port);
+        let tls_args: Vec<String> = self
+            .tls
+            .iter()
+            .flat_map(|tls| {
+                [
+                    format!("--cert-file={}", tls.cert.display()),
+                    format!("--key-file={}", tls.key.display()),
+                    format!("--trusted-ca-file={}", tls.ca.display()),
+                    "--client-cert-auth".to_string(),
+                ]
+            })
+            .collect();
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -88,6 +123,11 @@ impl EtcdServer {
             .arg(format!("--data-dir={}", self.dir.path().join(&member.name).display()))
             .arg(format!("--listen-client-urls={client}"))
             .arg(format!("--advertise-client-urls={client}"))
+            .arg(format!(
+                "--listen-metrics-urls=http://127.0.0.1:{}",
+                member.metrics_port
+            ))
+            .args(tls_args)
             .arg(format!("--listen-peer-urls={peer}"))
             .arg(format!("--initial-advertise-peer-urls={peer}"))
             .arg(format!("--initial-cluster={}", self.initial_cluster))
@@ -115,7 +155,8 @@ impl EtcdServer {
     }
 
     pub fn client_url_of(&self, index: usize) -> String {
-        format!("http://127.0.0.1:{}", self.members[index].client_port)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.members[index].client_port)
     }
 
     /// Every member's client URL.
@@ -221,7 +262,7 @@ impl EtcdServer {
     }
 
     fn http_get(&self, index: usize, path: &str) -> Option<String> {
-        let port = self.members[index].client_port;
+        let port = self.members[index].metrics_port;
         let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
         stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
         let request = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n");

@@ -81,13 +81,13 @@ async fn run(config: Config, args: NodeArgs, dev_endpoints: Option<Vec<String>>)
             .into_owned(),
     };
     let options = etcd::connect_options(&config.etcd)?;
-    let client = etcd::connect(&endpoints, options)
-        .await
-        .with_context(|| format!("cannot set up an etcd client for {endpoints:?}"))?;
-    tracing::info!(endpoints = ?endpoints, config = %config.path.display(), digest = %config.digest, "connecting to etcd");
-
     let shutdown = CancellationToken::new();
     tokio::spawn(forward_signals(shutdown.clone()));
+    tracing::info!(endpoints = ?endpoints, config = %config.path.display(), digest = %config.digest, "connecting to etcd");
+    let probe_key = shardcron::keys::Keys::new(&config.cluster.name).nodes_prefix();
+    let Some(client) = connect(&endpoints, options, &probe_key, &shutdown).await? else {
+        return Ok(());
+    };
     let (reloads, reloaded) = tokio::sync::mpsc::unbounded_channel();
     tokio::spawn(reload_on_hangup(config.clone_without_jobs(), reloads));
     if let Some(addr) = args.metrics_addr {
@@ -132,6 +132,42 @@ async fn forward_signals(shutdown: CancellationToken) {
     std::process::exit(130);
 }
 
+/// Connects to etcd, retrying with backoff while it is out of reach, until `shutdown`. A refused
+/// credential (password, certificate) ends the start: no retry can fix it.
+async fn connect(
+    endpoints: &[String],
+    options: etcd_client::ConnectOptions,
+    probe_key: &str,
+    shutdown: &CancellationToken,
+) -> Result<Option<etcd_client::Client>> {
+    let refused = |err: etcd::CoordError| {
+        anyhow::Error::new(err).context(format!(
+            "etcd at {endpoints:?} refused this node's credentials; check [etcd] username, password_env and tls"
+        ))
+    };
+    let mut backoff = node::Backoff::new();
+    loop {
+        let attempt = match etcd::connect(endpoints, options.clone()).await {
+            Ok(client) => match etcd::probe(&client, probe_key).await {
+                Ok(()) => return Ok(Some(client)),
+                Err(err) if err.is_refusal() => return Err(refused(err)),
+                Err(err) => {
+                    tracing::warn!(error = %err, "etcd does not answer yet; starting anyway, the node retries with backoff");
+                    return Ok(Some(client));
+                }
+            },
+            Err(err) if err.is_refusal() => return Err(refused(err)),
+            Err(err) => err,
+        };
+        let wait = backoff.next_delay();
+        tracing::warn!(error = %attempt, retry_in = ?wait, "cannot connect to etcd; retrying");
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = shutdown.cancelled() => return Ok(None),
+        }
+    }
+}
+
 /// SIGHUP re-reads the config file. A file that does not validate is rejected with its error
 /// and the old jobs kept; a changed `[cluster]` or `[etcd]` section needs a restart; anything
 /// else goes to the node, which applies it without giving up its shards.
@@ -164,7 +200,9 @@ async fn reload_on_hangup(running: Config, reloads: tokio::sync::mpsc::Unbounded
 
 async fn show_status(config: Config, endpoints_flag: Vec<String>, json: bool) -> Result<()> {
     let endpoints = endpoints(&config, endpoints_flag);
-    let client = etcd::connect(&endpoints, etcd::connect_options(&config.etcd)?).await?;
+    let client = etcd::connect(&endpoints, etcd::connect_options(&config.etcd)?)
+        .await
+        .with_context(|| format!("cannot connect to etcd at {endpoints:?}"))?;
     let status = status::read(&config, &client)
         .await
         .with_context(|| format!("cannot read the cluster state from etcd at {endpoints:?}"))?;

@@ -87,7 +87,11 @@ pub async fn run(
             Ok(session) => session,
             Err(err) => {
                 let wait = backoff.next_delay();
-                tracing::warn!(error = %err, retry_in = ?wait, "cannot open an etcd session; retrying");
+                if err.is_refusal() {
+                    tracing::error!(error = %err, retry_in = ?wait, "etcd refused this node's credentials; fix [etcd] username, password_env or tls; retrying");
+                } else {
+                    tracing::warn!(error = %err, retry_in = ?wait, "cannot open an etcd session; retrying");
+                }
                 tokio::select! {
                     _ = tokio::time::sleep(wait) => continue,
                     _ = shutdown.cancelled() => break,

@@ -34,9 +34,14 @@ impl World {
     pub fn with_etcd_members(members: usize) -> World {
         let etcd =
             EtcdServer::start_cluster(Path::new("etcd"), members).expect("start etcd (apt-get install etcd-server)");
+        World::with_etcd(etcd, tempfile::tempdir().expect("temp dir"))
+    }
+
+    /// A world around an etcd the test started itself, with `dir` for its files.
+    pub fn with_etcd(etcd: EtcdServer, dir: tempfile::TempDir) -> World {
         World {
             etcd,
-            dir: tempfile::tempdir().expect("temp dir"),
+            dir,
             nodes: Vec::new(),
         }
     }
@@ -92,6 +97,15 @@ impl World {
     }
 
     pub fn start_node_with(&mut self, id: &str, config: &Path, extra_args: &[&str]) -> usize {
+        self.start_node_full(id, config, extra_args, &[])
+    }
+
+    /// Starts a node with extra environment variables.
+    pub fn start_node_env(&mut self, id: &str, config: &Path, env: &[(&str, &str)]) -> usize {
+        self.start_node_full(id, config, &[], env)
+    }
+
+    fn start_node_full(&mut self, id: &str, config: &Path, extra_args: &[&str], env: &[(&str, &str)]) -> usize {
         let log = self.dir.path().join(format!("{id}.log"));
         let log_file = std::fs::OpenOptions::new()
             .create(true)
@@ -102,6 +116,7 @@ impl World {
             .args(["run", "--node-id", id, "--shutdown-grace", "5s", "--config"])
             .arg(config)
             .args(extra_args)
+            .envs(env.iter().copied())
             .env("SHARDCRON_LOG", "info,shardcron=debug")
             .stdin(Stdio::null())
             .stdout(log_file.try_clone().expect("log"))
