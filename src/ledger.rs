@@ -94,17 +94,23 @@ pub async fn read_claims(session: &Session, keys: &Keys, jobs: &[&str]) -> Resul
     Ok(seen)
 }
 
-/// Claims ticks in one guarded transaction. `Ok(Some(revision))` is the new mod revision of every
-/// claimed record; `Ok(None)` means a guard failed and nothing was written.
+/// Claims ticks in one guarded transaction, which also writes `results` of earlier runs of the
+/// shard's jobs. `Ok(Some(revision))` is the new mod revision of every claimed record; `Ok(None)`
+/// means a guard failed and nothing was written.
 pub async fn claim(
     session: &Session,
     keys: &Keys,
     leadership: &Leadership,
     requests: &[ClaimRequest],
+    results: &[(&str, &RunRecord)],
 ) -> Result<Option<i64>, CoordError> {
-    debug_assert!(requests.len() <= MAX_OPS_PER_TXN);
+    debug_assert!(requests.len() + results.len() <= MAX_OPS_PER_TXN);
     let mut compares = vec![leadership.guard()];
-    let mut puts = Vec::with_capacity(requests.len());
+    let mut puts = Vec::with_capacity(requests.len() + results.len());
+    for (job, record) in results {
+        let value = serde_json::to_vec(record).map_err(|err| CoordError::Protocol(err.to_string()))?;
+        puts.push(TxnOp::put(keys.job_result(job), value, None));
+    }
     for request in requests {
         let key = keys.job_last(&request.job);
         compares.push(Compare::mod_revision(

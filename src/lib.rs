@@ -13,7 +13,8 @@
 //! - [`catch_up`]: which missed ticks a new leader runs.
 //! - [`leader`]: one term of one shard: the firing loop.
 //! - [`runner`]: running one tick's command in its own process group.
-//! - [`runs`]: this node's runs: overlap, shutdown grace, result batching.
+//! - [`results`]: run results riding on claims, the rest written after a short window.
+//! - [`runs`]: this node's runs: overlap policies, shutdown grace.
 //! - [`node`]: session, campaigns and terms of one node process.
 //! - [`metrics`]: Prometheus metrics and their `/metrics` endpoint.
 //! - [`status`]: what `shardcron status` reads and prints.
@@ -33,6 +34,7 @@ pub mod leader;
 pub mod ledger;
 pub mod metrics;
 pub mod node;
+pub mod results;
 pub mod runner;
 pub mod runs;
 pub mod schedule;

@@ -1,12 +1,11 @@
 //! The runs of this node: starting them with the overlap policy, waiting for them at
-//! shutdown, and writing their results to etcd in batches.
+//! shutdown, and handing their results to the [`crate::results`] queue.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -14,11 +13,9 @@ use tokio_util::task::TaskTracker;
 use crate::clock;
 use crate::config::Overlap;
 use crate::keys::Keys;
-use crate::ledger::{self, RunRecord};
+use crate::ledger::RunRecord;
+use crate::results::{write_leftovers, ResultQueue};
 use crate::runner::{self, Tick};
-
-/// Results are batched for this long, so a burst of runs costs one etcd write.
-const RESULT_BATCH_WINDOW: Duration = Duration::from_millis(250);
 
 /// Runs started on this node. Cheap to clone.
 #[derive(Clone)]
@@ -27,7 +24,8 @@ pub struct Runs {
     jobs: Arc<Mutex<HashMap<String, JobRuns>>>,
     /// Cancelled when the shutdown grace is over: running commands are killed.
     kill: CancellationToken,
-    results: mpsc::UnboundedSender<(String, RunRecord)>,
+    results: Arc<ResultQueue>,
+    results_closed: CancellationToken,
 }
 
 /// One job's runs on this node.
@@ -44,17 +42,29 @@ struct JobRuns {
 }
 
 impl Runs {
-    /// Starts the result writer; it ends once every clone of the returned `Runs` is dropped.
+    /// Starts the writer of results that no claim carries; it ends after [`Runs::drain`].
     pub fn new(client: etcd_client::Client, keys: Keys) -> (Runs, JoinHandle<()>) {
-        let (results, receiver) = mpsc::unbounded_channel();
-        let writer = tokio::spawn(write_results(client, keys, receiver));
+        let results = Arc::new(ResultQueue::default());
+        let results_closed = CancellationToken::new();
+        let writer = tokio::spawn(write_leftovers(
+            Arc::clone(&results),
+            client,
+            keys,
+            results_closed.clone(),
+        ));
         let runs = Runs {
             tracker: TaskTracker::new(),
             jobs: Arc::default(),
             kill: CancellationToken::new(),
             results,
+            results_closed,
         };
         (runs, writer)
+    }
+
+    /// Results waiting to be written, for a claim of their shard to carry.
+    pub fn results(&self) -> &ResultQueue {
+        &self.results
     }
 
     /// Runs `ticks` of one job one after another (a catch-up runs missed ticks in order).
@@ -147,26 +157,25 @@ impl Runs {
 
     fn report(&self, tick: &Tick, record: RunRecord) {
         crate::metrics::get().record_run(&tick.job.name, &record);
-        // The writer only stops after every sender is gone, so this cannot fail while we live.
-        let _ = self.results.send((tick.job.name.clone(), record));
+        self.results.push(&tick.job.name, tick.job.shard, record);
     }
 
     /// Waits for running commands up to `grace`, then kills their process groups and waits for
-    /// them to exit.
+    /// them to exit; then the result writer writes what is left and ends.
     pub async fn drain(&self, grace: Duration) {
         self.tracker.close();
-        if self.tracker.is_empty() {
-            return;
+        if !self.tracker.is_empty() {
+            tracing::info!(running = self.tracker.len(), grace = ?grace, "waiting for running commands");
+            if tokio::time::timeout(grace, self.tracker.wait()).await.is_err() {
+                tracing::warn!(
+                    running = self.tracker.len(),
+                    "shutdown grace is over: killing the remaining commands"
+                );
+                self.kill.cancel();
+                self.tracker.wait().await;
+            }
         }
-        tracing::info!(running = self.tracker.len(), grace = ?grace, "waiting for running commands");
-        if tokio::time::timeout(grace, self.tracker.wait()).await.is_err() {
-            tracing::warn!(
-                running = self.tracker.len(),
-                "shutdown grace is over: killing the remaining commands"
-            );
-            self.kill.cancel();
-            self.tracker.wait().await;
-        }
+        self.results_closed.cancel();
     }
 }
 
@@ -181,40 +190,5 @@ fn not_run(tick: &Tick, outcome: &str) -> RunRecord {
         duration_ms: 0,
         finished_at: clock::now(),
         attempts: 0,
-    }
-}
-
-/// Collects results for a short window and writes each job's newest in one transaction.
-async fn write_results(
-    client: etcd_client::Client,
-    keys: Keys,
-    mut receiver: mpsc::UnboundedReceiver<(String, RunRecord)>,
-) {
-    while let Some(first) = receiver.recv().await {
-        let mut batch: HashMap<String, RunRecord> = HashMap::new();
-        let mut add = |(job, record): (String, RunRecord)| {
-            let newer = batch
-                .get(&job)
-                .is_none_or(|held| held.scheduled_at <= record.scheduled_at);
-            if newer {
-                batch.insert(job, record);
-            }
-        };
-        add(first);
-        let window = tokio::time::sleep(RESULT_BATCH_WINDOW);
-        tokio::pin!(window);
-        loop {
-            tokio::select! {
-                _ = &mut window => break,
-                next = receiver.recv() => match next {
-                    Some(entry) => add(entry),
-                    None => break,
-                },
-            }
-        }
-        let batch: Vec<(String, RunRecord)> = batch.into_iter().collect();
-        if let Err(err) = ledger::record_runs(&client, &keys, &batch).await {
-            tracing::warn!(error = %err, runs = batch.len(), "could not record run results in etcd (the runs themselves happened and were logged)");
-        }
     }
 }

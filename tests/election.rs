@@ -58,16 +58,16 @@ async fn a_claim_with_a_stale_fence_is_rejected_by_etcd() {
     );
 
     support::step("a's late claim is rejected; b's succeeds");
-    let stale = ledger::claim(&session_b, &keys, &leader_a, &[request("a", leader_a.fence, 0)])
+    let stale = ledger::claim(&session_b, &keys, &leader_a, &[request("a", leader_a.fence, 0)], &[])
         .await
         .unwrap();
     assert_eq!(stale, None, "a claim guarded by the old leader key must fail");
-    let fresh = ledger::claim(&session_b, &keys, &leader_b, &[request("b", leader_b.fence, 0)])
+    let fresh = ledger::claim(&session_b, &keys, &leader_b, &[request("b", leader_b.fence, 0)], &[])
         .await
         .unwrap();
     assert!(fresh.is_some());
     support::step("a second claim from the same read is rejected too");
-    let again = ledger::claim(&session_b, &keys, &leader_b, &[request("b", leader_b.fence, 0)])
+    let again = ledger::claim(&session_b, &keys, &leader_b, &[request("b", leader_b.fence, 0)], &[])
         .await
         .unwrap();
     assert_eq!(again, None, "the record changed since it was read");
