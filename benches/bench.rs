@@ -345,7 +345,9 @@ fn bench_failover() {
 
 fn bench_etcd_cost() {
     println!("\n### etcd cost: raft proposals committed per run (one node, per-second jobs, 10 s window)\n");
-    println!("| jobs | shards | runs | proposals | per run | per shard per instant | lease renewals (one node) | target |");
+    println!(
+        "| jobs | shards | runs | proposals | per run | per shard per instant | lease renewals (one node) | target |"
+    );
     println!("|---|---|---|---|---|---|---|---|");
     for (jobs, shards) in [(20usize, 4u32), (200, 16)] {
         let mut world = World::new();

@@ -168,6 +168,34 @@ fn metrics_are_scraped_over_http_and_json_logs_carry_the_run_fields() {
     let (status, _) = http_get(port, "/other");
     assert!(status.contains("404"), "{status}");
 
+    step("status prints readable tables by default");
+    let out = std::process::Command::new(SHARDCRON)
+        .args(["status", "--config"])
+        .arg(&config)
+        .output()
+        .expect("run status");
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for heading in [
+        "NODE",
+        "LEADS",
+        "SHARD",
+        "LEADER",
+        "FENCE",
+        "JOB",
+        "LAST TICK",
+        "OUTCOME",
+        "NEXT",
+    ] {
+        assert!(table.contains(heading), "{heading} missing from:\n{table}");
+    }
+    assert!(
+        table
+            .lines()
+            .any(|line| line.starts_with("bad ") && line.contains("exited") && line.contains(" 4 ")),
+        "the failing job's row shows its exit code:\n{table}"
+    );
+
     step("every log line is one JSON object; job output carries job, tick, stream and fence");
     let log = world.nodes[0].log_text();
     let lines: Vec<serde_json::Value> = log
