@@ -422,10 +422,11 @@ fn bench_many_shards(shards: u32, nodes: usize) {
         world.start_node(&format!("n{index}"), &config);
     }
     let leaders = |world: &World| -> Vec<Option<String>> {
-        world.status(&config)["shards"]
-            .as_array()
-            .map(|all| all.iter().map(|s| s["leader"].as_str().map(str::to_string)).collect())
-            .unwrap_or_default()
+        world
+            .shard_leaders(&config)
+            .into_iter()
+            .map(|(leader, _)| leader)
+            .collect()
     };
     let mut all_led = None;
     let low = shards as usize / nodes;

@@ -33,20 +33,6 @@ fn start_behind_proxies(world: &mut World, ids: &[&str], config: &Path) -> Vec<P
         .collect()
 }
 
-/// The leader of every shard, from `status --json`.
-fn shard_leaders(world: &World, config: &Path) -> Vec<(Option<String>, Option<i64>)> {
-    let status = world.status(config);
-    status["shards"]
-        .as_array()
-        .map(|shards| {
-            shards
-                .iter()
-                .map(|shard| (shard["leader"].as_str().map(str::to_string), shard["fence"].as_i64()))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 fn every_job_ran_since(world: &World, names: &[String], since: f64, times: usize) -> bool {
     let runs = world.runs();
     names.iter().all(|name| {
@@ -183,8 +169,8 @@ fn a_split_brain_leaves_the_fenced_store_with_one_row_per_tick() {
     let config = world.write_config_running("jobs.toml", 6, ttl, &jobs, &fenced_sqlite_command(&world, &db));
     let ids = ["a", "b", "c"];
     let proxies = start_behind_proxies(&mut world, &ids, &config);
-    wait_for(Duration::from_secs(30), "each node leads 2 shards", || {
-        let leaders = shard_leaders(&world, &config);
+    let each_leads_two = |world: &World| {
+        let leaders = world.shard_leaders(&config);
         ids.iter().all(|id| {
             leaders
                 .iter()
@@ -192,6 +178,9 @@ fn a_split_brain_leaves_the_fenced_store_with_one_row_per_tick() {
                 .count()
                 == 2
         })
+    };
+    wait_for(Duration::from_secs(30), "each node leads 2 shards", || {
+        each_leads_two(&world)
     });
     let settled = now_secs();
     wait_for(Duration::from_secs(20), "every job ran twice", || {
@@ -199,7 +188,7 @@ fn a_split_brain_leaves_the_fenced_store_with_one_row_per_tick() {
     });
 
     // The busiest leader: the node whose shards hold the most jobs.
-    let leaders = shard_leaders(&world, &config);
+    let leaders = world.shard_leaders(&config);
     let jobs_led = |id: &str| {
         names
             .iter()
@@ -229,16 +218,7 @@ fn a_split_brain_leaves_the_fenced_store_with_one_row_per_tick() {
     step("heal");
     proxies[busiest].heal();
     let healed_at = now_secs();
-    wait_for(Duration::from_secs(30), "balanced again", || {
-        let leaders = shard_leaders(&world, &config);
-        ids.iter().all(|id| {
-            leaders
-                .iter()
-                .filter(|(leader, _)| leader.as_deref() == Some(*id))
-                .count()
-                == 2
-        })
-    });
+    wait_for(Duration::from_secs(30), "balanced again", || each_leads_two(&world));
     let balanced_after = now_secs() - healed_at;
     let resumed = now_secs();
     wait_for(Duration::from_secs(20), "3 more seconds of runs", || {
@@ -396,11 +376,12 @@ fn killing_the_etcd_leader_member_doubles_nothing_and_catches_up_delayed_ticks()
     );
 }
 
-#[test]
-fn etcd_restarted_on_its_data_nodes_resume_without_a_lost_or_doubled_tick() {
+/// Two nodes, two per-second `catch_up = "all"` jobs in two shards, both running; returns at the
+/// middle of a second, so a fault lands between ticks.
+fn two_nodes_running_two_jobs(ttl: u64) -> (World, Vec<String>) {
     let mut world = World::new();
     let names = per_second_jobs(2);
-    let config = world.write_config("jobs.toml", 2, 3, &job_list(&names, "catch_up = \"all\""));
+    let config = world.write_config("jobs.toml", 2, ttl, &job_list(&names, "catch_up = \"all\""));
     world.start_node("a", &config);
     world.start_node("b", &config);
     let started = now_secs();
@@ -408,6 +389,12 @@ fn etcd_restarted_on_its_data_nodes_resume_without_a_lost_or_doubled_tick() {
         every_job_ran_since(&world, &names, started, 2)
     });
     sleep_to_mid_second();
+    (world, names)
+}
+
+#[test]
+fn etcd_restarted_on_its_data_nodes_resume_without_a_lost_or_doubled_tick() {
+    let (mut world, names) = two_nodes_running_two_jobs(3);
     step("restart etcd on its data");
     let restarted_at = now_secs();
     world.etcd.kill();
@@ -434,17 +421,7 @@ fn etcd_restarted_on_its_data_nodes_resume_without_a_lost_or_doubled_tick() {
 
 #[test]
 fn etcd_down_for_30s_stops_claims_quietly_and_catches_up_when_it_returns() {
-    let mut world = World::new();
-    let names = per_second_jobs(2);
-    let ttl = 3;
-    let config = world.write_config("jobs.toml", 2, ttl, &job_list(&names, "catch_up = \"all\""));
-    world.start_node("a", &config);
-    world.start_node("b", &config);
-    let started = now_secs();
-    wait_for(Duration::from_secs(30), "every job ran twice", || {
-        every_job_ran_since(&world, &names, started, 2)
-    });
-    sleep_to_mid_second();
+    let (mut world, names) = two_nodes_running_two_jobs(3);
     step("stop etcd for 30 s");
     let down_at = now_secs();
     let cpu_before: Vec<f64> = world.nodes.iter().map(Node::cpu_seconds).collect();
@@ -553,32 +530,25 @@ timeout = "1s"
     std::fs::write(&config, text).expect("write config");
     world.start_node("a", &config);
 
-    let outcome = |status: &serde_json::Value, job: &str| {
-        let jobs = status["jobs"].as_array().cloned().unwrap_or_default();
-        jobs.into_iter()
-            .find(|entry| entry["name"] == job)
-            .map(|entry| entry["last_run"].clone())
-            .unwrap_or_default()
-    };
     wait_for(
         Duration::from_secs(60),
         "every misbehaving job has a recorded result",
         || {
             let status = world.status(&config);
-            outcome(&status, "missing")["exit_code"] == 127
-                && outcome(&status, "failing")["exit_code"] == 3
-                && outcome(&status, "loud")["outcome"] == "exited"
-                && outcome(&status, "stubborn")["outcome"] == "timeout"
+            last_run(&status, "missing")["exit_code"] == 127
+                && last_run(&status, "failing")["exit_code"] == 3
+                && last_run(&status, "loud")["outcome"] == "exited"
+                && last_run(&status, "stubborn")["outcome"] == "timeout"
         },
     );
     let status = world.status(&config);
-    let stubborn = outcome(&status, "stubborn");
+    let stubborn = last_run(&status, "stubborn");
     let took = stubborn["duration_ms"].as_u64().unwrap_or_default();
     assert!(
         (11_000..20_000).contains(&took),
         "SIGTERM at 1 s, SIGKILL 10 s later: {stubborn}"
     );
-    let loud = outcome(&status, "loud");
+    let loud = last_run(&status, "loud");
     assert_eq!(loud["exit_code"], 0, "{loud}");
 
     let node = &mut world.nodes[0];

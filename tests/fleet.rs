@@ -14,16 +14,11 @@ const TTL: u64 = 2;
 
 /// Leader of every shard, from `status --json`.
 fn leaders(world: &World, config: &Path) -> Vec<Option<String>> {
-    let status = world.status(config);
-    status["shards"]
-        .as_array()
-        .map(|shards| {
-            shards
-                .iter()
-                .map(|shard| shard["leader"].as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default()
+    world
+        .shard_leaders(config)
+        .into_iter()
+        .map(|(leader, _)| leader)
+        .collect()
 }
 
 fn loads(leaders: &[Option<String>]) -> BTreeMap<String, usize> {

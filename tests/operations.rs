@@ -24,14 +24,6 @@ fn write_jobs(world: &World, jobs: &[(&str, String)]) -> PathBuf {
     path
 }
 
-fn last_run(world: &World, config: &std::path::Path, job: &str) -> serde_json::Value {
-    world.status(config)["jobs"]
-        .as_array()
-        .and_then(|jobs| jobs.iter().find(|entry| entry["name"] == job).cloned())
-        .map(|entry| entry["last_run"].clone())
-        .unwrap_or_default()
-}
-
 #[test]
 fn retries_replace_and_kill_grace_do_what_the_config_says() {
     let mut world = World::new();
@@ -57,13 +49,14 @@ fn retries_replace_and_kill_grace_do_what_the_config_says() {
     );
     world.start_node("a", &config);
     wait_for(Duration::from_secs(40), "each job's result is recorded", || {
-        last_run(&world, &config, "flaky")["attempts"] == 3
-            && last_run(&world, &config, "replaced")["outcome"] == "replaced"
-            && last_run(&world, &config, "stubborn")["outcome"] == "timeout"
+        let status = world.status(&config);
+        last_run(&status, "flaky")["attempts"] == 3
+            && last_run(&status, "replaced")["outcome"] == "replaced"
+            && last_run(&status, "stubborn")["outcome"] == "timeout"
     });
 
     step("flaky: two failed attempts, retried within the tick, the third succeeds");
-    let flaky = last_run(&world, &config, "flaky");
+    let flaky = last_run(&world.status(&config), "flaky");
     assert_eq!(
         (flaky["outcome"].as_str(), flaky["exit_code"].as_i64()),
         (Some("exited"), Some(0)),
@@ -88,7 +81,7 @@ fn retries_replace_and_kill_grace_do_what_the_config_says() {
     }
 
     step("replaced: each tick stops the previous run after SIGTERM");
-    let replaced = last_run(&world, &config, "replaced");
+    let replaced = last_run(&world.status(&config), "replaced");
     assert!(
         replaced["duration_ms"].as_u64().unwrap_or(u64::MAX) < 5_000,
         "{replaced}"
@@ -96,7 +89,7 @@ fn retries_replace_and_kill_grace_do_what_the_config_says() {
     assert!(log.contains("replaced by a newer tick"));
 
     step("stubborn: SIGTERM at the 1 s timeout, SIGKILL after the 1 s kill_grace");
-    let stubborn = last_run(&world, &config, "stubborn");
+    let stubborn = last_run(&world.status(&config), "stubborn");
     let took = stubborn["duration_ms"].as_u64().unwrap_or_default();
     assert!((2_000..5_000).contains(&took), "{stubborn}");
 }
@@ -237,10 +230,11 @@ fn sighup_reloads_jobs_without_giving_up_shards_and_rejects_bad_files() {
     let status_config = world.dir.path().join("status.toml");
     std::fs::copy(&config, &status_config).unwrap();
     let fences = |world: &World| -> Vec<Option<i64>> {
-        world.status(&status_config)["shards"]
-            .as_array()
-            .map(|shards| shards.iter().map(|shard| shard["fence"].as_i64()).collect())
-            .unwrap_or_default()
+        world
+            .shard_leaders(&status_config)
+            .into_iter()
+            .map(|(_, fence)| fence)
+            .collect()
     };
     let before = fences(&world);
     assert!(before.iter().all(Option::is_some), "{before:?}");

@@ -150,6 +150,19 @@ impl World {
         serde_json::from_slice(&out.stdout).expect("status JSON")
     }
 
+    /// Leader and fence of every shard of `config`'s shard count, from `status --json`.
+    pub fn shard_leaders(&self, config: &Path) -> Vec<(Option<String>, Option<i64>)> {
+        self.status(config)["shards"]
+            .as_array()
+            .map(|shards| {
+                shards
+                    .iter()
+                    .map(|shard| (shard["leader"].as_str().map(str::to_string), shard["fence"].as_i64()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     /// The node id leading `shard`, if any.
     pub fn leader_of(&self, config: &Path, shard: u64) -> Option<(String, i64)> {
         let status = self.status(config);
@@ -284,6 +297,15 @@ pub fn read_runs(path: &Path) -> Vec<Run> {
             })
         })
         .collect()
+}
+
+/// A job's `last_run` in a `status --json` document (`null` if none yet).
+pub fn last_run(status: &serde_json::Value, job: &str) -> serde_json::Value {
+    status["jobs"]
+        .as_array()
+        .and_then(|jobs| jobs.iter().find(|entry| entry["name"] == job))
+        .map(|entry| entry["last_run"].clone())
+        .unwrap_or_default()
 }
 
 /// Waits until `condition` holds, panicking with `what` after `limit`.
