@@ -37,16 +37,19 @@ impl CoordError {
         };
         if let etcd_client::Error::GRpcStatus(status) = err {
             use tonic::Code;
-            if matches!(
-                status.code(),
-                Code::InvalidArgument | Code::Unauthenticated | Code::PermissionDenied
-            ) {
-                return true;
+            match status.code() {
+                Code::PermissionDenied => return true,
+                // Not every InvalidArgument or Unauthenticated is about credentials: an old
+                // auth revision or an expired token pass with a retry.
+                Code::InvalidArgument | Code::Unauthenticated if status.message().contains("authentication failed") => {
+                    return true
+                }
+                _ => {}
             }
         }
-        // A failed handshake reaches us as a transport error; its source chain says why.
-        let detail = format!("{err:?}").to_ascii_lowercase();
-        detail.contains("certificate") || detail.contains("handshake")
+        // A certificate rejected on either side reaches us as a transport error whose source
+        // chain names the certificate; a connection merely closed mid-handshake does not.
+        format!("{err:?}").to_ascii_lowercase().contains("certificate")
     }
 }
 

@@ -18,7 +18,7 @@ use crate::election;
 use crate::etcd::CoordError;
 use crate::fleet::{self, FleetView, Member};
 use crate::keys::Keys;
-use crate::leader::{ClaimLead, Term, TermEnd};
+use crate::leader::{ClaimLead, Memory, Term, TermEnd};
 use crate::runs::Runs;
 use crate::session::Session;
 
@@ -308,10 +308,13 @@ impl ShardTask {
                 }
             };
             backoff.reset();
-            let mut leadership = Some(leadership);
             // One leadership may span several terms: a reload ends a term between ticks and the
-            // next one leads on with the new jobs, without resigning.
-            while let Some(held) = leadership.take() {
+            // next one leads on with the new jobs, without resigning. Runs keep retrying for as
+            // long as the leadership lasts.
+            let leading = CancellationToken::new();
+            let _leading = leading.clone().drop_guard();
+            let mut next = Some((leadership, Memory::default()));
+            while let Some((held, memory)) = next.take() {
                 let jobs = self.jobs.borrow_and_update().by_shard[self.shard as usize].clone();
                 tracing::info!(
                     shard = self.shard,
@@ -332,7 +335,8 @@ impl ShardTask {
                     claim_lead: self.claim_lead.clone(),
                     shards: self.shards,
                     fleet: self.fleet.clone(),
-                    leading: CancellationToken::new(),
+                    leading: leading.clone(),
+                    memory,
                 };
                 let shards_led = &crate::metrics::get().shards_led;
                 shards_led.inc();
@@ -340,7 +344,7 @@ impl ShardTask {
                 shards_led.dec();
                 tracing::info!(shard = self.shard, fence = term.leadership.fence, reason = ?end, "term ended");
                 match end {
-                    TermEnd::JobsReloaded => leadership = Some(term.leadership),
+                    TermEnd::JobsReloaded(memory) => next = Some((term.leadership, memory)),
                     TermEnd::Deposed => {}
                     TermEnd::HandedOff => {
                         if let Err(err) = election::resign(&self.session, &term.leadership).await {

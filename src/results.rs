@@ -26,6 +26,9 @@ pub struct Pending {
     pub record: RunRecord,
     /// When it first waited: it is written on its own [`RIDE_WINDOW`] after this.
     since: Instant,
+    /// A claim is carrying this job's result (this one or an older one) right now: nothing else
+    /// may write the job's result until that claim settles, or an older result could land last.
+    riding: bool,
 }
 
 /// The newest unwritten result of each job.
@@ -35,73 +38,103 @@ pub struct ResultQueue {
     arrived: Notify,
 }
 
+/// After a failed write of leftovers, the pause before the next try.
+const RETRY_PAUSE: Duration = Duration::from_secs(1);
+
 impl ResultQueue {
     pub fn push(&self, job: &str, shard: u32, record: RunRecord) {
-        self.insert_newest(Pending {
-            job: job.to_string(),
-            shard,
-            record,
-            since: Instant::now(),
-        });
+        let mut pending = self.lock();
+        let since = Instant::now();
+        match pending.get_mut(job) {
+            Some(held) if held.record.scheduled_at > record.scheduled_at => {}
+            // The slot keeps its age and its riding mark: a job whose runs finish faster than
+            // its shard claims is still written within the window, and never under a claim.
+            Some(held) => held.record = record,
+            None => {
+                pending.insert(
+                    job.to_string(),
+                    Pending {
+                        job: job.to_string(),
+                        shard,
+                        record,
+                        since,
+                        riding: false,
+                    },
+                );
+            }
+        }
+        drop(pending);
         self.arrived.notify_one();
     }
 
-    /// Takes at most `max` pending results of `shard`'s jobs, for a claim to carry.
+    /// Marks at most `max` pending results of `shard`'s jobs as riding and returns copies, for a
+    /// claim to carry; [`ResultQueue::settle`] says how it went.
     pub fn take_for(&self, shard: u32, max: usize) -> Vec<Pending> {
         let mut pending = self.lock();
-        let jobs: Vec<String> = pending
-            .values()
-            .filter(|entry| entry.shard == shard)
-            .map(|entry| entry.job.clone())
+        pending
+            .values_mut()
+            .filter(|entry| entry.shard == shard && !entry.riding)
             .take(max)
-            .collect();
-        jobs.iter().filter_map(|job| pending.remove(job)).collect()
+            .map(|entry| {
+                entry.riding = true;
+                entry.clone()
+            })
+            .collect()
     }
 
-    /// Returns results a failed claim could not write; a newer result of the same job wins.
-    pub fn put_back(&self, results: Vec<Pending>) {
-        if results.is_empty() {
+    /// After the claim that carried `riders`: a written result leaves the queue unless a newer
+    /// one of its job came meanwhile; anything left is free to be written again.
+    pub fn settle(&self, riders: Vec<Pending>, written: bool) {
+        if riders.is_empty() {
             return;
         }
-        for entry in results {
-            self.insert_newest(entry);
+        let mut pending = self.lock();
+        for rider in riders {
+            let Some(held) = pending.get_mut(&rider.job) else {
+                continue;
+            };
+            if written && held.record == rider.record {
+                pending.remove(&rider.job);
+            } else {
+                held.riding = false;
+            }
         }
+        drop(pending);
         self.arrived.notify_one();
     }
 
-    fn insert_newest(&self, entry: Pending) {
-        let mut pending = self.lock();
-        match pending.get_mut(&entry.job) {
-            Some(held) if held.record.scheduled_at > entry.record.scheduled_at => {}
-            Some(held) => {
-                // The job's slot keeps waiting since its first result, so a job that finishes
-                // runs faster than its shard claims still gets written within the window.
-                let since = held.since.min(entry.since);
-                *held = Pending { since, ..entry };
-            }
-            None => {
-                pending.insert(entry.job.clone(), entry);
-            }
-        }
-    }
-
+    /// When the oldest result that no claim carries began to wait.
     fn oldest(&self) -> Option<Instant> {
-        self.lock().values().map(|entry| entry.since).min()
+        self.lock()
+            .values()
+            .filter(|entry| !entry.riding)
+            .map(|entry| entry.since)
+            .min()
     }
 
-    /// Takes the results that have waited at least `age`.
-    fn take_older_than(&self, age: Duration) -> Vec<(String, RunRecord)> {
+    /// Takes the results no claim carries that have waited at least `age`.
+    fn take_older_than(&self, age: Duration) -> Vec<Pending> {
         let now = Instant::now();
         let mut pending = self.lock();
         let due: Vec<String> = pending
             .values()
-            .filter(|entry| now.saturating_duration_since(entry.since) >= age)
+            .filter(|entry| !entry.riding && now.saturating_duration_since(entry.since) >= age)
             .map(|entry| entry.job.clone())
             .collect();
-        due.iter()
-            .filter_map(|job| pending.remove(job))
-            .map(|entry| (entry.job, entry.record))
-            .collect()
+        due.iter().filter_map(|job| pending.remove(job)).collect()
+    }
+
+    /// Returns results whose write failed; a newer result of the same job wins.
+    fn put_back(&self, results: Vec<Pending>) {
+        let mut pending = self.lock();
+        for entry in results {
+            match pending.get(&entry.job) {
+                Some(held) if held.record.scheduled_at >= entry.record.scheduled_at => {}
+                _ => {
+                    pending.insert(entry.job.clone(), entry);
+                }
+            }
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Pending>> {
@@ -110,7 +143,7 @@ impl ResultQueue {
 }
 
 /// Writes each result that no claim carried once it has waited [`RIDE_WINDOW`]; once `closed`,
-/// writes the rest and ends.
+/// writes the rest (one try) and ends. A failed write keeps the results for the next try.
 pub async fn write_leftovers(
     queue: std::sync::Arc<ResultQueue>,
     client: etcd_client::Client,
@@ -121,6 +154,7 @@ pub async fn write_leftovers(
         match queue.oldest() {
             Some(since) => tokio::select! {
                 _ = tokio::time::sleep_until((since + RIDE_WINDOW).into()) => {}
+                _ = queue.arrived.notified() => continue,
                 _ = closed.cancelled() => {}
             },
             None => tokio::select! {
@@ -131,8 +165,20 @@ pub async fn write_leftovers(
         let closing = closed.is_cancelled();
         let batch = queue.take_older_than(if closing { Duration::ZERO } else { RIDE_WINDOW });
         if !batch.is_empty() {
-            if let Err(err) = ledger::record_runs(&client, &keys, &batch).await {
-                tracing::warn!(error = %err, runs = batch.len(), "could not record run results in etcd (the runs themselves happened and were logged)");
+            let records: Vec<(String, RunRecord)> = batch
+                .iter()
+                .map(|entry| (entry.job.clone(), entry.record.clone()))
+                .collect();
+            if let Err(err) = ledger::record_runs(&client, &keys, &records).await {
+                tracing::warn!(error = %err, runs = records.len(), "could not record run results in etcd (the runs themselves happened and were logged); will retry");
+                if closing {
+                    return;
+                }
+                queue.put_back(batch);
+                tokio::select! {
+                    _ = tokio::time::sleep(RETRY_PAUSE) => {}
+                    _ = closed.cancelled() => {}
+                }
             }
         }
         if closing {
@@ -161,32 +207,56 @@ mod tests {
     }
 
     #[test]
-    fn claims_take_their_shards_results_and_the_newest_wins() {
+    fn claims_carry_their_shards_results_and_the_newest_wins() {
         let queue = ResultQueue::default();
         queue.push("a", 0, record(10));
         queue.push("a", 0, record(9));
         queue.push("b", 1, record(10));
         queue.push("c", 0, record(11));
-        let mut taken = queue.take_for(0, 10);
-        taken.sort_by(|x, y| x.job.cmp(&y.job));
-        assert_eq!(taken.len(), 2);
+        let mut riders = queue.take_for(0, 10);
+        riders.sort_by(|x, y| x.job.cmp(&y.job));
+        assert_eq!(riders.len(), 2);
         assert_eq!(
-            (taken[0].job.as_str(), taken[0].record.scheduled_at.timestamp()),
+            (riders[0].job.as_str(), riders[0].record.scheduled_at.timestamp()),
             ("a", 10)
         );
-        assert!(queue.take_for(0, 10).is_empty());
-        queue.put_back(taken);
-        queue.push("a", 0, record(12));
+        assert!(queue.take_for(0, 10).is_empty(), "riding results are not taken twice");
         assert!(
-            queue.take_older_than(RIDE_WINDOW).is_empty(),
-            "nothing has waited the window yet"
+            queue
+                .take_older_than(Duration::ZERO)
+                .iter()
+                .all(|entry| entry.shard == 1),
+            "nothing writes a riding job's result"
         );
-        let all = queue.take_older_than(Duration::ZERO);
-        let newest_a = all
+
+        queue.push("a", 0, record(12));
+        queue.settle(riders, true);
+        let left = queue.take_older_than(Duration::ZERO);
+        let jobs: Vec<(&str, i64)> = left
             .iter()
-            .find(|(job, _)| job == "a")
-            .map(|(_, r)| r.scheduled_at.timestamp());
-        assert_eq!((all.len(), newest_a), (3, Some(12)));
-        assert_eq!(queue.take_for(1, 0).len(), 0, "a claim with no room takes nothing");
+            .map(|entry| (entry.job.as_str(), entry.record.scheduled_at.timestamp()))
+            .collect();
+        assert_eq!(
+            jobs,
+            vec![("a", 12)],
+            "c was written by its claim; a's newer result waits"
+        );
+    }
+
+    #[test]
+    fn a_failed_claim_frees_its_riders_and_a_failed_write_keeps_them() {
+        let queue = ResultQueue::default();
+        queue.push("a", 0, record(10));
+        let riders = queue.take_for(0, 10);
+        queue.settle(riders, false);
+        assert_eq!(queue.take_for(0, 10).len(), 1, "free to ride again");
+        let queue = ResultQueue::default();
+        queue.push("a", 0, record(10));
+        let batch = queue.take_older_than(Duration::ZERO);
+        queue.push("a", 0, record(11));
+        queue.put_back(batch);
+        let left = queue.take_older_than(Duration::ZERO);
+        assert_eq!(left.len(), 1);
+        assert_eq!(left[0].record.scheduled_at.timestamp(), 11, "the newer result wins");
     }
 }

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::clock;
-use crate::config::Overlap;
+use crate::config::{Job, Overlap};
 use crate::keys::Keys;
 use crate::ledger::RunRecord;
 use crate::results::{write_leftovers, ResultQueue};
@@ -28,16 +28,25 @@ pub struct Runs {
     results_closed: CancellationToken,
 }
 
+/// A run that is going: when it started, by the wall clock, and the tick it runs.
+#[derive(Clone, Copy)]
+struct Running {
+    since: DateTime<Utc>,
+    tick: DateTime<Utc>,
+}
+
 /// One job's runs on this node.
 #[derive(Default)]
 struct JobRuns {
     /// Sequences started or waiting; the entry is dropped at zero.
     pending: usize,
-    /// When the run going now started, by the wall clock.
-    running_since: Option<DateTime<Utc>>,
+    /// The run going now, if any.
+    running: Option<Running>,
     /// Held by the running sequence: a `skip` or `replace` job runs one tick at a time, in order.
     turn: Arc<tokio::sync::Mutex<()>>,
-    /// Cancelled to stop the running sequence of a `replace` job.
+    /// Numbers sequences in the order they were started; the newest one is `newest`.
+    newest: u64,
+    /// Cancelled to stop the sequence that holds the turn (a newer tick replaces it).
     replace: CancellationToken,
 }
 
@@ -69,12 +78,9 @@ impl Runs {
 
     /// Runs `ticks` of one job one after another (a catch-up runs missed ticks in order).
     ///
-    /// With `overlap = "skip"` the ticks are skipped when, at the first one's scheduled time, the
-    /// job was already running here from an earlier tick: that is the overlap the policy is for.
-    /// A tick fired late (its claim waited on etcd, or a takeover caught it up) may find the
-    /// job's previous late run still going without having overlapped anything at its scheduled
-    /// time; it waits its turn instead of being skipped. With `"replace"` the running sequence
-    /// is stopped and the new ticks run once it has exited.
+    /// With `overlap = "skip"` the ticks are skipped when [`overlaps`] says the running run
+    /// overlaps the first of them; otherwise they wait their turn. With `"replace"` the running
+    /// sequence is stopped and the new ticks run once it has exited.
     pub fn start(&self, ticks: Vec<Tick>) {
         let Some(first) = ticks.first() else { return };
         let job = Arc::clone(&first.job);
@@ -82,7 +88,11 @@ impl Runs {
             let mut jobs = self.jobs.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             let runs = jobs.entry(job.name.clone()).or_default();
             match job.overlap {
-                Overlap::Skip if runs.running_since.is_some_and(|since| since <= first.scheduled_at) => {
+                Overlap::Skip
+                    if runs
+                        .running
+                        .is_some_and(|running| overlaps(&job, running, first.scheduled_at)) =>
+                {
                     drop(jobs);
                     for tick in ticks {
                         tracing::info!(job = %job.name, tick = %tick.scheduled_at_text(), "skipped: the previous run of this job on this node was still going at this tick (overlap = \"skip\")");
@@ -91,28 +101,38 @@ impl Runs {
                     }
                     return;
                 }
-                Overlap::Replace if runs.running_since.is_some() => {
+                Overlap::Replace if runs.pending > 0 => {
                     tracing::info!(job = %job.name, tick = %first.scheduled_at_text(), "replacing the job's running run with this tick (overlap = \"replace\")");
                     runs.replace.cancel();
                 }
                 _ => {}
             }
             runs.pending += 1;
-            (job.overlap != Overlap::Allow).then(|| Arc::clone(&runs.turn))
+            runs.newest += 1;
+            let ticket = runs.newest;
+            (job.overlap != Overlap::Allow).then(|| (Arc::clone(&runs.turn), ticket))
         };
         let runs = self.clone();
         self.tracker.spawn(async move {
-            let _turn = match &turn {
-                Some(turn) => Some(turn.lock().await),
-                None => None,
+            let (_turn, replace) = match &turn {
+                Some((turn, ticket)) => {
+                    let held = turn.lock().await;
+                    (Some(held), runs.take_turn(&job.name, job.overlap, *ticket))
+                }
+                None => (None, CancellationToken::new()),
             };
-            let replace = runs.take_turn(&job.name, job.overlap);
             for tick in ticks {
                 if replace.is_cancelled() {
                     runs.report(&tick, not_run(&tick, "replaced"));
                     continue;
                 }
-                runs.mark_running(&job.name, Some(clock::now()));
+                runs.mark_running(
+                    &job.name,
+                    Some(Running {
+                        since: clock::now(),
+                        tick: tick.scheduled_at,
+                    }),
+                );
                 let stops = runner::Stops {
                     kill: &runs.kill,
                     replace: &replace,
@@ -131,16 +151,14 @@ impl Runs {
         });
     }
 
-    /// Called by a sequence once it holds the job's turn: the token that stops it. A `replace`
-    /// sequence that already has a newer one waiting behind it starts out replaced.
-    fn take_turn(&self, job: &str, overlap: Overlap) -> CancellationToken {
+    /// Called by a sequence once it holds the job's turn: the token that stops it, stored so a
+    /// newer `replace` tick can cancel it. A `replace` sequence started before the newest one
+    /// starts out replaced, whatever order the two reached the turn in.
+    fn take_turn(&self, job: &str, overlap: Overlap, ticket: u64) -> CancellationToken {
         let token = CancellationToken::new();
-        if overlap != Overlap::Replace {
-            return token;
-        }
         let mut jobs = self.jobs.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some(entry) = jobs.get_mut(job) {
-            if entry.pending > 1 {
+            if overlap == Overlap::Replace && ticket < entry.newest {
                 token.cancel();
             }
             entry.replace = token.clone();
@@ -148,10 +166,10 @@ impl Runs {
         token
     }
 
-    fn mark_running(&self, job: &str, since: Option<DateTime<Utc>>) {
+    fn mark_running(&self, job: &str, running: Option<Running>) {
         let mut jobs = self.jobs.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some(entry) = jobs.get_mut(job) {
-            entry.running_since = since;
+            entry.running = running;
         }
     }
 
@@ -179,6 +197,21 @@ impl Runs {
     }
 }
 
+/// Whether `running` overlaps the tick at `scheduled_at`, so that `overlap = "skip"` skips it:
+/// the run started no later than that tick and on time, before its own next tick was due.
+///
+/// A run that started after its next tick was already due is part of a backlog: ticks caught up
+/// after a takeover, or claims that waited out an etcd election. The ticks behind a backlog did
+/// not meet a long run at their scheduled time; they queue and run in order instead of being
+/// skipped, so `catch_up = "all"` loses none of them.
+fn overlaps(job: &Job, running: Running, scheduled_at: DateTime<Utc>) -> bool {
+    let on_time = job
+        .schedule
+        .next_after(running.tick)
+        .is_none_or(|next| running.since < next);
+    running.since <= scheduled_at && on_time
+}
+
 /// The record of a tick that was claimed but not run: `skipped` or `replaced`.
 fn not_run(tick: &Tick, outcome: &str) -> RunRecord {
     RunRecord {
@@ -190,5 +223,52 @@ fn not_run(tick: &Tick, outcome: &str) -> RunRecord {
         duration_ms: 0,
         finished_at: clock::now(),
         attempts: 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{CatchUp, DEFAULT_KILL_GRACE, DEFAULT_RETRY_BACKOFF};
+    use crate::schedule::Schedule;
+
+    fn every_second() -> Job {
+        Job {
+            name: "j".into(),
+            shard: 0,
+            schedule: Arc::new(Schedule::parse("* * * * * *", chrono_tz::UTC).unwrap()),
+            command: "true".into(),
+            timeout: None,
+            kill_grace: DEFAULT_KILL_GRACE,
+            retries: 0,
+            retry_backoff: DEFAULT_RETRY_BACKOFF,
+            catch_up: CatchUp::All,
+            starting_deadline: None,
+            overlap: Overlap::Skip,
+            working_dir: None,
+            env: Default::default(),
+        }
+    }
+
+    fn at(millis: i64) -> DateTime<Utc> {
+        DateTime::<Utc>::from_timestamp_millis(1_800_000_000_000 + millis).unwrap()
+    }
+
+    #[test]
+    fn only_an_on_time_run_going_at_the_tick_overlaps_it() {
+        let job = every_second();
+        let run = |tick: i64, since: i64| Running {
+            since: at(since),
+            tick: at(tick),
+        };
+        // A run of tick 0 that started on time and still goes at tick 1000: skip tick 1000.
+        assert!(overlaps(&job, run(0, 3), at(1000)));
+        // The same run does not overlap a tick before it started.
+        assert!(!overlaps(&job, run(0, 3), at(0)));
+        // Catch-up: tick 3000 running since 4980, after its next tick (4000) was due: a backlog,
+        // so tick 5000 queues behind it.
+        assert!(!overlaps(&job, run(3000, 4980), at(5000)));
+        // A claim that waited out an etcd election: tick 15000 started at 17200.
+        assert!(!overlaps(&job, run(15000, 17200), at(17000)));
     }
 }
