@@ -231,6 +231,8 @@ impl Term {
                 Ok(claimed) => claimed,
                 Err(end) => return end,
             };
+            let ahead_ms = (due - clock::now()).num_microseconds().unwrap_or_default() as f64 / 1000.0;
+            tracing::debug!(shard = self.leadership.shard, tick = %due, jobs = claimed.len(), ahead_ms, "claimed");
             clock::sleep_until(due).await;
             if !self.session.is_live() {
                 tracing::error!(shard = self.leadership.shard, tick = %due, "the lease may have expired before the tick: not starting its claimed runs");
