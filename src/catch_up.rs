@@ -43,12 +43,9 @@ pub fn missed_ticks(job: &Job, last_claimed: Option<DateTime<Utc>>, now: DateTim
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
     use std::time::Duration;
 
     use super::*;
-    use crate::config::Overlap;
-    use crate::schedule::Schedule;
 
     fn at(text: &str) -> DateTime<Utc> {
         DateTime::parse_from_rfc3339(text).unwrap().with_timezone(&Utc)
@@ -56,19 +53,9 @@ mod tests {
 
     fn job(catch_up: CatchUp, starting_deadline: Option<u64>) -> Job {
         Job {
-            name: "j".into(),
-            shard: 0,
-            schedule: Arc::new(Schedule::parse("* * * * * *", chrono_tz::UTC).unwrap()),
-            command: "true".into(),
-            timeout: None,
-            kill_grace: crate::config::DEFAULT_KILL_GRACE,
-            retries: 0,
-            retry_backoff: crate::config::DEFAULT_RETRY_BACKOFF,
             catch_up,
             starting_deadline: starting_deadline.map(Duration::from_secs),
-            overlap: Overlap::Skip,
-            working_dir: None,
-            env: Default::default(),
+            ..Job::for_tests("j", "* * * * * *")
         }
     }
 

@@ -229,26 +229,6 @@ fn not_run(tick: &Tick, outcome: &str) -> RunRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{CatchUp, DEFAULT_KILL_GRACE, DEFAULT_RETRY_BACKOFF};
-    use crate::schedule::Schedule;
-
-    fn every_second() -> Job {
-        Job {
-            name: "j".into(),
-            shard: 0,
-            schedule: Arc::new(Schedule::parse("* * * * * *", chrono_tz::UTC).unwrap()),
-            command: "true".into(),
-            timeout: None,
-            kill_grace: DEFAULT_KILL_GRACE,
-            retries: 0,
-            retry_backoff: DEFAULT_RETRY_BACKOFF,
-            catch_up: CatchUp::All,
-            starting_deadline: None,
-            overlap: Overlap::Skip,
-            working_dir: None,
-            env: Default::default(),
-        }
-    }
 
     fn at(millis: i64) -> DateTime<Utc> {
         DateTime::<Utc>::from_timestamp_millis(1_800_000_000_000 + millis).unwrap()
@@ -256,7 +236,7 @@ mod tests {
 
     #[test]
     fn only_an_on_time_run_going_at_the_tick_overlaps_it() {
-        let job = every_second();
+        let job = Job::for_tests("j", "* * * * * *");
         let run = |tick: i64, since: i64| Running {
             since: at(since),
             tick: at(tick),

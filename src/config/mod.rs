@@ -116,6 +116,29 @@ pub const MAX_RETRY_BACKOFF: Duration = Duration::from_secs(300);
 /// At most this many retries per tick: a job that needs more is failing, not flaky.
 pub const MAX_RETRIES: i64 = 100;
 
+#[cfg(test)]
+impl Job {
+    /// A job named `name` on `expression` in UTC with every other field at its default, for
+    /// unit tests to adjust.
+    pub(crate) fn for_tests(name: &str, expression: &str) -> Job {
+        Job {
+            name: name.into(),
+            shard: 0,
+            schedule: Arc::new(Schedule::parse(expression, chrono_tz::UTC).expect("a valid test schedule")),
+            command: "true".into(),
+            timeout: None,
+            kill_grace: DEFAULT_KILL_GRACE,
+            retries: 0,
+            retry_backoff: DEFAULT_RETRY_BACKOFF,
+            catch_up: CatchUp::default(),
+            starting_deadline: None,
+            overlap: Overlap::default(),
+            working_dir: None,
+            env: BTreeMap::new(),
+        }
+    }
+}
+
 impl Config {
     /// The config without its jobs: what a node compares a reloaded file against.
     pub fn clone_without_jobs(&self) -> Config {
