@@ -201,7 +201,7 @@ impl EtcdServer {
         Ok(())
     }
 
-    pub fn restart_member(&mut self, index: usize) -> Result<(), EtcdServerError> {
+    fn restart_member(&mut self, index: usize) -> Result<(), EtcdServerError> {
         if self.members[index].child.is_none() {
             self.spawn(index)?;
             self.wait_healthy(index, Duration::from_secs(30))?;

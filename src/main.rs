@@ -84,13 +84,7 @@ async fn run(config: Config, args: NodeArgs, dev_endpoints: Option<Vec<String>>)
     let shutdown = CancellationToken::new();
     tokio::spawn(forward_signals(shutdown.clone()));
     tracing::info!(endpoints = ?endpoints, config = %config.path.display(), digest = %config.digest, "connecting to etcd");
-    let probe_key = shardcron::keys::Keys::new(&config.cluster.name).nodes_prefix();
-    // Before connecting, which may wait for etcd: SIGHUP's default action would end the node.
-    let (reloads, reloaded) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(reload_on_hangup(config.clone_without_jobs(), reloads));
-    let Some(client) = connect(&endpoints, options, &probe_key, &shutdown).await? else {
-        return Ok(());
-    };
+    // Served from the start, so an operator sees etcd errors while the node waits for etcd.
     if let Some(addr) = args.metrics_addr {
         let listener = shardcron::metrics::bind(addr)
             .await
@@ -98,6 +92,13 @@ async fn run(config: Config, args: NodeArgs, dev_endpoints: Option<Vec<String>>)
         tracing::info!(address = %addr, "serving Prometheus metrics at /metrics");
         tokio::spawn(shardcron::metrics::serve(listener, shutdown.clone()));
     }
+    let probe_key = shardcron::keys::Keys::new(&config.cluster.name).nodes_prefix();
+    // Before connecting, which may wait for etcd: SIGHUP's default action would end the node.
+    let (reloads, reloaded) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(reload_on_hangup(config.clone_without_jobs(), reloads));
+    let Some(client) = connect(&endpoints, options, &probe_key, &shutdown).await? else {
+        return Ok(());
+    };
     node::run(
         config,
         NodeOptions {
