@@ -52,8 +52,8 @@ impl Loaded {
 }
 
 /// Runs the node until `shutdown` is cancelled. Coordination failures are retried forever; only
-/// a shutdown ends this. Each config on `reloads` (same `[cluster]`, validated by the caller)
-/// replaces the jobs at the next quiet moment of every term, without giving up a shard.
+/// a shutdown ends this. Each validated config on `reloads` with the same `[cluster]` and
+/// `[etcd]` replaces the jobs at the next quiet moment of every term, without giving up a shard.
 pub async fn run(
     config: Config,
     options: NodeOptions,
@@ -65,6 +65,7 @@ pub async fn run(
     let (runs, result_writer) = Runs::new(client.clone(), keys.clone());
     let job_count = config.jobs.len();
     let cluster = config.cluster.clone();
+    let etcd = config.etcd.clone();
     let (loaded_sender, loaded) = watch::channel(Arc::new(Loaded::new(config)));
     let claim_lead = ClaimLead::new();
     let started_at = crate::clock::now();
@@ -157,7 +158,7 @@ pub async fn run(
             tokio::select! {
                 _ = session.lost().cancelled() => break,
                 _ = shutdown.cancelled() => break,
-                Some(config) = reloads.recv() => apply_reload(config, &cluster, &loaded_sender),
+                Some(config) = reloads.recv() => apply_reload(config, &cluster, &etcd, &loaded_sender),
             }
         }
         // Terms see the same tokens and end promptly; waiting for them guarantees no claim is
@@ -240,11 +241,16 @@ async fn warn_on_drift(
     }
 }
 
-/// Swaps in a reloaded config's jobs. A changed `[cluster]` needs a restart: the caller
-/// checks, and this refuses too rather than run jobs sharded for another shard count.
-fn apply_reload(config: Config, cluster: &crate::config::Cluster, loaded: &watch::Sender<Arc<Loaded>>) {
-    if config.cluster != *cluster {
-        tracing::error!("reload refused: the [cluster] section changed; restart the node to apply it");
+/// Swaps in a reloaded config's jobs. A changed `[cluster]` (jobs sharded for another count) or
+/// `[etcd]` (the client is already connected) needs a restart; the old config keeps running.
+fn apply_reload(
+    config: Config,
+    cluster: &crate::config::Cluster,
+    etcd: &crate::config::Etcd,
+    loaded: &watch::Sender<Arc<Loaded>>,
+) {
+    if config.cluster != *cluster || config.etcd != *etcd {
+        tracing::error!(config = %config.path.display(), "reload refused: the [cluster] or [etcd] section changed; restart the node to apply it (the old jobs keep running)");
         return;
     }
     tracing::info!(jobs = config.jobs.len(), digest = %config.digest, "reloaded jobs.toml: terms take the new jobs between ticks, keeping their shards");

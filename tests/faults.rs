@@ -335,16 +335,8 @@ fn largest_start_gap(runs: &[Run], job: &str, after: f64) -> f64 {
 #[test]
 fn killing_the_etcd_leader_member_doubles_nothing_and_catches_up_delayed_ticks() {
     let mut world = World::with_etcd_members(3);
-    let names = per_second_jobs(4);
-    let config = world.write_config("jobs.toml", 4, 3, &job_list(&names, "catch_up = \"all\""));
-    world.start_node("a", &config);
-    world.start_node("b", &config);
-    let started = now_secs();
-    wait_for(Duration::from_secs(30), "every job ran twice", || {
-        every_job_ran_since(&world, &names, started, 2)
-    });
+    let names = two_nodes_running(&mut world, 4, 3);
     let member = world.etcd.leader_member().expect("etcd has a leader");
-    sleep_to_mid_second();
     step(&format!("kill etcd member {member}, the raft leader"));
     let killed_at = now_secs();
     world.etcd.kill_member(member);
@@ -376,25 +368,25 @@ fn killing_the_etcd_leader_member_doubles_nothing_and_catches_up_delayed_ticks()
     );
 }
 
-/// Two nodes, two per-second `catch_up = "all"` jobs in two shards, both running; returns at the
-/// middle of a second, so a fault lands between ticks.
-fn two_nodes_running_two_jobs(ttl: u64) -> (World, Vec<String>) {
-    let mut world = World::new();
-    let names = per_second_jobs(2);
-    let config = world.write_config("jobs.toml", 2, ttl, &job_list(&names, "catch_up = \"all\""));
+/// Two nodes running `jobs` per-second `catch_up = "all"` jobs in as many shards; returns their
+/// names at the middle of a second, so a fault lands between ticks.
+fn two_nodes_running(world: &mut World, jobs: usize, ttl: u64) -> Vec<String> {
+    let names = per_second_jobs(jobs);
+    let config = world.write_config("jobs.toml", jobs as u32, ttl, &job_list(&names, "catch_up = \"all\""));
     world.start_node("a", &config);
     world.start_node("b", &config);
     let started = now_secs();
     wait_for(Duration::from_secs(30), "every job ran twice", || {
-        every_job_ran_since(&world, &names, started, 2)
+        every_job_ran_since(world, &names, started, 2)
     });
     sleep_to_mid_second();
-    (world, names)
+    names
 }
 
 #[test]
 fn etcd_restarted_on_its_data_nodes_resume_without_a_lost_or_doubled_tick() {
-    let (mut world, names) = two_nodes_running_two_jobs(3);
+    let mut world = World::new();
+    let names = two_nodes_running(&mut world, 2, 3);
     step("restart etcd on its data");
     let restarted_at = now_secs();
     world.etcd.kill();
@@ -421,7 +413,8 @@ fn etcd_restarted_on_its_data_nodes_resume_without_a_lost_or_doubled_tick() {
 
 #[test]
 fn etcd_down_for_30s_stops_claims_quietly_and_catches_up_when_it_returns() {
-    let (mut world, names) = two_nodes_running_two_jobs(3);
+    let mut world = World::new();
+    let names = two_nodes_running(&mut world, 2, 3);
     step("stop etcd for 30 s");
     let down_at = now_secs();
     let cpu_before: Vec<f64> = world.nodes.iter().map(Node::cpu_seconds).collect();

@@ -139,19 +139,6 @@ impl Job {
     }
 }
 
-impl Config {
-    /// The config without its jobs: what a node compares a reloaded file against.
-    pub fn clone_without_jobs(&self) -> Config {
-        Config {
-            path: self.path.clone(),
-            cluster: self.cluster.clone(),
-            etcd: self.etcd.clone(),
-            jobs: Vec::new(),
-            digest: self.digest.clone(),
-        }
-    }
-}
-
 /// A config that cannot be used, located as precisely as the file allows.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
