@@ -53,14 +53,16 @@ pub fn free_port() -> std::io::Result<u16> {
 impl EtcdServer {
     /// Starts a single-member etcd and waits until it is healthy.
     pub fn start(bin: &Path) -> Result<EtcdServer, EtcdServerError> {
-        Self::start_cluster(bin, 1)
+        Self::start_with(bin, 1, None)
     }
 
+    #[cfg(feature = "test-support")]
     /// Starts a single-member etcd whose clients must use TLS with a client certificate.
     pub fn start_tls(bin: &Path, tls: ServerTls) -> Result<EtcdServer, EtcdServerError> {
         Self::start_with(bin, 1, Some(tls))
     }
 
+    #[cfg(feature = "test-support")]
     /// Starts `size` members on loopback and waits until each is healthy.
     pub fn start_cluster(bin: &Path, size: usize) -> Result<EtcdServer, EtcdServerError> {
         Self::start_with(bin, size, None)
@@ -159,11 +161,13 @@ impl EtcdServer {
         format!("{scheme}://127.0.0.1:{}", self.members[index].client_port)
     }
 
+    #[cfg(feature = "test-support")]
     /// Every member's client URL.
     pub fn client_urls(&self) -> Vec<String> {
         (0..self.members.len()).map(|index| self.client_url_of(index)).collect()
     }
 
+    #[cfg(feature = "test-support")]
     /// host:port of the first member, for proxies.
     pub fn client_address(&self) -> String {
         format!("127.0.0.1:{}", self.members[0].client_port)
@@ -178,6 +182,7 @@ impl EtcdServer {
         self.dir.path().join(format!("{}.log", self.members[index].name))
     }
 
+    #[cfg(feature = "test-support")]
     /// Kills every member and keeps the data, so [`EtcdServer::restart`] comes back with the same
     /// state.
     pub fn kill(&mut self) {
@@ -186,6 +191,7 @@ impl EtcdServer {
         }
     }
 
+    #[cfg(feature = "test-support")]
     pub fn kill_member(&mut self, index: usize) {
         if let Some(mut child) = self.members[index].child.take() {
             let _ = child.kill();
@@ -193,6 +199,7 @@ impl EtcdServer {
         }
     }
 
+    #[cfg(feature = "test-support")]
     /// Starts every stopped member again on the same ports and data.
     pub fn restart(&mut self) -> Result<(), EtcdServerError> {
         for index in 0..self.members.len() {
@@ -201,6 +208,7 @@ impl EtcdServer {
         Ok(())
     }
 
+    #[cfg(feature = "test-support")]
     fn restart_member(&mut self, index: usize) -> Result<(), EtcdServerError> {
         if self.members[index].child.is_none() {
             self.spawn(index)?;
@@ -209,6 +217,7 @@ impl EtcdServer {
         Ok(())
     }
 
+    #[cfg(feature = "test-support")]
     /// The index of the member that is raft leader now, if any answers so.
     pub fn leader_member(&self) -> Option<usize> {
         (0..self.members.len()).find(|&index| self.metric_of(index, "etcd_server_is_leader") == Some(1.0))
@@ -242,12 +251,14 @@ impl EtcdServer {
         ))
     }
 
+    #[cfg(feature = "test-support")]
     /// The value of a counter or gauge on the first member's `/metrics` page, summed over its
     /// label sets.
     pub fn metric(&self, name: &str) -> Option<f64> {
         self.metric_of(0, name)
     }
 
+    #[cfg(feature = "test-support")]
     fn metric_of(&self, index: usize, name: &str) -> Option<f64> {
         let page = self.http_get(index, "/metrics")?;
         let values: Vec<f64> = page
@@ -275,6 +286,11 @@ impl EtcdServer {
 
 impl Drop for EtcdServer {
     fn drop(&mut self) {
-        self.kill();
+        for member in &mut self.members {
+            if let Some(mut child) = member.child.take() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
     }
 }

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use etcd_client::{GetOptions, SortOrder, SortTarget};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::clock;
 use crate::config::Config;
@@ -15,7 +15,7 @@ use crate::keys::Keys;
 use crate::ledger::{Claim, RunRecord};
 
 /// The JSON document of `status --json`; its keys are documented in the README.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Status {
     pub cluster: String,
     pub shard_count: u32,
@@ -26,7 +26,7 @@ pub struct Status {
     pub jobs: Vec<JobStatus>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct NodeStatus {
     pub id: String,
     pub version: String,
@@ -39,7 +39,7 @@ pub struct NodeStatus {
     pub leads: usize,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct ShardStatus {
     pub shard: u32,
     /// Node id of the leader; `null` while the shard has none.
@@ -50,7 +50,7 @@ pub struct ShardStatus {
     pub standby: usize,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct JobStatus {
     pub name: String,
     pub shard: u32,
