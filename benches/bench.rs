@@ -243,7 +243,9 @@ fn failover_trial(ttl: u64, signal: libc::c_int) -> Trial {
     let config = world.write_config("jobs.toml", 1, ttl, &[("tick", "* * * * * *", "catch_up = \"all\"")]);
     world.start_node("a", &config);
     world.start_node("b", &config);
-    let target = shardcron::fleet::assign(1, &["a", "b"])[0].clone().expect("a target");
+    let target = shardcron::assignment::assign(1, &["a", "b"])[0]
+        .clone()
+        .expect("a target");
     wait_for(
         Duration::from_secs(20),
         "the target leads and the other node stands by",

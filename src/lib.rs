@@ -21,6 +21,7 @@
 //! - [`etcd_server`]: a throwaway local etcd for `dev` and tests.
 //! - [`clock`]: the wall clock, read in one place.
 //! - [`cli`]: the command line.
+pub mod assignment;
 pub mod catch_up;
 pub mod cli;
 pub mod clock;

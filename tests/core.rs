@@ -97,7 +97,9 @@ fn leader_and_standby(world: &mut World, ttl: u64, extra: &str) -> Roles {
     world.start_node("a", &config);
     world.start_node("b", &config);
     // Both nodes compute the same target for the shard; wait until it leads and the other waits.
-    let target = shardcron::fleet::assign(1, &["a", "b"])[0].clone().expect("a target");
+    let target = shardcron::assignment::assign(1, &["a", "b"])[0]
+        .clone()
+        .expect("a target");
     wait_for(
         Duration::from_secs(15),
         "the target leads and the other node stands by",

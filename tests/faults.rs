@@ -58,7 +58,9 @@ fn a_leader_cut_off_from_etcd_stops_and_another_node_leads_within_two_ttl() {
     let ttl = 2;
     let config = world.write_config("jobs.toml", 1, ttl, &[("tick", EVERY_SECOND, "catch_up = \"all\"")]);
     let proxies = start_behind_proxies(&mut world, &["a", "b"], &config);
-    let target = shardcron::fleet::assign(1, &["a", "b"])[0].clone().expect("a target");
+    let target = shardcron::assignment::assign(1, &["a", "b"])[0]
+        .clone()
+        .expect("a target");
     wait_for(Duration::from_secs(20), "the target leads and runs ticks", || {
         world.runs().iter().filter(|run| run.node == target).count() >= 2
             && world.status(&config)["shards"][0]["standby"] == 1
