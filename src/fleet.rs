@@ -9,25 +9,14 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use chrono::{DateTime, Utc};
 use etcd_client::{EventType, GetOptions, PutOptions, WatchOptions};
-use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use crate::assignment::assign;
 use crate::etcd::{self, CoordError};
 use crate::keys::Keys;
+use crate::record::Member;
 use crate::session::Session;
-
-/// The value of `/nodes/<id>`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Member {
-    pub version: String,
-    /// seahash of the node's jobs.toml: nodes that differ run different jobs.
-    pub digest: String,
-    pub shards: u32,
-    pub started_at: DateTime<Utc>,
-}
 
 /// What a node knows of the fleet at one moment.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -22,8 +22,9 @@ use crate::election::{self, Leadership};
 use crate::etcd::CoordError;
 use crate::fleet::FleetView;
 use crate::keys::Keys;
-use crate::ledger::{self, Claim, ClaimRequest, Seen, MAX_OPS_PER_TXN};
+use crate::ledger::{self, ClaimRequest, Seen, MAX_OPS_PER_TXN};
 use crate::node::Loaded;
+use crate::record::Claim;
 use crate::runner::Tick;
 use crate::runs::Runs;
 use crate::session::Session;
@@ -363,7 +364,7 @@ impl Term {
                 .results()
                 .take_for(self.leadership.shard, MAX_OPS_PER_TXN - requests.len());
             let sent = std::time::Instant::now();
-            let carried: Vec<(&str, &crate::ledger::RunRecord)> =
+            let carried: Vec<(&str, &crate::record::RunRecord)> =
                 riders.iter().map(|rider| (rider.job.as_str(), &rider.record)).collect();
             let outcome = ledger::claim(&self.session, &self.keys, &self.leadership, &requests, &carried).await;
             self.claim_lead.observe(sent.elapsed());

@@ -4,45 +4,16 @@
 //! fence and by each job's record being unchanged since the leader read it, so a tick is claimed
 //! at most once even while two nodes both believe they lead.
 
-use chrono::{DateTime, Utc};
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
-use serde::{Deserialize, Serialize};
 
 use crate::election::Leadership;
 use crate::etcd::{self, CoordError};
 use crate::keys::Keys;
+use crate::record::{Claim, RunRecord};
 use crate::session::Session;
 
 /// etcd refuses transactions of more than 128 operations by default; a guard takes one.
 pub const MAX_OPS_PER_TXN: usize = 100;
-
-/// The value of `/jobs/<job>/last`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Claim {
-    pub scheduled_at: DateTime<Utc>,
-    pub fence: i64,
-    pub node: String,
-}
-
-/// The value of `/jobs/<job>/result`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RunRecord {
-    pub scheduled_at: DateTime<Utc>,
-    pub fence: i64,
-    pub node: String,
-    /// `exited`, `killed`, `timeout`, `replaced`, `spawn_failed` or `skipped`.
-    pub outcome: String,
-    pub exit_code: Option<i32>,
-    pub duration_ms: u64,
-    pub finished_at: DateTime<Utc>,
-    /// How many times the command was started for this tick (1 + retries used; 0 if skipped).
-    #[serde(default = "one")]
-    pub attempts: u32,
-}
-
-fn one() -> u32 {
-    1
-}
 
 /// A job's last claim as read from etcd, with the revision a claim must find unchanged.
 #[derive(Debug, Clone, Default)]

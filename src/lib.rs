@@ -35,6 +35,7 @@ pub mod leader;
 pub mod ledger;
 pub mod metrics;
 pub mod node;
+pub mod record;
 pub mod results;
 pub mod runner;
 pub mod runs;

@@ -17,7 +17,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
-use crate::ledger::RunRecord;
+use crate::record::{Outcome, RunRecord};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct JobLabel {
@@ -114,10 +114,10 @@ impl Metrics {
 
     /// Counts a finished (or skipped) run.
     pub fn record_run(&self, job: &str, record: &RunRecord) {
-        let result = match (record.outcome.as_str(), record.exit_code) {
-            ("exited", Some(0)) => "success",
-            ("exited", _) => "failure",
-            (other, _) => other,
+        let result = match (record.outcome, record.exit_code) {
+            (Outcome::Exited, Some(0)) => "success",
+            (Outcome::Exited, _) => "failure",
+            (other, _) => other.as_str(),
         };
         self.runs
             .get_or_create(&RunLabels {
@@ -125,7 +125,7 @@ impl Metrics {
                 result: result.to_string(),
             })
             .inc();
-        if record.outcome != "skipped" {
+        if record.outcome != Outcome::Skipped {
             self.run_duration.observe(record.duration_ms as f64 / 1000.0);
         }
     }
@@ -230,20 +230,20 @@ mod tests {
 
     #[test]
     fn runs_are_counted_by_job_and_result() {
-        let record = |outcome: &str, exit_code: Option<i32>| RunRecord {
+        let record = |outcome: Outcome, exit_code: Option<i32>| RunRecord {
             scheduled_at: chrono::DateTime::UNIX_EPOCH,
             fence: 1,
             node: "n".into(),
-            outcome: outcome.into(),
+            outcome,
             exit_code,
             duration_ms: 20,
             finished_at: chrono::DateTime::UNIX_EPOCH,
             attempts: 1,
         };
         let metrics = Metrics::new();
-        metrics.record_run("metrics-test", &record("exited", Some(0)));
-        metrics.record_run("metrics-test", &record("exited", Some(2)));
-        metrics.record_run("metrics-test", &record("timeout", None));
+        metrics.record_run("metrics-test", &record(Outcome::Exited, Some(0)));
+        metrics.record_run("metrics-test", &record(Outcome::Exited, Some(2)));
+        metrics.record_run("metrics-test", &record(Outcome::Timeout, None));
         let text = metrics.render();
         for line in [
             "shardcron_runs_total{job=\"metrics-test\",result=\"success\"} 1",

@@ -16,9 +16,10 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{Config, Job};
 use crate::election;
 use crate::etcd::CoordError;
-use crate::fleet::{self, FleetView, Member};
+use crate::fleet::{self, FleetView};
 use crate::keys::Keys;
 use crate::leader::{ClaimLead, Memory, Term, TermEnd};
+use crate::record::Member;
 use crate::runs::Runs;
 use crate::session::Session;
 

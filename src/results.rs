@@ -13,7 +13,8 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::keys::Keys;
-use crate::ledger::{self, RunRecord};
+use crate::ledger;
+use crate::record::RunRecord;
 
 /// How long a result waits for a claim of its shard to carry it.
 pub const RIDE_WINDOW: Duration = Duration::from_millis(1500);
@@ -198,7 +199,7 @@ mod tests {
             scheduled_at: at,
             fence: 1,
             node: "n".into(),
-            outcome: "exited".into(),
+            outcome: crate::record::Outcome::Exited,
             exit_code: Some(0),
             duration_ms: 1,
             finished_at: at,

@@ -17,7 +17,7 @@ use rand::Rng;
 
 use crate::clock;
 use crate::config::{Job, MAX_RETRY_BACKOFF};
-use crate::ledger::RunRecord;
+use crate::record::{Outcome, RunRecord};
 
 /// Longer output lines are cut, so a job printing without newlines cannot grow the node's memory.
 pub const MAX_LINE: usize = 8 * 1024;
@@ -56,10 +56,10 @@ pub async fn run(tick: &Tick, stops: &Stops<'_>) -> RunRecord {
     loop {
         let mut record = run_once(tick, attempt, stops).await;
         record.attempts = attempt;
-        let retryable = match record.outcome.as_str() {
-            "exited" => record.exit_code != Some(0),
-            "timeout" | "spawn_failed" => true,
-            _ => false,
+        let retryable = match record.outcome {
+            Outcome::Exited => record.exit_code != Some(0),
+            Outcome::Timeout | Outcome::SpawnFailed => true,
+            Outcome::Killed | Outcome::Replaced | Outcome::Skipped => false,
         };
         if !retryable || attempt > job.retries {
             return record;
@@ -100,11 +100,11 @@ pub fn retry_delay(base: Duration, attempt: u32) -> Duration {
 async fn run_once(tick: &Tick, attempt: u32, stops: &Stops<'_>) -> RunRecord {
     let job = &tick.job;
     let started = std::time::Instant::now();
-    let record = |outcome: &str, exit_code: Option<i32>| RunRecord {
+    let record = |outcome: Outcome, exit_code: Option<i32>| RunRecord {
         scheduled_at: tick.scheduled_at,
         fence: tick.fence,
         node: tick.node.clone(),
-        outcome: outcome.to_string(),
+        outcome,
         exit_code,
         duration_ms: started.elapsed().as_millis() as u64,
         finished_at: clock::now(),
@@ -133,7 +133,7 @@ async fn run_once(tick: &Tick, attempt: u32, stops: &Stops<'_>) -> RunRecord {
         Ok(child) => child,
         Err(err) => {
             tracing::error!(job = %job.name, tick = %tick.scheduled_at_text(), attempt, error = %err, "could not start the command");
-            return record("spawn_failed", None);
+            return record(Outcome::SpawnFailed, None);
         }
     };
     let pid = child.id();
@@ -157,22 +157,22 @@ async fn run_once(tick: &Tick, attempt: u32, stops: &Stops<'_>) -> RunRecord {
         tracing::warn!(job = %job.name, tick = %tick.scheduled_at_text(), attempt, kill_grace = ?job.kill_grace, "{why}: SIGTERM to the process group");
         signal_group(pid, libc::SIGTERM);
     };
-    let mut outcome = "exited";
+    let mut outcome = Outcome::Exited;
     let status = tokio::select! {
         status = child.wait() => status,
         _ = timeout => {
-            outcome = "timeout";
+            outcome = Outcome::Timeout;
             terminate("timed out");
             wait_or_kill(&mut child, pid, job.kill_grace, stops.kill, tick).await
         }
         _ = stops.replace.cancelled() => {
-            outcome = "replaced";
+            outcome = Outcome::Replaced;
             terminate("replaced by a newer tick (overlap = \"replace\")");
             wait_or_kill(&mut child, pid, job.kill_grace, stops.kill, tick).await
         }
         _ = stops.kill.cancelled() => {
             tracing::warn!(job = %job.name, tick = %tick.scheduled_at_text(), "shutdown grace is over: SIGKILL to the process group");
-            outcome = "killed";
+            outcome = Outcome::Killed;
             signal_group(pid, libc::SIGKILL);
             child.wait().await
         }
@@ -186,11 +186,11 @@ async fn run_once(tick: &Tick, attempt: u32, stops: &Stops<'_>) -> RunRecord {
     let exit_code = status.as_ref().ok().and_then(|status| status.code());
     let record = record(outcome, exit_code);
     match &status {
-        Ok(status) if status.success() && outcome == "exited" => {
+        Ok(status) if status.success() && outcome == Outcome::Exited => {
             tracing::info!(job = %job.name, tick = %tick.scheduled_at_text(), fence = tick.fence, attempt, duration_ms = record.duration_ms, "run succeeded")
         }
         Ok(status) => {
-            tracing::warn!(job = %job.name, tick = %tick.scheduled_at_text(), fence = tick.fence, attempt, duration_ms = record.duration_ms, status = %status, outcome, "run failed")
+            tracing::warn!(job = %job.name, tick = %tick.scheduled_at_text(), fence = tick.fence, attempt, duration_ms = record.duration_ms, status = %status, outcome = outcome.as_str(), "run failed")
         }
         Err(err) => {
             tracing::error!(job = %job.name, tick = %tick.scheduled_at_text(), attempt, error = %err, "could not wait for the command")

@@ -13,7 +13,7 @@ use tokio_util::task::TaskTracker;
 use crate::clock;
 use crate::config::{Job, Overlap};
 use crate::keys::Keys;
-use crate::ledger::RunRecord;
+use crate::record::{Outcome, RunRecord};
 use crate::results::{write_leftovers, ResultQueue};
 use crate::runner::{self, Tick};
 
@@ -97,7 +97,7 @@ impl Runs {
                     for tick in ticks {
                         tracing::info!(job = %job.name, tick = %tick.scheduled_at_text(), "skipped: the previous run of this job on this node was still going at this tick (overlap = \"skip\")");
                         crate::metrics::get().skipped_overlaps.inc();
-                        self.report(&tick, not_run(&tick, "skipped"));
+                        self.report(&tick, not_run(&tick, Outcome::Skipped));
                     }
                     return;
                 }
@@ -123,7 +123,7 @@ impl Runs {
             };
             for tick in ticks {
                 if replace.is_cancelled() {
-                    runs.report(&tick, not_run(&tick, "replaced"));
+                    runs.report(&tick, not_run(&tick, Outcome::Replaced));
                     continue;
                 }
                 runs.mark_running(
@@ -213,12 +213,12 @@ fn overlaps(job: &Job, running: Running, scheduled_at: DateTime<Utc>) -> bool {
 }
 
 /// The record of a tick that was claimed but not run: `skipped` or `replaced`.
-fn not_run(tick: &Tick, outcome: &str) -> RunRecord {
+fn not_run(tick: &Tick, outcome: Outcome) -> RunRecord {
     RunRecord {
         scheduled_at: tick.scheduled_at,
         fence: tick.fence,
         node: tick.node.clone(),
-        outcome: outcome.into(),
+        outcome,
         exit_code: None,
         duration_ms: 0,
         finished_at: clock::now(),

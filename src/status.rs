@@ -10,9 +10,8 @@ use serde::{Deserialize, Serialize};
 use crate::clock;
 use crate::config::Config;
 use crate::etcd::{self, CoordError};
-use crate::fleet::Member;
 use crate::keys::Keys;
-use crate::ledger::{Claim, RunRecord};
+use crate::record::{Claim, Member, RunRecord};
 
 /// The JSON document of `status --json`; its keys are documented in the README.
 #[derive(Debug, Serialize, Deserialize)]
@@ -225,7 +224,7 @@ pub fn render(status: &Status) -> String {
                 }),
                 claim.map_or_else(dash, |claim| claim.node.clone()),
                 claim.map_or_else(dash, |claim| claim.fence.to_string()),
-                run.map_or_else(dash, |run| run.outcome.clone()),
+                run.map_or_else(dash, |run| run.outcome.to_string()),
                 run.and_then(|run| run.exit_code)
                     .map_or_else(dash, |code| code.to_string()),
                 job.next.map_or_else(

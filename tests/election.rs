@@ -9,7 +9,8 @@ use chrono::Utc;
 use shardcron::election;
 use shardcron::etcd_server::EtcdServer;
 use shardcron::keys::Keys;
-use shardcron::ledger::{self, Claim, ClaimRequest};
+use shardcron::ledger::{self, ClaimRequest};
+use shardcron::record::Claim;
 use shardcron::session::Session;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,0 +1,122 @@
+//! The values shardcron keeps in etcd, as they are serialised there and in `status --json`.
+//!
+//! Their JSON shapes are a contract: operators' scripts read them through `status --json`, and
+//! nodes of different versions read each other's records during a rolling upgrade.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+/// The value of `/jobs/<job>/last`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Claim {
+    pub scheduled_at: DateTime<Utc>,
+    pub fence: i64,
+    pub node: String,
+}
+
+/// The value of `/jobs/<job>/result`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunRecord {
+    pub scheduled_at: DateTime<Utc>,
+    pub fence: i64,
+    pub node: String,
+    pub outcome: Outcome,
+    pub exit_code: Option<i32>,
+    pub duration_ms: u64,
+    pub finished_at: DateTime<Utc>,
+    /// How many times the command was started for this tick (1 + retries used; 0 if skipped).
+    #[serde(default = "one")]
+    pub attempts: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// How a claimed tick ended on the node that claimed it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// The command ran and exited by itself; `exit_code` says how.
+    Exited,
+    /// The shutdown grace ran out and the command was killed.
+    Killed,
+    /// The job's `timeout` ran out.
+    Timeout,
+    /// A newer tick replaced the run (`overlap = "replace"`), or replaced it before it started.
+    Replaced,
+    /// The command could not be started.
+    SpawnFailed,
+    /// Not run: the job's previous run was still going (`overlap = "skip"`).
+    Skipped,
+}
+
+impl Outcome {
+    /// The name stored in etcd and printed by `status`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Exited => "exited",
+            Outcome::Killed => "killed",
+            Outcome::Timeout => "timeout",
+            Outcome::Replaced => "replaced",
+            Outcome::SpawnFailed => "spawn_failed",
+            Outcome::Skipped => "skipped",
+        }
+    }
+}
+
+impl std::fmt::Display for Outcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The value of `/nodes/<id>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    pub version: String,
+    /// seahash of the node's jobs.toml: nodes that differ run different jobs.
+    pub digest: String,
+    pub shards: u32,
+    pub started_at: DateTime<Utc>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outcomes_are_stored_by_their_snake_case_names() {
+        for outcome in [
+            Outcome::Exited,
+            Outcome::Killed,
+            Outcome::Timeout,
+            Outcome::Replaced,
+            Outcome::SpawnFailed,
+            Outcome::Skipped,
+        ] {
+            let json = serde_json::to_string(&outcome).unwrap();
+            assert_eq!(json, format!("\"{}\"", outcome.as_str()));
+            assert_eq!(serde_json::from_str::<Outcome>(&json).unwrap(), outcome);
+        }
+    }
+
+    #[test]
+    fn a_run_record_keeps_its_json_shape() {
+        let at = DateTime::<Utc>::from_timestamp(1_800_000_000, 0).unwrap();
+        let record = RunRecord {
+            scheduled_at: at,
+            fence: 7,
+            node: "a".into(),
+            outcome: Outcome::SpawnFailed,
+            exit_code: None,
+            duration_ms: 3,
+            finished_at: at,
+            attempts: 2,
+        };
+        assert_eq!(
+            serde_json::to_string(&record).unwrap(),
+            r#"{"scheduled_at":"2027-01-15T08:00:00Z","fence":7,"node":"a","outcome":"spawn_failed","exit_code":null,"duration_ms":3,"finished_at":"2027-01-15T08:00:00Z","attempts":2}"#
+        );
+    }
+}
