@@ -8,11 +8,16 @@
 //! a TTL; a leader that is not a shard's target hands it over once the target is campaigning.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use etcd_client::{EventType, GetOptions, PutOptions, WatchOptions};
 use tokio::sync::watch;
+use tokio::task::JoinSet;
 
 use crate::assignment::assign;
+use crate::backoff::{sleep_or_cancel, Backoff};
+use crate::context::NodeContext;
+use crate::election::Ballot;
 use crate::etcd::{self, CoordError};
 use crate::keys::Keys;
 use crate::record::Member;
@@ -63,53 +68,47 @@ pub async fn register(session: &Session, keys: &Keys, node_id: &str, member: &Me
     Ok(())
 }
 
+/// Every live member, by node id, and the revision of the read.
+pub async fn read_members(
+    client: &etcd_client::Client,
+    keys: &Keys,
+) -> Result<(BTreeMap<String, Member>, i64), CoordError> {
+    let prefix = keys.nodes_prefix();
+    let response = etcd::call(client.clone().get(prefix, Some(GetOptions::new().with_prefix()))).await?;
+    let mut members = BTreeMap::new();
+    for kv in response.kvs() {
+        apply_member(&mut members, keys, kv.key(), Some(kv.value()));
+    }
+    Ok((members, response.header().map_or(0, |header| header.revision())))
+}
+
+/// Every candidate of the elections of `shards` shards, and the revision of the read.
+pub async fn read_ballot(client: &etcd_client::Client, keys: &Keys, shards: u32) -> Result<(Ballot, i64), CoordError> {
+    let prefix = keys.shards_prefix();
+    let response = etcd::call(client.clone().get(prefix, Some(GetOptions::new().with_prefix()))).await?;
+    let mut ballot = Ballot::new(shards);
+    for kv in response.kvs() {
+        ballot.apply(keys, kv.key(), Some((kv.value(), kv.create_revision())));
+    }
+    Ok((ballot, response.header().map_or(0, |header| header.revision())))
+}
+
 /// Keeps a [`FleetView`] current from etcd until the session ends. Returns when a watch fails;
 /// the caller restarts it.
-pub async fn watch(
-    session: &Session,
-    keys: &Keys,
-    shards: u32,
-    view: &watch::Sender<FleetView>,
-) -> Result<(), CoordError> {
+async fn watch(session: &Session, keys: &Keys, shards: u32, view: &watch::Sender<FleetView>) -> Result<(), CoordError> {
     let client = session.client();
-    let nodes_prefix = keys.nodes_prefix();
-    let shards_prefix = keys.shards_prefix();
-    let nodes = etcd::call(
-        client
-            .clone()
-            .get(nodes_prefix.as_str(), Some(GetOptions::new().with_prefix())),
-    )
-    .await?;
-    let elections = etcd::call(
-        client
-            .clone()
-            .get(shards_prefix.as_str(), Some(GetOptions::new().with_prefix())),
-    )
-    .await?;
-    let from = nodes
-        .header()
-        .map_or(0, |h| h.revision())
-        .min(elections.header().map_or(0, |h| h.revision()))
-        + 1;
-
-    let mut members: BTreeMap<String, Member> = BTreeMap::new();
-    for kv in nodes.kvs() {
-        apply_member(&mut members, &nodes_prefix, kv.key(), Some(kv.value()));
-    }
-    // Candidate key -> node id, for the elections of this shard count.
-    let mut candidates: BTreeMap<(u32, Vec<u8>), String> = BTreeMap::new();
-    for kv in elections.kvs() {
-        apply_candidate(&mut candidates, keys, shards, kv.key(), Some(kv.value()));
-    }
-    publish(view, &members, &candidates, shards);
+    let (mut members, members_read) = read_members(&client, keys).await?;
+    let (mut ballot, ballot_read) = read_ballot(&client, keys, shards).await?;
+    let from = members_read.min(ballot_read) + 1;
+    publish(view, &members, &ballot, shards);
 
     let mut node_watch = etcd::call(client.clone().watch(
-        nodes_prefix.as_str(),
+        keys.nodes_prefix(),
         Some(WatchOptions::new().with_prefix().with_start_revision(from)),
     ))
     .await?;
     let mut election_watch = etcd::call(client.clone().watch(
-        shards_prefix.as_str(),
+        keys.shards_prefix(),
         Some(WatchOptions::new().with_prefix().with_start_revision(from)),
     ))
     .await?;
@@ -123,7 +122,7 @@ pub async fn watch(
                 for event in response.events() {
                     let Some(kv) = event.kv() else { continue };
                     let value = (event.event_type() == EventType::Put).then(|| kv.value());
-                    apply_member(&mut members, &nodes_prefix, kv.key(), value);
+                    apply_member(&mut members, keys, kv.key(), value);
                 }
             }
             message = election_watch.message() => {
@@ -133,17 +132,17 @@ pub async fn watch(
                 }
                 for event in response.events() {
                     let Some(kv) = event.kv() else { continue };
-                    let value = (event.event_type() == EventType::Put).then(|| kv.value());
-                    apply_candidate(&mut candidates, keys, shards, kv.key(), value);
+                    let put = (event.event_type() == EventType::Put).then(|| (kv.value(), kv.create_revision()));
+                    ballot.apply(keys, kv.key(), put);
                 }
             }
         }
-        publish(view, &members, &candidates, shards);
+        publish(view, &members, &ballot, shards);
     }
 }
 
-fn apply_member(members: &mut BTreeMap<String, Member>, prefix: &str, key: &[u8], value: Option<&[u8]>) {
-    let Some(id) = std::str::from_utf8(key).ok().and_then(|key| key.strip_prefix(prefix)) else {
+fn apply_member(members: &mut BTreeMap<String, Member>, keys: &Keys, key: &[u8], value: Option<&[u8]>) {
+    let Some(id) = std::str::from_utf8(key).ok().and_then(|key| keys.parse_node(key)) else {
         return;
     };
     match value.map(serde_json::from_slice::<Member>) {
@@ -157,44 +156,19 @@ fn apply_member(members: &mut BTreeMap<String, Member>, prefix: &str, key: &[u8]
     }
 }
 
-fn apply_candidate(
-    candidates: &mut BTreeMap<(u32, Vec<u8>), String>,
-    keys: &Keys,
-    shards: u32,
-    key: &[u8],
-    value: Option<&[u8]>,
-) {
-    let Some((shard, of)) = std::str::from_utf8(key).ok().and_then(|key| keys.parse_candidate(key)) else {
-        return;
-    };
-    if of != shards {
-        return;
-    }
-    match value {
-        Some(node) => {
-            candidates.insert((shard, key.to_vec()), String::from_utf8_lossy(node).into_owned());
-        }
-        None => {
-            candidates.remove(&(shard, key.to_vec()));
-        }
-    }
-}
-
-fn publish(
-    view: &watch::Sender<FleetView>,
-    members: &BTreeMap<String, Member>,
-    candidates: &BTreeMap<(u32, Vec<u8>), String>,
-    shards: u32,
-) {
-    let mut per_shard = vec![BTreeSet::new(); shards as usize];
-    for ((shard, _), node) in candidates {
-        if let Some(set) = per_shard.get_mut(*shard as usize) {
-            set.insert(node.clone());
-        }
-    }
+fn publish(view: &watch::Sender<FleetView>, members: &BTreeMap<String, Member>, ballot: &Ballot, shards: u32) {
+    let candidates = (0..shards)
+        .map(|shard| {
+            ballot
+                .candidates(shard)
+                .iter()
+                .map(|candidate| candidate.node.clone())
+                .collect()
+        })
+        .collect();
     let next = FleetView {
         members: members.clone(),
-        candidates: per_shard,
+        candidates,
     };
     view.send_if_modified(|current| {
         if *current == next {
@@ -212,4 +186,74 @@ pub fn drifted<'a>(view: &'a FleetView, digest: &str) -> Vec<(&'a str, &'a Membe
         .filter(|(_, member)| member.digest != digest)
         .map(|(id, member)| (id.as_str(), member))
         .collect()
+}
+
+/// Starts this session's fleet tasks: the view every term reads, this node's registration kept
+/// current across reloads, and drift warnings. They end with the session.
+pub(crate) fn spawn_tasks(
+    tasks: &mut JoinSet<()>,
+    node: &Arc<NodeContext>,
+    session: &Session,
+    member: Member,
+) -> watch::Receiver<FleetView> {
+    let (view_sender, view) = watch::channel(FleetView::default());
+    tasks.spawn(keep_view(session.clone(), node.keys.clone(), node.shards, view_sender));
+    tasks.spawn(register_reloads(Arc::clone(node), session.clone(), member));
+    tasks.spawn(warn_on_drift(Arc::clone(node), session.clone(), view.clone()));
+    view
+}
+
+/// Keeps the fleet view current for this session, restarting the watch when it fails.
+async fn keep_view(session: Session, keys: Keys, shards: u32, view: watch::Sender<FleetView>) {
+    let mut backoff = Backoff::coordination();
+    loop {
+        tokio::select! {
+            result = watch(&session, &keys, shards, &view) => {
+                if let Err(err) = result {
+                    tracing::warn!(error = %err, "fleet watch failed; restarting it");
+                }
+            }
+            _ = session.ended().cancelled() => return,
+        }
+        if !sleep_or_cancel(backoff.next_delay(), session.ended()).await {
+            return;
+        }
+    }
+}
+
+/// Logs each member whose jobs.toml differs from this node's, once per digest.
+async fn warn_on_drift(node: Arc<NodeContext>, session: Session, mut view: watch::Receiver<FleetView>) {
+    let mut loaded = node.jobs.clone();
+    let mut reported = BTreeSet::new();
+    loop {
+        {
+            let digest = loaded.borrow_and_update().digest.clone();
+            let current = view.borrow_and_update();
+            for (id, member) in drifted(&current, &digest) {
+                if reported.insert((id.to_string(), member.digest.clone(), digest.clone())) {
+                    tracing::warn!(node = %node.node_id, other = id, its_digest = %member.digest, our_digest = %digest, its_shards = member.shards, "config drift: this member runs a different jobs.toml");
+                }
+            }
+        }
+        tokio::select! {
+            changed = view.changed() => if changed.is_err() { return },
+            changed = loaded.changed() => if changed.is_err() { return },
+            _ = session.ended().cancelled() => return,
+        }
+    }
+}
+
+/// Registers this node again with the new digest whenever a reload changes the jobs.
+async fn register_reloads(node: Arc<NodeContext>, session: Session, mut member: Member) {
+    let mut loaded = node.jobs.clone();
+    loop {
+        tokio::select! {
+            changed = loaded.changed() => if changed.is_err() { return },
+            _ = session.ended().cancelled() => return,
+        }
+        member.digest = loaded.borrow_and_update().digest.clone();
+        if let Err(err) = register(&session, &node.keys, &node.node_id, &member).await {
+            tracing::warn!(error = %err, "cannot update this node's registration after a reload; others see the old digest until the next session");
+        }
+    }
 }

@@ -9,6 +9,15 @@
 //! The shard count is part of the election prefix, so nodes whose configs disagree on `shards`
 //! never share an election: shard 3 of 16 and shard 3 of 32 hold different jobs.
 
+/// The records kept per job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobRecord {
+    /// `/jobs/<job>/last`: the last claimed tick.
+    Last,
+    /// `/jobs/<job>/result`: the last finished run.
+    Result,
+}
+
 /// Builds the keys of one cluster.
 #[derive(Debug, Clone)]
 pub struct Keys {
@@ -43,6 +52,21 @@ impl Keys {
         Some((shard, shards))
     }
 
+    /// The node id of a member key.
+    pub fn parse_node<'k>(&self, key: &'k str) -> Option<&'k str> {
+        key.strip_prefix(&self.nodes_prefix())
+    }
+
+    /// The job and the kind of a job record key.
+    pub fn parse_job_record<'k>(&self, key: &'k str) -> Option<(&'k str, JobRecord)> {
+        let rest = key.strip_prefix(&self.jobs_prefix())?;
+        match rest.rsplit_once('/')? {
+            (job, "last") => Some((job, JobRecord::Last)),
+            (job, "result") => Some((job, JobRecord::Result)),
+            _ => None,
+        }
+    }
+
     pub fn jobs_prefix(&self) -> String {
         format!("{}jobs/", self.root)
     }
@@ -66,7 +90,7 @@ impl Keys {
 
 #[cfg(test)]
 mod tests {
-    use super::Keys;
+    use super::{JobRecord, Keys};
 
     #[test]
     fn layout() {
@@ -75,5 +99,16 @@ mod tests {
         assert_eq!(keys.parse_candidate("/shardcron/prod/shards/3/n16/1f"), Some((3, 16)));
         assert_eq!(keys.job_last("backup"), "/shardcron/prod/jobs/backup/last");
         assert_eq!(keys.node("a"), "/shardcron/prod/nodes/a");
+        assert_eq!(keys.parse_node("/shardcron/prod/nodes/a"), Some("a"));
+        assert_eq!(keys.parse_node("/shardcron/other/nodes/a"), None);
+        assert_eq!(
+            keys.parse_job_record("/shardcron/prod/jobs/backup/result"),
+            Some(("backup", JobRecord::Result))
+        );
+        assert_eq!(
+            keys.parse_job_record(&keys.job_last("a/b")),
+            Some(("a/b", JobRecord::Last))
+        );
+        assert_eq!(keys.parse_job_record("/shardcron/prod/jobs/backup/other"), None);
     }
 }

@@ -1,80 +1,33 @@
-//! One term of leadership of one shard: catch up on missed ticks, then fire each tick on time.
+//! One shard of one node: campaign, lead in terms, resign; and the firing loop of a term.
 //!
-//! The loop keeps a time-ordered queue of its jobs' next ticks. For each instant it sleeps until
-//! a little before it, claims every job due then in one guarded transaction, sleeps to the
-//! instant by the wall clock and starts the runs. It never fires early, and it never starts a run
-//! once its lease may have expired, so a stalled leader that wakes up late does nothing.
+//! A term keeps a time-ordered queue of its jobs' next ticks. For each instant it sleeps until
+//! a little before it, claims every job due then (see [`crate::claims`]), sleeps to the instant
+//! by the wall clock and starts the runs. It never fires early, and it never starts a run once
+//! its lease may have expired, so a stalled leader that wakes up late does nothing.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::backoff::{sleep_or_cancel, Backoff};
 use crate::catch_up::{missed_ticks, MAX_CATCH_UP};
+use crate::claims::{Book, Claimer, Halt};
 use crate::clock;
 use crate::config::Job;
+use crate::context::{Loaded, NodeContext};
 use crate::election::{self, Leadership};
-use crate::etcd::CoordError;
 use crate::fleet::FleetView;
-use crate::keys::Keys;
-use crate::ledger::{self, ClaimRequest, Seen, MAX_OPS_PER_TXN};
-use crate::node::Loaded;
-use crate::record::Claim;
+use crate::ledger::MAX_OPS_PER_TXN;
 use crate::runner::Tick;
-use crate::runs::Runs;
 use crate::session::Session;
 
-/// How far ahead of a tick to claim it: a few times the recent claim latency, within bounds.
-///
-/// Claiming ahead keeps the etcd round trip out of the spawn's lateness. The lead is also the
-/// window in which a leader that dies after claiming a tick loses it, so it is kept as short as
-/// the measured latency allows instead of a fixed generous margin.
-#[derive(Clone)]
-pub struct ClaimLead {
-    average_micros: Arc<AtomicU64>,
-}
-
-impl ClaimLead {
-    const MIN: Duration = Duration::from_millis(3);
-    const MAX: Duration = Duration::from_millis(50);
-    const INITIAL: Duration = Duration::from_millis(10);
-
-    pub fn new() -> Self {
-        ClaimLead {
-            average_micros: Arc::new(AtomicU64::new(Self::INITIAL.as_micros() as u64 / 3)),
-        }
-    }
-
-    pub fn lead(&self) -> Duration {
-        let average = Duration::from_micros(self.average_micros.load(Ordering::Relaxed));
-        (average * 3).clamp(Self::MIN, Self::MAX)
-    }
-
-    /// Folds one claim's round trip into the moving average (weight 1/8).
-    pub fn observe(&self, took: Duration) {
-        let took = took.as_micros().min(u128::from(u32::MAX)) as u64;
-        let average = self.average_micros.load(Ordering::Relaxed);
-        self.average_micros
-            .store(average - average / 8 + took / 8, Ordering::Relaxed);
-    }
-}
-
-impl Default for ClaimLead {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-/// Pause between attempts when etcd fails a call during a term.
-const RETRY_PAUSE: Duration = Duration::from_millis(200);
-
 /// Why a term ended; the shard task decides what comes next.
-#[derive(Debug, PartialEq, Eq)]
-pub enum TermEnd {
+#[derive(Debug)]
+enum TermEnd {
     /// Shutdown: stop campaigning.
     Stopped,
     /// The node's lease is gone or may be: every term of the node ends.
@@ -85,105 +38,122 @@ pub enum TermEnd {
     HandedOff,
     /// `jobs.toml` was reloaded: lead on, with the new jobs, under the same leadership, from
     /// what this term knew of the jobs it keeps.
-    JobsReloaded(Memory),
+    JobsReloaded(Book),
 }
 
-/// What a term knew of each job's record when it ended: the next term of the same leadership
-/// starts from it instead of reading etcd again, so a reload costs no tick.
-#[derive(Default, PartialEq, Eq)]
-pub struct Memory(std::collections::HashMap<String, (i64, Option<DateTime<Utc>>)>);
-
-impl std::fmt::Debug for Memory {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} jobs remembered", self.0.len())
+impl From<Halt> for TermEnd {
+    fn from(halt: Halt) -> TermEnd {
+        match halt {
+            Halt::Stopped => TermEnd::Stopped,
+            Halt::SessionLost => TermEnd::SessionLost,
+            Halt::Deposed => TermEnd::Deposed,
+        }
     }
 }
 
-/// What a term needs to know about its node and shard.
-pub struct Term {
-    pub session: Session,
-    pub keys: Keys,
-    pub election_prefix: String,
-    pub node_id: String,
-    pub jobs: Vec<Arc<Job>>,
-    /// Changes when a reload replaces the node's jobs.
-    pub jobs_reloaded: watch::Receiver<Arc<Loaded>>,
-    pub runs: Runs,
-    pub stop: CancellationToken,
-    pub leadership: Leadership,
-    pub claim_lead: ClaimLead,
-    pub shards: u32,
-    pub fleet: watch::Receiver<FleetView>,
-    /// Cancelled when this leadership ends (not at a reload): runs it started retry no more.
-    pub leading: CancellationToken,
-    /// What the previous term of this leadership knew, if a reload ended it.
-    pub memory: Memory,
+/// Campaigns for `shard` and leads it whenever elected, until the session ends.
+pub(crate) async fn run_shard(node: Arc<NodeContext>, session: Session, fleet: watch::Receiver<FleetView>, shard: u32) {
+    let mut jobs = node.jobs.clone();
+    let mut backoff = Backoff::coordination();
+    loop {
+        let campaign = tokio::select! {
+            result = election::campaign(&session, &node.keys, node.shards, shard, &node.node_id) => result,
+            _ = session.ended().cancelled() => return,
+        };
+        let leadership = match campaign {
+            Ok(leadership) => leadership,
+            Err(err) => {
+                let wait = backoff.next_delay();
+                tracing::warn!(shard, error = %err, retry_in = ?wait, "campaign failed; retrying");
+                if !sleep_or_cancel(wait, session.ended()).await {
+                    return;
+                }
+                continue;
+            }
+        };
+        backoff.reset();
+        // One leadership may span several terms: a reload ends a term between ticks and the
+        // next one leads on with the new jobs, without resigning. Runs keep retrying for as
+        // long as the leadership lasts.
+        let term = Term {
+            node: Arc::clone(&node),
+            session: session.clone(),
+            fleet: fleet.clone(),
+            leading: session.ended().child_token(),
+            leadership,
+        };
+        let _leading = term.leading.clone().drop_guard();
+        let mut known = Some(Book::default());
+        while let Some(book) = known.take() {
+            let shard_jobs = jobs.borrow_and_update().by_shard[shard as usize].clone();
+            tracing::info!(
+                shard,
+                fence = term.leadership.fence,
+                jobs = shard_jobs.len(),
+                "leading shard"
+            );
+            let shards_led = &crate::metrics::get().shards_led;
+            shards_led.inc();
+            let end = term.lead(shard_jobs, book, jobs.clone()).await;
+            shards_led.dec();
+            tracing::info!(shard, fence = term.leadership.fence, reason = ?end, "term ended");
+            match end {
+                TermEnd::JobsReloaded(book) => known = Some(book),
+                TermEnd::Deposed => {}
+                TermEnd::HandedOff => {
+                    if let Err(err) = election::resign(&session, &term.leadership).await {
+                        tracing::warn!(shard, error = %err, "could not resign; the claims still keep each tick once");
+                    }
+                }
+                TermEnd::Stopped | TermEnd::SessionLost => return,
+            }
+        }
+    }
 }
 
-struct JobState {
-    job: Arc<Job>,
-    revision: i64,
-    last: Option<DateTime<Utc>>,
+/// One leadership of one shard.
+struct Term {
+    node: Arc<NodeContext>,
+    session: Session,
+    fleet: watch::Receiver<FleetView>,
+    leadership: Leadership,
+    /// A child of the session's token, cancelled when this leadership ends (not at a reload):
+    /// runs it started retry no more.
+    leading: CancellationToken,
 }
 
 impl Term {
-    /// Leads the shard until shutdown, the session's loss or deposition.
-    pub async fn lead(&self) -> TermEnd {
+    /// Leads the shard with `jobs` until shutdown, the session's loss, deposition, a handoff or
+    /// a reload of the node's jobs, starting from what `known` knew of them.
+    async fn lead(&self, jobs: Vec<Arc<Job>>, known: Book, mut reloads: watch::Receiver<Arc<Loaded>>) -> TermEnd {
         let mut fleet = self.fleet.clone();
-        let mut jobs_reloaded = self.jobs_reloaded.clone();
         if self.should_hand_over(&mut fleet) {
             return TermEnd::HandedOff;
         }
-        let unknown: Vec<&str> = self
-            .jobs
-            .iter()
-            .map(|job| job.name.as_str())
-            .filter(|name| !self.memory.0.contains_key(*name))
-            .collect();
-        let seen = match self
-            .retry(|| ledger::read_claims(&self.session, &self.keys, &unknown))
-            .await
-        {
-            Ok(seen) => seen,
-            Err(end) => return end,
+        let claimer = self.claimer();
+        let mut book = match claimer.open_book(jobs, known).await {
+            Ok(book) => book,
+            Err(halt) => return halt.into(),
         };
-        let mut seen = seen.into_iter();
-        let mut states: Vec<JobState> = self
-            .jobs
-            .iter()
-            .map(|job| {
-                let (revision, last) = match self.memory.0.get(&job.name) {
-                    Some(known) => *known,
-                    None => {
-                        let read = seen.next().unwrap_or_default();
-                        (read.mod_revision, read.claim.map(|claim| claim.scheduled_at))
-                    }
-                };
-                JobState {
-                    job: Arc::clone(job),
-                    revision,
-                    last,
-                }
-            })
-            .collect();
-        if let Err(end) = self.catch_up(&mut states).await {
-            return end;
+        if let Err(halt) = self.catch_up(&claimer, &mut book).await {
+            return halt.into();
         }
 
         let now = clock::now();
-        let mut queue: BinaryHeap<Reverse<(DateTime<Utc>, usize)>> = states
+        let mut queue: BinaryHeap<Reverse<(DateTime<Utc>, usize)>> = book
+            .entries()
             .iter()
             .enumerate()
-            .filter_map(|(index, state)| {
-                let from = state.last.map_or(now, |last| last.max(now));
-                state.job.schedule.next_after(from).map(|next| Reverse((next, index)))
+            .filter_map(|(index, entry)| {
+                let from = entry.last.map_or(now, |last| last.max(now));
+                entry.job.schedule.next_after(from).map(|next| Reverse((next, index)))
             })
             .collect();
 
         loop {
-            let claim_at = queue
-                .peek()
-                .map(|Reverse((due, _))| *due - chrono::Duration::from_std(self.claim_lead.lead()).unwrap_or_default());
+            let claim_at = queue.peek().map(|Reverse((due, _))| {
+                *due - chrono::Duration::from_std(self.node.claim_lead.lead()).unwrap_or_default()
+            });
             let wake = async {
                 match claim_at {
                     Some(at) => clock::sleep_until(at).await,
@@ -197,25 +167,16 @@ impl Term {
                 changed = fleet.changed() => {
                     if changed.is_err() {
                         // The view only closes when the session ends or the node stops.
-                        return tokio::select! {
-                            _ = self.stop.cancelled() => TermEnd::Stopped,
-                            _ = self.session.lost().cancelled() => TermEnd::SessionLost,
-                        };
+                        self.session.ended().cancelled().await;
+                        return self.cancelled();
                     }
                     if self.should_hand_over(&mut fleet) {
                         return TermEnd::HandedOff;
                     }
                     continue;
                 }
-                Ok(()) = jobs_reloaded.changed() => {
-                    let memory = states
-                        .iter()
-                        .map(|state| (state.job.name.clone(), (state.revision, state.last)))
-                        .collect();
-                    return TermEnd::JobsReloaded(Memory(memory));
-                }
-                _ = self.stop.cancelled() => return TermEnd::Stopped,
-                _ = self.session.lost().cancelled() => return TermEnd::SessionLost,
+                Ok(()) = reloads.changed() => return TermEnd::JobsReloaded(book),
+                _ = self.session.ended().cancelled() => return self.cancelled(),
             }
             let Some(&Reverse((due, _))) = queue.peek() else {
                 continue;
@@ -228,9 +189,10 @@ impl Term {
                 queue.pop();
                 due_now.push(index);
             }
-            let claimed = match self.claim(&mut states, &due_now, due).await {
+            let wanted: Vec<(usize, DateTime<Utc>)> = due_now.iter().map(|&index| (index, due)).collect();
+            let claimed = match claimer.claim(&mut book, &wanted).await {
                 Ok(claimed) => claimed,
-                Err(end) => return end,
+                Err(halt) => return halt.into(),
             };
             let ahead_ms = (due - clock::now()).num_microseconds().unwrap_or_default() as f64 / 1000.0;
             tracing::debug!(shard = self.leadership.shard, tick = %due, jobs = claimed.len(), ahead_ms, "claimed");
@@ -242,13 +204,34 @@ impl Term {
             let lateness = (clock::now() - due).to_std().unwrap_or_default();
             for index in &claimed {
                 crate::metrics::get().lateness.observe(lateness.as_secs_f64());
-                self.runs.start(vec![self.tick(&states[*index].job, due)]);
+                self.node.runs.start(vec![self.tick(book.job(*index), due)]);
             }
             for index in due_now {
-                if let Some(next) = states[index].job.schedule.next_after(due) {
+                if let Some(next) = book.job(index).schedule.next_after(due) {
                     queue.push(Reverse((next, index)));
                 }
             }
+        }
+    }
+
+    fn claimer(&self) -> Claimer<'_> {
+        Claimer {
+            session: &self.session,
+            keys: &self.node.keys,
+            leadership: &self.leadership,
+            node_id: &self.node.node_id,
+            results: &self.node.results,
+            lead: &self.node.claim_lead,
+            shutdown: &self.node.shutdown,
+        }
+    }
+
+    /// Why the session's token was cancelled: a shutdown, or the session's end.
+    fn cancelled(&self) -> TermEnd {
+        if self.node.shutdown.is_cancelled() {
+            TermEnd::Stopped
+        } else {
+            TermEnd::SessionLost
         }
     }
 
@@ -257,15 +240,16 @@ impl Term {
             job: Arc::clone(job),
             scheduled_at,
             fence: self.leadership.fence,
-            node: self.node_id.clone(),
+            node: self.node.node_id.clone(),
             leading: self.leading.clone(),
         }
     }
 
     fn should_hand_over(&self, fleet: &mut watch::Receiver<FleetView>) -> bool {
-        let hand_over = fleet
-            .borrow_and_update()
-            .should_hand_over(self.shards, self.leadership.shard, &self.node_id);
+        let hand_over =
+            fleet
+                .borrow_and_update()
+                .should_hand_over(self.node.shards, self.leadership.shard, &self.node.node_id);
         if hand_over {
             tracing::info!(
                 shard = self.leadership.shard,
@@ -277,217 +261,34 @@ impl Term {
     }
 
     /// Runs the ticks missed while the shard had no leader, as each job's policy says.
-    async fn catch_up(&self, states: &mut [JobState]) -> Result<(), TermEnd> {
+    async fn catch_up(&self, claimer: &Claimer<'_>, book: &mut Book) -> Result<(), Halt> {
         let now = clock::now();
         let mut pending: Vec<(usize, Vec<DateTime<Utc>>)> = Vec::new();
-        for (index, state) in states.iter().enumerate() {
-            let missed = missed_ticks(&state.job, state.last, now);
+        for (index, entry) in book.entries().iter().enumerate() {
+            let missed = missed_ticks(&entry.job, entry.last, now);
             if missed.truncated {
-                tracing::warn!(job = %state.job.name, kept = MAX_CATCH_UP, "more ticks were missed than one takeover catches up: running only the newest");
+                tracing::warn!(job = %entry.job.name, kept = MAX_CATCH_UP, "more ticks were missed than one takeover catches up: running only the newest");
             }
             if !missed.ticks.is_empty() {
                 pending.push((index, missed.ticks));
             }
         }
+        // A chunk's runs start as soon as it is claimed, before the next chunk's claim.
         for chunk in pending.chunks(MAX_OPS_PER_TXN) {
-            let indexes: Vec<usize> = chunk.iter().map(|(index, _)| *index).collect();
-            let newest = |index: usize| {
-                chunk
-                    .iter()
-                    .find(|(i, _)| *i == index)
-                    .and_then(|(_, ticks)| ticks.last().copied())
-            };
-            let claimed = self.claim_each(states, &indexes, newest).await?;
+            let newest: Vec<(usize, DateTime<Utc>)> = chunk
+                .iter()
+                .filter_map(|(index, ticks)| ticks.last().map(|tick| (*index, *tick)))
+                .collect();
+            let claimed = claimer.claim(book, &newest).await?;
             for (index, ticks) in chunk.iter().filter(|(index, _)| claimed.contains(index)) {
-                let job = &states[*index].job;
+                let job = book.job(*index);
                 tracing::info!(job = %job.name, ticks = ticks.len(), first = %ticks[0], policy = ?job.catch_up, "catching up missed ticks");
                 crate::metrics::get().catch_up_runs.inc_by(ticks.len() as u64);
-                self.runs
+                self.node
+                    .runs
                     .start(ticks.iter().map(|tick| self.tick(job, *tick)).collect());
             }
         }
         Ok(())
-    }
-
-    /// Claims tick `due` for the jobs at `indexes` and returns the ones claimed.
-    async fn claim(
-        &self,
-        states: &mut [JobState],
-        indexes: &[usize],
-        due: DateTime<Utc>,
-    ) -> Result<Vec<usize>, TermEnd> {
-        let mut claimed = Vec::with_capacity(indexes.len());
-        for chunk in indexes.chunks(MAX_OPS_PER_TXN) {
-            claimed.extend(self.claim_each(states, chunk, |_| Some(due)).await?);
-        }
-        Ok(claimed)
-    }
-
-    /// One guarded claim transaction for at most [`MAX_OPS_PER_TXN`] jobs, each at the tick
-    /// `tick_of` gives it. When the transaction fails or its outcome is unknown, the records are
-    /// re-read: a claim that did land is ours, a record that moved past the tick means another
-    /// leader ran it, anything else is claimed again while this node still leads.
-    async fn claim_each(
-        &self,
-        states: &mut [JobState],
-        indexes: &[usize],
-        tick_of: impl Fn(usize) -> Option<DateTime<Utc>>,
-    ) -> Result<Vec<usize>, TermEnd> {
-        let mut wanted: Vec<(usize, DateTime<Utc>)> = indexes
-            .iter()
-            .filter_map(|&index| tick_of(index).map(|tick| (index, tick)))
-            .filter(|(index, tick)| states[*index].last.is_none_or(|last| last < *tick))
-            .collect();
-        let mut claimed = Vec::with_capacity(wanted.len());
-        while !wanted.is_empty() {
-            if !self.session.is_live() {
-                return Err(TermEnd::SessionLost);
-            }
-            if self.stop.is_cancelled() && claimed.is_empty() {
-                return Err(TermEnd::Stopped);
-            }
-            let requests: Vec<ClaimRequest> = wanted
-                .iter()
-                .map(|&(index, tick)| ClaimRequest {
-                    job: states[index].job.name.clone(),
-                    expected_revision: states[index].revision,
-                    claim: Claim {
-                        scheduled_at: tick,
-                        fence: self.leadership.fence,
-                        node: self.node_id.clone(),
-                    },
-                })
-                .collect();
-            // Earlier runs' results ride along: the claim is a write etcd makes anyway.
-            let riders = self
-                .runs
-                .results()
-                .take_for(self.leadership.shard, MAX_OPS_PER_TXN - requests.len());
-            let sent = std::time::Instant::now();
-            let carried: Vec<(&str, &crate::record::RunRecord)> =
-                riders.iter().map(|rider| (rider.job.as_str(), &rider.record)).collect();
-            let outcome = ledger::claim(&self.session, &self.keys, &self.leadership, &requests, &carried).await;
-            self.claim_lead.observe(sent.elapsed());
-            self.runs.results().settle(riders, matches!(outcome, Ok(Some(_))));
-            match outcome {
-                Ok(Some(revision)) => {
-                    for (index, tick) in wanted.drain(..) {
-                        states[index].revision = revision;
-                        states[index].last = Some(tick);
-                        claimed.push(index);
-                    }
-                    break;
-                }
-                Ok(None) => {
-                    crate::metrics::get().claim_failures.inc();
-                    tracing::warn!(
-                        shard = self.leadership.shard,
-                        fence = self.leadership.fence,
-                        "claim rejected by etcd: re-checking leadership"
-                    );
-                    match election::still_leads(&self.session, &self.election_prefix, &self.leadership).await {
-                        Ok(true) => {}
-                        Ok(false) => return Err(TermEnd::Deposed),
-                        Err(err) => self.pause_after(&err).await?,
-                    }
-                }
-                Err(err) => self.pause_after(&err).await?,
-            }
-            let names: Vec<&str> = wanted
-                .iter()
-                .map(|&(index, _)| states[index].job.name.as_str())
-                .collect();
-            let seen = self
-                .retry(|| ledger::read_claims(&self.session, &self.keys, &names))
-                .await?;
-            let mut still_wanted = Vec::new();
-            for ((index, tick), seen) in wanted.into_iter().zip(seen) {
-                match self.resolve(&seen, tick) {
-                    Resolution::Ours => claimed.push(index),
-                    Resolution::TakenByOther => {
-                        tracing::info!(job = %states[index].job.name, tick = %tick, "tick already claimed by another leader: not running it here");
-                    }
-                    Resolution::Open => still_wanted.push((index, tick)),
-                }
-                states[index].revision = seen.mod_revision;
-                states[index].last = seen.claim.map(|claim| claim.scheduled_at);
-            }
-            wanted = still_wanted;
-        }
-        Ok(claimed)
-    }
-
-    fn resolve(&self, seen: &Seen, tick: DateTime<Utc>) -> Resolution {
-        match &seen.claim {
-            Some(claim)
-                if claim.scheduled_at == tick && claim.fence == self.leadership.fence && claim.node == self.node_id =>
-            {
-                Resolution::Ours
-            }
-            Some(claim) if claim.scheduled_at >= tick => Resolution::TakenByOther,
-            _ => Resolution::Open,
-        }
-    }
-
-    /// Retries an etcd read until it succeeds or the term must end.
-    async fn retry<T, F, Fut>(&self, mut call: F) -> Result<T, TermEnd>
-    where
-        F: FnMut() -> Fut,
-        Fut: std::future::Future<Output = Result<T, CoordError>>,
-    {
-        loop {
-            match call().await {
-                Ok(value) => return Ok(value),
-                Err(err) => self.pause_after(&err).await?,
-            }
-        }
-    }
-
-    async fn pause_after(&self, err: &CoordError) -> Result<(), TermEnd> {
-        tracing::warn!(shard = self.leadership.shard, error = %err, "etcd call failed during the term; retrying");
-        tokio::select! {
-            _ = tokio::time::sleep(RETRY_PAUSE) => {}
-            _ = self.session.lost().cancelled() => return Err(TermEnd::SessionLost),
-            _ = self.stop.cancelled() => return Err(TermEnd::Stopped),
-        }
-        if self.session.is_live() {
-            Ok(())
-        } else {
-            Err(TermEnd::SessionLost)
-        }
-    }
-}
-
-enum Resolution {
-    Ours,
-    TakenByOther,
-    Open,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::ClaimLead;
-    use std::time::Duration;
-
-    #[test]
-    fn claim_lead_follows_latency_within_bounds() {
-        let lead = ClaimLead::new();
-        assert_eq!(lead.lead(), Duration::from_millis(10) - Duration::from_micros(1));
-        for _ in 0..100 {
-            lead.observe(Duration::from_micros(500));
-        }
-        assert_eq!(lead.lead(), ClaimLead::MIN);
-        for _ in 0..100 {
-            lead.observe(Duration::from_millis(8));
-        }
-        assert!(
-            lead.lead() > Duration::from_millis(20) && lead.lead() <= Duration::from_millis(24),
-            "{:?}",
-            lead.lead()
-        );
-        for _ in 0..100 {
-            lead.observe(Duration::from_secs(1));
-        }
-        assert_eq!(lead.lead(), ClaimLead::MAX);
     }
 }

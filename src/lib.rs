@@ -2,44 +2,62 @@
 //! exactly once per scheduled tick somewhere in the fleet, with a fencing token in `CRON_FENCE`.
 //!
 //! # Layout
+//! Pure leaves, no I/O:
 //! - [`config`]: `jobs.toml` turned once into a validated [`config::Config`].
 //! - [`schedule`]: crontab expressions in a time zone; pure next-fire math.
 //! - [`shard`]: the job → shard mapping.
-//! - [`keys`]: every etcd key path.
+//! - [`assignment`]: which node should lead each shard (bounded-load rendezvous hashing).
+//! - `catch_up`: which missed ticks a new leader runs.
+//! - [`keys`]: every etcd key path, built and parsed.
+//! - [`record`]: the values etcd holds: claims, run records (with their [`record::Outcome`]),
+//!   members.
+//! - [`backoff`]: the one retry backoff and sleep-or-cancel.
+//! - `clock`: the wall clock, read in one place.
+//!
+//! etcd plumbing:
 //! - [`etcd`]: connecting, call timeouts, coordination errors.
-//! - [`session`]: the node's lease and its keep-alive.
-//! - [`election`]: one leader election per shard; the fence.
-//! - [`ledger`]: per-job claim and result records; the guarded claim transaction.
-//! - [`catch_up`]: which missed ticks a new leader runs.
-//! - [`leader`]: one term of one shard: the firing loop.
-//! - [`runner`]: running one tick's command in its own process group.
-//! - [`results`]: run results riding on claims, the rest written after a short window.
-//! - [`runs`]: this node's runs: overlap policies, shutdown grace.
-//! - [`node`]: session, campaigns and terms of one node process.
-//! - [`metrics`]: Prometheus metrics and their `/metrics` endpoint.
+//! - `session`: the node's lease and its keep-alive; the session's cancellation token.
+//! - `election`: one leader election per shard, the fence, and who leads each shard.
+//! - `ledger`: the raw transactions on job records.
+//! - `claims`: the claim protocol: batching, riding results, re-read and resolution, the book of
+//!   what a leader knows of its jobs.
+//! - `fleet`: members, the fleet view, handoff decisions and their background tasks.
+//!
+//! Running jobs:
+//! - `runner`: one tick's command in its own process group, with retries.
+//! - `runs`: this node's runs: overlap policies, shutdown grace.
+//! - `results`: run results riding on claims, the rest written after a short window.
+//!
+//! The node:
+//! - `context`: what every task of a node shares.
+//! - `leader`: one shard: campaign → terms → resign, and a term's firing loop.
+//! - [`node`]: the session loop, reloads and drain.
 //! - [`status`]: what `shardcron status` reads and prints.
-//! - [`etcd_server`]: a throwaway local etcd for `dev` and tests.
-//! - [`clock`]: the wall clock, read in one place.
+//! - [`metrics`]: Prometheus metrics and their `/metrics` endpoint.
+//! - [`etcd_server`]: a throwaway local etcd for `dev` (and, with `test-support`, for tests).
 //! - [`cli`]: the command line.
 pub mod assignment;
-pub mod catch_up;
+pub mod backoff;
+mod catch_up;
+mod claims;
 pub mod cli;
-pub mod clock;
+mod clock;
 pub mod config;
-pub mod election;
+mod context;
+mod election;
 pub mod etcd;
 pub mod etcd_server;
-pub mod fleet;
+mod fleet;
 pub mod keys;
-pub mod leader;
-pub mod ledger;
+mod leader;
+mod ledger;
 pub mod metrics;
 pub mod node;
 pub mod record;
-pub mod results;
-pub mod runner;
-pub mod runs;
+mod results;
+mod runner;
+mod runs;
 pub mod schedule;
-pub mod session;
+mod session;
 pub mod shard;
 pub mod status;

@@ -3,6 +3,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::Parser;
+use shardcron::backoff::{sleep_or_cancel, Backoff};
 use shardcron::cli::{self, Cli, Command, LogFormat, NodeArgs};
 use shardcron::config::Config;
 use shardcron::etcd_server::EtcdServer;
@@ -147,7 +148,7 @@ async fn connect(
             "etcd at {endpoints:?} refused this node's credentials; check [etcd] username, password_env and tls"
         ))
     };
-    let mut backoff = node::Backoff::new();
+    let mut backoff = Backoff::coordination();
     loop {
         let attempt = match etcd::connect(endpoints, options.clone()).await {
             Ok(client) => match etcd::probe(&client, probe_key).await {
@@ -163,9 +164,8 @@ async fn connect(
         };
         let wait = backoff.next_delay();
         tracing::warn!(error = %attempt, retry_in = ?wait, "cannot connect to etcd; retrying");
-        tokio::select! {
-            _ = tokio::time::sleep(wait) => {}
-            _ = shutdown.cancelled() => return Ok(None),
+        if !sleep_or_cancel(wait, shutdown).await {
+            return Ok(None);
         }
     }
 }

@@ -13,8 +13,7 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::Command;
 use tokio_util::sync::CancellationToken;
 
-use rand::Rng;
-
+use crate::backoff::Backoff;
 use crate::clock;
 use crate::config::{Job, MAX_RETRY_BACKOFF};
 use crate::record::{Outcome, RunRecord};
@@ -53,6 +52,7 @@ pub struct Stops<'a> {
 pub async fn run(tick: &Tick, stops: &Stops<'_>) -> RunRecord {
     let job = &tick.job;
     let mut attempt = 1;
+    let mut backoff = Backoff::new(job.retry_backoff, MAX_RETRY_BACKOFF);
     loop {
         let mut record = run_once(tick, attempt, stops).await;
         record.attempts = attempt;
@@ -64,7 +64,7 @@ pub async fn run(tick: &Tick, stops: &Stops<'_>) -> RunRecord {
         if !retryable || attempt > job.retries {
             return record;
         }
-        let delay = retry_delay(job.retry_backoff, attempt);
+        let delay = backoff.next_delay();
         tracing::warn!(job = %job.name, tick = %tick.scheduled_at_text(), fence = tick.fence, attempt, retries = job.retries, retry_in = ?delay, "attempt failed; retrying");
         crate::metrics::get()
             .retries
@@ -85,16 +85,6 @@ pub async fn run(tick: &Tick, stops: &Stops<'_>) -> RunRecord {
         }
         attempt += 1;
     }
-}
-
-/// The delay before retry number `attempt` (1-based): `base` doubled per earlier retry, capped,
-/// with full jitter over its upper half so that a fleet's retries do not line up.
-pub fn retry_delay(base: Duration, attempt: u32) -> Duration {
-    let ceiling = base
-        .saturating_mul(1u32 << (attempt - 1).min(20))
-        .min(MAX_RETRY_BACKOFF.max(base));
-    let millis = ceiling.as_millis() as u64;
-    Duration::from_millis(rand::thread_rng().gen_range(millis / 2..=millis))
 }
 
 async fn run_once(tick: &Tick, attempt: u32, stops: &Stops<'_>) -> RunRecord {
@@ -270,23 +260,6 @@ async fn read_bounded_line<R: AsyncBufReadExt + Unpin>(reader: &mut R, line: &mu
         consumed += take;
         if done {
             return Ok(consumed);
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn retry_delays_double_with_jitter_and_stop_at_the_cap() {
-        let base = Duration::from_secs(1);
-        for (attempt, ceiling) in [(1, 1), (2, 2), (3, 4), (9, 256), (10, 300), (40, 300)] {
-            let ceiling = Duration::from_secs(ceiling);
-            for _ in 0..20 {
-                let delay = retry_delay(base, attempt);
-                assert!(delay >= ceiling / 2 && delay <= ceiling, "attempt {attempt}: {delay:?}");
-            }
         }
     }
 }

@@ -6,15 +6,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::clock;
 use crate::config::{Job, Overlap};
-use crate::keys::Keys;
 use crate::record::{Outcome, RunRecord};
-use crate::results::{write_leftovers, ResultQueue};
+use crate::results::ResultQueue;
 use crate::runner::{self, Tick};
 
 /// Runs started on this node. Cheap to clone.
@@ -25,7 +23,6 @@ pub struct Runs {
     /// Cancelled when the shutdown grace is over: running commands are killed.
     kill: CancellationToken,
     results: Arc<ResultQueue>,
-    results_closed: CancellationToken,
 }
 
 /// A run that is going: when it started, by the wall clock, and the tick it runs.
@@ -51,29 +48,14 @@ struct JobRuns {
 }
 
 impl Runs {
-    /// Starts the writer of results that no claim carries; it ends after [`Runs::drain`].
-    pub fn new(client: etcd_client::Client, keys: Keys) -> (Runs, JoinHandle<()>) {
-        let results = Arc::new(ResultQueue::default());
-        let results_closed = CancellationToken::new();
-        let writer = tokio::spawn(write_leftovers(
-            Arc::clone(&results),
-            client,
-            keys,
-            results_closed.clone(),
-        ));
-        let runs = Runs {
+    /// Runs whose results go to `results`.
+    pub fn new(results: Arc<ResultQueue>) -> Runs {
+        Runs {
             tracker: TaskTracker::new(),
             jobs: Arc::default(),
             kill: CancellationToken::new(),
             results,
-            results_closed,
-        };
-        (runs, writer)
-    }
-
-    /// Results waiting to be written, for a claim of their shard to carry.
-    pub fn results(&self) -> &ResultQueue {
-        &self.results
+        }
     }
 
     /// Runs `ticks` of one job one after another (a catch-up runs missed ticks in order).
@@ -179,7 +161,7 @@ impl Runs {
     }
 
     /// Waits for running commands up to `grace`, then kills their process groups and waits for
-    /// them to exit; then the result writer writes what is left and ends.
+    /// them to exit.
     pub async fn drain(&self, grace: Duration) {
         self.tracker.close();
         if !self.tracker.is_empty() {
@@ -193,7 +175,6 @@ impl Runs {
                 self.tracker.wait().await;
             }
         }
-        self.results_closed.cancel();
     }
 }
 

@@ -25,13 +25,19 @@ struct Inner {
     lease: i64,
     ttl: Duration,
     valid_until: Mutex<Instant>,
-    /// Cancelled when the lease is lost or the session closed: every shard term ends with it.
-    lost: CancellationToken,
+    /// A child of the node's shutdown token, cancelled too when the lease is lost or the session
+    /// closed: every campaign and term of the session ends with it.
+    ended: CancellationToken,
+    /// Cancelled only when the lease is lost or released. A shutdown does not touch it: the lease
+    /// is kept alive until the node closes the session, so ticks claimed before a shutdown still
+    /// start.
+    released: CancellationToken,
 }
 
 impl Session {
-    /// Grants a lease and starts keeping it alive.
-    pub async fn open(client: &Client, ttl: Duration) -> Result<Session, CoordError> {
+    /// Grants a lease and starts keeping it alive until the lease is lost, the session closed or
+    /// `shutdown` cancelled.
+    pub async fn open(client: &Client, ttl: Duration, shutdown: &CancellationToken) -> Result<Session, CoordError> {
         let started = Instant::now();
         let granted = etcd::call(client.clone().lease_grant(ttl.as_secs() as i64, None)).await?;
         let ttl = Duration::from_secs(granted.ttl().max(1) as u64);
@@ -41,7 +47,8 @@ impl Session {
                 lease: granted.id(),
                 ttl,
                 valid_until: Mutex::new(started + ttl),
-                lost: CancellationToken::new(),
+                ended: shutdown.child_token(),
+                released: CancellationToken::new(),
             }),
         };
         tokio::spawn(session.clone().keep_alive());
@@ -60,14 +67,14 @@ impl Session {
         self.inner.client.clone()
     }
 
-    /// Cancelled once the lease is lost or the session closed.
-    pub fn lost(&self) -> &CancellationToken {
-        &self.inner.lost
+    /// Cancelled once the lease is lost, the session closed or the node shut down.
+    pub fn ended(&self) -> &CancellationToken {
+        &self.inner.ended
     }
 
     /// Whether etcd still holds the lease by this node's own clock.
     pub fn is_live(&self) -> bool {
-        !self.inner.lost.is_cancelled() && Instant::now() < self.valid_until()
+        !self.inner.released.is_cancelled() && Instant::now() < self.valid_until()
     }
 
     fn valid_until(&self) -> Instant {
@@ -88,14 +95,15 @@ impl Session {
     }
 
     fn lose(&self, why: &str) {
-        if !self.inner.lost.is_cancelled() {
+        if !self.inner.released.is_cancelled() {
             crate::metrics::get().session_losses.inc();
             tracing::warn!(
                 lease = format!("{:x}", self.inner.lease),
                 reason = why,
                 "session lost: every shard term of this node ends"
             );
-            self.inner.lost.cancel();
+            self.inner.released.cancel();
+            self.inner.ended.cancel();
         }
     }
 
@@ -103,7 +111,8 @@ impl Session {
     /// nodes take over without waiting for the TTL. Bounded by the TTL: after that etcd has
     /// dropped the lease anyway.
     pub async fn close(&self) {
-        self.inner.lost.cancel();
+        self.inner.released.cancel();
+        self.inner.ended.cancel();
         let mut client = self.inner.client.clone();
         match etcd::within(self.inner.ttl, client.lease_revoke(self.inner.lease)).await {
             Ok(_) => tracing::info!(lease = format!("{:x}", self.inner.lease), "lease revoked"),
@@ -121,7 +130,7 @@ impl Session {
         let mut next = Instant::now() + interval;
         loop {
             tokio::select! {
-                _ = self.inner.lost.cancelled() => return,
+                _ = self.inner.released.cancelled() => return,
                 _ = tokio::time::sleep_until(next) => {}
             }
             next = Instant::now() + interval;

@@ -4,14 +4,15 @@
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
-use etcd_client::{GetOptions, SortOrder, SortTarget};
+use etcd_client::GetOptions;
 use serde::{Deserialize, Serialize};
 
 use crate::clock;
 use crate::config::Config;
 use crate::etcd::{self, CoordError};
-use crate::keys::Keys;
-use crate::record::{Claim, Member, RunRecord};
+use crate::fleet;
+use crate::keys::{JobRecord, Keys};
+use crate::record::{Claim, RunRecord};
 
 /// The JSON document of `status --json`; its keys are documented in the README.
 #[derive(Debug, Serialize, Deserialize)]
@@ -65,60 +66,35 @@ pub struct JobStatus {
 pub async fn read(config: &Config, client: &etcd_client::Client) -> Result<Status, CoordError> {
     let keys = Keys::new(&config.cluster.name);
     let shards = config.cluster.shards;
-    let options = GetOptions::new()
-        .with_prefix()
-        .with_sort(SortTarget::Create, SortOrder::Ascend);
-    let candidates = etcd::call(client.clone().get(keys.shards_prefix(), Some(options))).await?;
-    let mut per_shard: BTreeMap<u32, Vec<(String, i64)>> = BTreeMap::new();
-    for kv in candidates.kvs() {
-        let Ok(key) = kv.key_str() else { continue };
-        if let Some((shard, of)) = keys.parse_candidate(key) {
-            if of == shards {
-                let node = String::from_utf8_lossy(kv.value()).into_owned();
-                per_shard.entry(shard).or_default().push((node, kv.create_revision()));
-            }
-        }
-    }
+    let (ballot, _) = fleet::read_ballot(client, &keys, shards).await?;
     let shard_status: Vec<ShardStatus> = (0..shards)
         .map(|shard| {
-            let candidates = per_shard.remove(&shard).unwrap_or_default();
+            let leader = ballot.leader(shard);
             ShardStatus {
                 shard,
-                leader: candidates.first().map(|(node, _)| node.clone()),
-                fence: candidates.first().map(|(_, fence)| *fence),
-                standby: candidates.len().saturating_sub(1),
+                leader: leader.map(|leader| leader.node.clone()),
+                fence: leader.map(|leader| leader.fence),
+                standby: ballot.candidates(shard).len().saturating_sub(1),
             }
         })
         .collect();
 
-    let members = etcd::call(
-        client
-            .clone()
-            .get(keys.nodes_prefix(), Some(GetOptions::new().with_prefix())),
-    )
-    .await?;
-    let mut nodes = Vec::new();
-    for kv in members.kvs() {
-        let Ok(key) = kv.key_str() else { continue };
-        let Some(id) = key.strip_prefix(&keys.nodes_prefix()) else {
-            continue;
-        };
-        let Ok(member) = serde_json::from_slice::<Member>(kv.value()) else {
-            continue;
-        };
-        nodes.push(NodeStatus {
-            id: id.to_string(),
+    let (members, _) = fleet::read_members(client, &keys).await?;
+    let nodes = members
+        .into_iter()
+        .map(|(id, member)| NodeStatus {
             drift: member.digest != config.digest,
             leads: shard_status
                 .iter()
-                .filter(|shard| shard.leader.as_deref() == Some(id))
+                .filter(|shard| shard.leader.as_deref() == Some(id.as_str()))
                 .count(),
+            id,
             version: member.version,
             digest: member.digest,
             shards: member.shards,
             started_at: member.started_at,
-        });
-    }
+        })
+        .collect();
 
     let records = etcd::call(
         client
@@ -130,21 +106,18 @@ pub async fn read(config: &Config, client: &etcd_client::Client) -> Result<Statu
     let mut results: BTreeMap<String, RunRecord> = BTreeMap::new();
     for kv in records.kvs() {
         let Ok(key) = kv.key_str() else { continue };
-        let Some(rest) = key.strip_prefix(&keys.jobs_prefix()) else {
-            continue;
-        };
-        match rest.rsplit_once('/') {
-            Some((job, "last")) => {
+        match keys.parse_job_record(key) {
+            Some((job, JobRecord::Last)) => {
                 if let Ok(claim) = serde_json::from_slice(kv.value()) {
                     claims.insert(job.to_string(), claim);
                 }
             }
-            Some((job, "result")) => {
+            Some((job, JobRecord::Result)) => {
                 if let Ok(result) = serde_json::from_slice(kv.value()) {
                     results.insert(job.to_string(), result);
                 }
             }
-            _ => {}
+            None => {}
         }
     }
     let now = clock::now();

@@ -1,0 +1,51 @@
+//! What every campaign and term of a node shares, made once when the node starts.
+
+use std::sync::Arc;
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::claims::ClaimLead;
+use crate::config::{Config, Job};
+use crate::keys::Keys;
+use crate::results::ResultQueue;
+use crate::runs::Runs;
+
+/// The node's identity, jobs and runs. Shared as an `Arc` by every task of the node, so a term
+/// holds one pointer instead of copies of each part.
+pub(crate) struct NodeContext {
+    pub(crate) node_id: String,
+    pub(crate) keys: Keys,
+    /// The shard count of the node's `[cluster]`, fixed for its life.
+    pub(crate) shards: u32,
+    /// Changes when a reload replaces the node's jobs.
+    pub(crate) jobs: watch::Receiver<Arc<Loaded>>,
+    pub(crate) runs: Runs,
+    /// Finished runs' results waiting to be written, for claims of their shard to carry.
+    pub(crate) results: Arc<ResultQueue>,
+    pub(crate) claim_lead: ClaimLead,
+    /// The root of the cancellation tree: signals cancel it.
+    pub(crate) shutdown: CancellationToken,
+}
+
+/// The jobs a node runs, by shard, and the digest of the file they came from. Replaced whole
+/// when a reload brings new jobs.
+pub(crate) struct Loaded {
+    pub(crate) digest: String,
+    pub(crate) by_shard: Vec<Vec<Arc<Job>>>,
+}
+
+impl Loaded {
+    /// The jobs move into their shards: a node with 100,000 jobs holds one copy of each.
+    pub(crate) fn new(config: Config) -> Loaded {
+        let mut by_shard = vec![Vec::new(); config.cluster.shards as usize];
+        for job in config.jobs {
+            let shard = job.shard as usize;
+            by_shard[shard].push(Arc::new(job));
+        }
+        Loaded {
+            digest: config.digest,
+            by_shard,
+        }
+    }
+}
