@@ -1,0 +1,61 @@
+//! `jobs.toml` as written: serde shapes with the span of every value kept, for error locations.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use super::model::{CatchUp, Overlap};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawFile {
+    pub(super) cluster: Option<Spanned<RawCluster>>,
+    pub(super) etcd: Option<Spanned<RawEtcd>>,
+    #[serde(default)]
+    pub(super) jobs: BTreeMap<Spanned<String>, Spanned<RawJob>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawCluster {
+    pub(super) name: Option<Spanned<String>>,
+    pub(super) shards: Option<Spanned<i64>>,
+    pub(super) lease_ttl: Option<Spanned<String>>,
+    pub(super) timezone: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawEtcd {
+    pub(super) endpoints: Option<Spanned<Vec<String>>>,
+    pub(super) username: Option<Spanned<String>>,
+    pub(super) password_env: Option<Spanned<String>>,
+    pub(super) tls: Option<RawTls>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTls {
+    pub(super) ca: Option<PathBuf>,
+    pub(super) cert: Option<PathBuf>,
+    pub(super) key: Option<PathBuf>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawJob {
+    pub(super) schedule: Option<Spanned<String>>,
+    pub(super) command: Option<Spanned<String>>,
+    pub(super) timezone: Option<Spanned<String>>,
+    pub(super) timeout: Option<Spanned<String>>,
+    pub(super) kill_grace: Option<Spanned<String>>,
+    pub(super) retries: Option<Spanned<i64>>,
+    pub(super) retry_backoff: Option<Spanned<String>>,
+    pub(super) catch_up: Option<Spanned<CatchUp>>,
+    pub(super) starting_deadline: Option<Spanned<String>>,
+    pub(super) overlap: Option<Spanned<Overlap>>,
+    pub(super) working_dir: Option<Spanned<PathBuf>>,
+    pub(super) env: Option<Spanned<BTreeMap<String, String>>>,
+}

@@ -1,0 +1,270 @@
+//! Field-by-field checks that turn the raw shapes into the validated model.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono_tz::Tz;
+use toml::Spanned;
+
+use super::error::{ConfigError, Source};
+use super::model::*;
+use super::raw::*;
+use crate::schedule::{parse_zone, Schedule};
+use crate::shard::shard_of;
+
+fn parse_duration(
+    source: &Source,
+    value: &Spanned<String>,
+    job: Option<&str>,
+    field: &str,
+) -> Result<Duration, ConfigError> {
+    humantime::parse_duration(value.get_ref().trim()).map_err(|err| {
+        source.error(
+            Some(value.span()),
+            job,
+            Some(field),
+            format!(
+                "invalid duration {:?}: {err} (examples: \"10s\", \"5m\", \"1h 30m\")",
+                value.get_ref()
+            ),
+        )
+    })
+}
+
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+pub(super) fn validate_cluster(source: &Source, raw: Option<Spanned<RawCluster>>) -> Result<Cluster, ConfigError> {
+    let Some(raw) = raw else {
+        return Err(source.error(None, None, Some("cluster"), "missing [cluster] section"));
+    };
+    let table_span = raw.span();
+    let raw = raw.into_inner();
+    let field = |name: &str, message: String| source.error(Some(table_span.clone()), None, Some(name), message);
+
+    let name = raw
+        .name
+        .ok_or_else(|| field("cluster.name", "missing cluster name".into()))?;
+    if !valid_name(name.get_ref()) || name.get_ref() == "." || name.get_ref() == ".." {
+        return Err(source.error(
+            Some(name.span()),
+            None,
+            Some("cluster.name"),
+            format!(
+                "invalid cluster name {:?}: use letters, digits, '.', '_' and '-'",
+                name.get_ref()
+            ),
+        ));
+    }
+    let shards = raw
+        .shards
+        .ok_or_else(|| field("cluster.shards", "missing shard count".into()))?;
+    if !(1..=i64::from(MAX_SHARDS)).contains(shards.get_ref()) {
+        return Err(source.error(
+            Some(shards.span()),
+            None,
+            Some("cluster.shards"),
+            format!("shards must be between 1 and {MAX_SHARDS}, found {}", shards.get_ref()),
+        ));
+    }
+    let lease_ttl = match &raw.lease_ttl {
+        Some(value) => parse_duration(source, value, None, "cluster.lease_ttl")?,
+        None => Duration::from_secs(10),
+    };
+    if lease_ttl < Duration::from_secs(1) || lease_ttl.subsec_nanos() != 0 {
+        let span = raw.lease_ttl.as_ref().map(|value| value.span());
+        return Err(source.error(
+            span,
+            None,
+            Some("cluster.lease_ttl"),
+            format!("lease_ttl must be whole seconds and at least 1s (etcd leases count seconds), found {lease_ttl:?}"),
+        ));
+    }
+    let timezone = match &raw.timezone {
+        Some(value) => parse_zone(value.get_ref())
+            .map_err(|message| source.error(Some(value.span()), None, Some("cluster.timezone"), message))?,
+        None => Tz::UTC,
+    };
+    Ok(Cluster {
+        name: name.into_inner(),
+        shards: *shards.get_ref() as u32,
+        lease_ttl,
+        timezone,
+    })
+}
+
+pub(super) fn validate_etcd(source: &Source, raw: Option<Spanned<RawEtcd>>) -> Result<Etcd, ConfigError> {
+    let Some(raw) = raw else {
+        return Err(source.error(None, None, Some("etcd"), "missing [etcd] section"));
+    };
+    let table_span = raw.span();
+    let raw = raw.into_inner();
+    let endpoints = raw.endpoints.ok_or_else(|| {
+        source.error(
+            Some(table_span.clone()),
+            None,
+            Some("etcd.endpoints"),
+            "missing etcd endpoints",
+        )
+    })?;
+    if endpoints.get_ref().iter().all(|endpoint| endpoint.trim().is_empty()) {
+        return Err(source.error(
+            Some(endpoints.span()),
+            None,
+            Some("etcd.endpoints"),
+            "at least one etcd endpoint is required",
+        ));
+    }
+    if let Some(password_env) = &raw.password_env {
+        if raw.username.is_none() {
+            return Err(source.error(
+                Some(password_env.span()),
+                None,
+                Some("etcd.password_env"),
+                "password_env needs a username",
+            ));
+        }
+    }
+    Ok(Etcd {
+        endpoints: endpoints.into_inner(),
+        username: raw.username.map(Spanned::into_inner),
+        password_env: raw.password_env.map(Spanned::into_inner),
+        tls: raw.tls.map(|tls| EtcdTls {
+            ca: tls.ca,
+            cert: tls.cert,
+            key: tls.key,
+        }),
+    })
+}
+
+pub(super) fn validate_job(
+    source: &Source,
+    cluster: &Cluster,
+    name: Spanned<String>,
+    raw: Spanned<RawJob>,
+    schedules: &mut HashMap<(String, Tz), Arc<Schedule>>,
+) -> Result<Job, ConfigError> {
+    let name_span = name.span();
+    let name = name.into_inner();
+    let job = Some(name.as_str());
+    if !valid_name(&name) || name.len() > MAX_JOB_NAME {
+        return Err(source.error(
+            Some(name_span),
+            job,
+            None,
+            format!("invalid job name: use at most {MAX_JOB_NAME} letters, digits, '.', '_' and '-'"),
+        ));
+    }
+    let table_span = raw.span();
+    let raw = raw.into_inner();
+
+    let timezone = match &raw.timezone {
+        Some(value) => parse_zone(value.get_ref())
+            .map_err(|message| source.error(Some(value.span()), job, Some("timezone"), message))?,
+        None => cluster.timezone,
+    };
+    let expression = raw
+        .schedule
+        .ok_or_else(|| source.error(Some(table_span.clone()), job, Some("schedule"), "missing schedule"))?;
+    let key = (expression.get_ref().trim().to_string(), timezone);
+    let schedule = match schedules.get(&key) {
+        Some(schedule) => Arc::clone(schedule),
+        None => {
+            let parsed = Schedule::parse(expression.get_ref(), timezone)
+                .map_err(|err| source.error(Some(expression.span()), job, Some("schedule"), err.to_string()))?;
+            let parsed = Arc::new(parsed);
+            schedules.insert(key, Arc::clone(&parsed));
+            parsed
+        }
+    };
+    let command = raw
+        .command
+        .ok_or_else(|| source.error(Some(table_span.clone()), job, Some("command"), "missing command"))?;
+    if command.get_ref().trim().is_empty() {
+        return Err(source.error(Some(command.span()), job, Some("command"), "command is empty"));
+    }
+    let timeout = raw
+        .timeout
+        .as_ref()
+        .map(|value| parse_duration(source, value, job, "timeout"))
+        .transpose()?;
+    if let (Some(Duration::ZERO), Some(value)) = (timeout, &raw.timeout) {
+        return Err(source.error(
+            Some(value.span()),
+            job,
+            Some("timeout"),
+            "timeout must be longer than zero",
+        ));
+    }
+    let kill_grace = raw
+        .kill_grace
+        .as_ref()
+        .map(|value| parse_duration(source, value, job, "kill_grace"))
+        .transpose()?
+        .unwrap_or(DEFAULT_KILL_GRACE);
+    let retries = match &raw.retries {
+        Some(value) if !(0..=MAX_RETRIES).contains(value.get_ref()) => {
+            return Err(source.error(
+                Some(value.span()),
+                job,
+                Some("retries"),
+                format!("retries must be between 0 and {MAX_RETRIES}"),
+            ))
+        }
+        Some(value) => *value.get_ref() as u32,
+        None => 0,
+    };
+    let retry_backoff = raw
+        .retry_backoff
+        .as_ref()
+        .map(|value| parse_duration(source, value, job, "retry_backoff"))
+        .transpose()?
+        .unwrap_or(DEFAULT_RETRY_BACKOFF);
+    if let (Some(value), None) = (&raw.retry_backoff, &raw.retries) {
+        return Err(source.error(
+            Some(value.span()),
+            job,
+            Some("retry_backoff"),
+            "retry_backoff without retries has no effect; set retries",
+        ));
+    }
+    let starting_deadline = raw
+        .starting_deadline
+        .as_ref()
+        .map(|value| parse_duration(source, value, job, "starting_deadline"))
+        .transpose()?;
+    if let Some(env) = &raw.env {
+        if let Some(bad) = env
+            .get_ref()
+            .keys()
+            .find(|key| key.is_empty() || key.contains('=') || key.starts_with("CRON_"))
+        {
+            return Err(source.error(
+                Some(env.span()),
+                job,
+                Some("env"),
+                format!("invalid variable name {bad:?} (CRON_* names are set by shardcron)"),
+            ));
+        }
+    }
+    Ok(Job {
+        shard: shard_of(&name, cluster.shards),
+        name,
+        schedule,
+        command: command.into_inner(),
+        timeout,
+        kill_grace,
+        retries,
+        retry_backoff,
+        catch_up: raw.catch_up.map(Spanned::into_inner).unwrap_or_default(),
+        starting_deadline,
+        overlap: raw.overlap.map(Spanned::into_inner).unwrap_or_default(),
+        working_dir: raw.working_dir.map(Spanned::into_inner),
+        env: raw.env.map(Spanned::into_inner).unwrap_or_default(),
+    })
+}
