@@ -132,6 +132,11 @@ fn resolve(seen: &Seen, tick: DateTime<Utc>, fence: i64, node: &str) -> Resoluti
     }
 }
 
+/// `items` in groups of at most as many as one claim transaction takes.
+pub(crate) fn batches<T>(items: &[T]) -> std::slice::Chunks<'_, T> {
+    items.chunks(MAX_OPS_PER_TXN)
+}
+
 /// How many finished runs' results can ride in a claim of `claims` ticks.
 fn rider_room(claims: usize) -> usize {
     MAX_OPS_PER_TXN.saturating_sub(claims)
@@ -194,7 +199,7 @@ impl Claimer<'_> {
     /// before the job's last known claim is not claimed again.
     pub(crate) async fn claim(&self, book: &mut Book, wanted: &[(usize, DateTime<Utc>)]) -> Result<Vec<usize>, Halt> {
         let mut claimed = Vec::with_capacity(wanted.len());
-        for chunk in wanted.chunks(MAX_OPS_PER_TXN) {
+        for chunk in batches(wanted) {
             claimed.extend(self.claim_chunk(book, chunk).await?);
         }
         Ok(claimed)

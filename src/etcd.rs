@@ -62,10 +62,10 @@ pub async fn probe(client: &Client, key: &str) -> Result<(), CoordError> {
 
 /// How long one unary etcd call may take. A connection cut by a dropping firewall hangs rather
 /// than fails, and nothing that guards a tick may wait on it for longer than this.
-pub const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+pub(crate) const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Runs an etcd call with [`CALL_TIMEOUT`].
-pub async fn call<T, F>(future: F) -> Result<T, CoordError>
+pub(crate) async fn call<T, F>(future: F) -> Result<T, CoordError>
 where
     F: Future<Output = Result<T, etcd_client::Error>>,
 {
@@ -73,7 +73,7 @@ where
 }
 
 /// Runs an etcd call with a timeout of its own.
-pub async fn within<T, F>(limit: Duration, future: F) -> Result<T, CoordError>
+pub(crate) async fn within<T, F>(limit: Duration, future: F) -> Result<T, CoordError>
 where
     F: Future<Output = Result<T, etcd_client::Error>>,
 {

@@ -11,7 +11,7 @@
 
 /// The records kept per job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum JobRecord {
+pub(crate) enum JobRecord {
     /// `/jobs/<job>/last`: the last claimed tick.
     Last,
     /// `/jobs/<job>/result`: the last finished run.
@@ -31,20 +31,20 @@ impl Keys {
         }
     }
 
-    pub fn shards_prefix(&self) -> String {
+    pub(crate) fn shards_prefix(&self) -> String {
         format!("{}shards/", self.root)
     }
 
-    pub fn election_prefix(&self, shards: u32, shard: u32) -> String {
+    pub(crate) fn election_prefix(&self, shards: u32, shard: u32) -> String {
         format!("{}shards/{shard}/n{shards}/", self.root)
     }
 
-    pub fn candidate(&self, shards: u32, shard: u32, lease: i64) -> String {
+    pub(crate) fn candidate(&self, shards: u32, shard: u32, lease: i64) -> String {
         format!("{}{lease:x}", self.election_prefix(shards, shard))
     }
 
     /// The (shard, shard count) an election key belongs to.
-    pub fn parse_candidate(&self, key: &str) -> Option<(u32, u32)> {
+    pub(crate) fn parse_candidate(&self, key: &str) -> Option<(u32, u32)> {
         let rest = key.strip_prefix(&self.shards_prefix())?;
         let mut parts = rest.split('/');
         let shard = parts.next()?.parse().ok()?;
@@ -53,12 +53,12 @@ impl Keys {
     }
 
     /// The node id of a member key.
-    pub fn parse_node<'k>(&self, key: &'k str) -> Option<&'k str> {
+    pub(crate) fn parse_node<'k>(&self, key: &'k str) -> Option<&'k str> {
         key.strip_prefix(&self.nodes_prefix())
     }
 
     /// The job and the kind of a job record key.
-    pub fn parse_job_record<'k>(&self, key: &'k str) -> Option<(&'k str, JobRecord)> {
+    pub(crate) fn parse_job_record<'k>(&self, key: &'k str) -> Option<(&'k str, JobRecord)> {
         let rest = key.strip_prefix(&self.jobs_prefix())?;
         match rest.rsplit_once('/')? {
             (job, "last") => Some((job, JobRecord::Last)),
@@ -67,15 +67,15 @@ impl Keys {
         }
     }
 
-    pub fn jobs_prefix(&self) -> String {
+    pub(crate) fn jobs_prefix(&self) -> String {
         format!("{}jobs/", self.root)
     }
 
-    pub fn job_last(&self, job: &str) -> String {
+    pub(crate) fn job_last(&self, job: &str) -> String {
         format!("{}jobs/{job}/last", self.root)
     }
 
-    pub fn job_result(&self, job: &str) -> String {
+    pub(crate) fn job_result(&self, job: &str) -> String {
         format!("{}jobs/{job}/result", self.root)
     }
 
@@ -83,7 +83,7 @@ impl Keys {
         format!("{}nodes/", self.root)
     }
 
-    pub fn node(&self, node_id: &str) -> String {
+    pub(crate) fn node(&self, node_id: &str) -> String {
         format!("{}nodes/{node_id}", self.root)
     }
 }

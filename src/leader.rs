@@ -15,13 +15,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backoff::{sleep_or_cancel, Backoff};
 use crate::catch_up::{missed_ticks, MAX_CATCH_UP};
-use crate::claims::{Book, Claimer, Halt};
+use crate::claims::{self, Book, Claimer, Halt};
 use crate::clock;
 use crate::config::Job;
 use crate::context::{Loaded, NodeContext};
 use crate::election::{self, Leadership};
 use crate::fleet::FleetView;
-use crate::ledger::MAX_OPS_PER_TXN;
 use crate::runner::Tick;
 use crate::session::Session;
 
@@ -274,7 +273,7 @@ impl Term {
             }
         }
         // A chunk's runs start as soon as it is claimed, before the next chunk's claim.
-        for chunk in pending.chunks(MAX_OPS_PER_TXN) {
+        for chunk in claims::batches(&pending) {
             let newest: Vec<(usize, DateTime<Utc>)> = chunk
                 .iter()
                 .filter_map(|(index, ticks)| ticks.last().map(|tick| (*index, *tick)))

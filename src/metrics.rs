@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use crate::record::{Outcome, RunRecord};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct JobLabel {
+pub(crate) struct JobLabel {
     pub job: String,
 }
 
@@ -31,14 +31,14 @@ impl JobLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RunLabels {
+pub(crate) struct RunLabels {
     pub job: String,
     /// `success`, `failure`, `timeout`, `replaced`, `killed`, `spawn_failed` or `skipped`.
     pub result: String,
 }
 
 /// Every metric the node exports.
-pub struct Metrics {
+pub(crate) struct Metrics {
     registry: Registry,
     pub runs: Family<RunLabels, Counter>,
     /// Not by job: a histogram per job would be a dozen series for each of 100,000 jobs.
@@ -141,7 +141,7 @@ impl Metrics {
 }
 
 /// The node's metrics.
-pub fn get() -> &'static Metrics {
+pub(crate) fn get() -> &'static Metrics {
     static METRICS: OnceLock<Metrics> = OnceLock::new();
     METRICS.get_or_init(Metrics::new)
 }
