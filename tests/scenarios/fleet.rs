@@ -2,13 +2,11 @@
 //! without losing or doubling a tick, a departure spreads its shards, and nodes whose configs
 //! disagree on the shard count still run each tick at most once.
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use support::*;
+use crate::support::*;
 
 const TTL: u64 = 2;
 

@@ -2,15 +2,13 @@
 //! and `username` / `password_env` against a real etcd with auth enabled; wrong certificates and
 //! passwords end in a clear error.
 
-mod support;
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
+use crate::support::*;
 use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair};
 use shardcron::etcd_server::{EtcdServer, ServerTls};
-use support::*;
 
 struct Authority {
     cert: rcgen::Certificate,

@@ -1,14 +1,12 @@
 //! What an operator runs day to day, against a real etcd: retries, `overlap = "replace"`,
 //! `kill_grace`, Prometheus metrics scraped over HTTP, JSON logs.
 
-mod support;
-
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use support::*;
+use crate::support::*;
 
 /// A config with `jobs` given as TOML tables after the `[jobs.NAME]` header.
 fn write_jobs(world: &World, jobs: &[(&str, String)]) -> PathBuf {

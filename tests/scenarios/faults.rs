@@ -2,15 +2,13 @@
 //! fenced SQLite store, etcd's own leader killed, all of etcd down and back, and commands that
 //! misbehave at run time. Every figure a scenario measures is printed for the closing notes.
 
-mod support;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use support::proxy::Proxy;
-use support::*;
+use crate::support::proxy::Proxy;
+use crate::support::*;
 
 const EVERY_SECOND: &str = "* * * * * *";
 

@@ -1,12 +1,10 @@
 //! The distributed core against a real etcd: one leader per shard, failover on SIGKILL, no
 //! stale fence after SIGSTOP, handoff on SIGTERM, fenced claims, on-time firing.
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::*;
 use shardcron::shard::shard_of;
-use support::*;
 
 const EVERY_SECOND: &str = "* * * * * *";
 
