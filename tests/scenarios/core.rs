@@ -15,8 +15,8 @@ fn two_nodes_lead_each_shard_once_and_set_cron_variables() {
     let jobs: Vec<(&str, &str, &str)> = names.iter().map(|name| (name.as_str(), EVERY_SECOND, "")).collect();
     let config = world.write_config("jobs.toml", 4, 3, &jobs);
     step("start nodes a and b");
-    world.start_node("a", &config);
-    world.start_node("b", &config);
+    world.node("a", &config).start();
+    world.node("b", &config).start();
     step("wait until each leads two shards and stands by for the other two");
     wait_for(Duration::from_secs(20), "a balanced fleet", || {
         let status = world.status(&config);
@@ -92,8 +92,8 @@ struct Roles {
 fn leader_and_standby(world: &mut World, ttl: u64, extra: &str) -> Roles {
     let config = world.write_config("jobs.toml", 1, ttl, &[("tick", EVERY_SECOND, extra)]);
     step("start a and b");
-    world.start_node("a", &config);
-    world.start_node("b", &config);
+    world.node("a", &config).start();
+    world.node("b", &config).start();
     // Both nodes compute the same target for the shard; wait until it leads and the other waits.
     let target = shardcron::assignment::assign(1, &["a", "b"])[0]
         .clone()
@@ -226,7 +226,7 @@ fn sigterm_of_the_leader_hands_over_without_missing_a_tick() {
 fn an_even_second_job_starts_within_50ms_of_its_tick() {
     let mut world = World::new();
     let config = world.write_config("jobs.toml", 2, 3, &[("even", "*/2 * * * * *", "")]);
-    world.start_node("a", &config);
+    world.node("a", &config).start();
     wait_for(Duration::from_secs(20), "4 runs", || world.runs().len() >= 4);
     for run in world.runs() {
         assert_eq!(run.tick.timestamp() % 2, 0, "{run:?}");
@@ -250,7 +250,7 @@ fn overlap_skip_skips_ticks_while_a_run_goes_and_allow_runs_them_all() {
     );
     let config = world.dir.path().join("jobs.toml");
     std::fs::write(&config, text).unwrap();
-    world.start_node("a", &config);
+    world.node("a", &config).start();
     wait_for(Duration::from_secs(30), "slow ran 3 times", || {
         world.runs().iter().filter(|run| run.job == "slow").count() >= 3
     });

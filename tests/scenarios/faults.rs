@@ -25,7 +25,7 @@ fn start_behind_proxies(world: &mut World, ids: &[&str], config: &Path) -> Vec<P
     ids.iter()
         .map(|id| {
             let proxy = Proxy::start(&world.etcd.client_address());
-            world.start_node_via(id, config, &proxy.url());
+            world.node(id, config).via(&proxy).start();
             proxy
         })
         .collect()
@@ -373,8 +373,8 @@ fn killing_the_etcd_leader_member_doubles_nothing_and_catches_up_delayed_ticks()
 fn two_nodes_running(world: &mut World, jobs: usize, ttl: u64) -> Vec<String> {
     let names = per_second_jobs(jobs);
     let config = world.write_config("jobs.toml", jobs as u32, ttl, &job_list(&names, "catch_up = \"all\""));
-    world.start_node("a", &config);
-    world.start_node("b", &config);
+    world.node("a", &config).start();
+    world.node("b", &config).start();
     let started = now_secs();
     wait_for(Duration::from_secs(30), "every job ran twice", || {
         every_job_ran_since(world, &names, started, 2)
@@ -521,7 +521,7 @@ timeout = "1s"
     );
     let config = world.dir.path().join("jobs.toml");
     std::fs::write(&config, text).expect("write config");
-    world.start_node("a", &config);
+    world.node("a", &config).start();
 
     wait_for(
         Duration::from_secs(60),

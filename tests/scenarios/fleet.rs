@@ -61,7 +61,7 @@ fn three_nodes_share_16_shards_and_a_fourth_takes_its_share_without_a_lost_tick(
     let config = write_jobs(&world, "jobs.toml", 16, &names);
     for id in ["a", "b", "c"] {
         step(&format!("start {id}"));
-        world.start_node(id, &config);
+        world.node(id, &config).start();
         std::thread::sleep(Duration::from_millis(500));
     }
     let took = wait_balanced(&world, &config, &["a", "b", "c"], 5, 6, Duration::from_secs(6 * TTL));
@@ -80,7 +80,7 @@ fn three_nodes_share_16_shards_and_a_fourth_takes_its_share_without_a_lost_tick(
     });
     step("start d");
     let joined = now_secs();
-    world.start_node("d", &config);
+    world.node("d", &config).start();
     let took = wait_balanced(
         &world,
         &config,
@@ -122,7 +122,7 @@ fn a_node_that_stops_or_dies_leaves_its_shards_spread_evenly() {
     let names = every_second_jobs(8);
     let config = write_jobs(&world, "jobs.toml", 16, &names);
     for id in ["a", "b", "c", "d"] {
-        world.start_node(id, &config);
+        world.node(id, &config).start();
     }
     wait_balanced(
         &world,
@@ -156,8 +156,8 @@ fn nodes_with_different_shard_counts_never_run_a_tick_twice() {
     let four = write_jobs(&world, "four.toml", 4, &names);
     let seven = write_jobs(&world, "seven.toml", 7, &names);
     step("a runs 4 shards, b runs 7: separate elections over the same jobs");
-    world.start_node("a", &four);
-    world.start_node("b", &seven);
+    world.node("a", &four).start();
+    world.node("b", &seven).start();
     wait_for(Duration::from_secs(20), "both nodes lead all their shards", || {
         leaders(&world, &four)
             .iter()

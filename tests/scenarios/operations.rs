@@ -45,7 +45,7 @@ fn retries_replace_and_kill_grace_do_what_the_config_says() {
             ),
         ],
     );
-    world.start_node("a", &config);
+    world.node("a", &config).start();
     wait_for(Duration::from_secs(40), "each job's result is recorded", || {
         let status = world.status(&config);
         last_run(&status, "flaky")["attempts"] == 3
@@ -135,7 +135,10 @@ fn metrics_are_scraped_over_http_and_json_logs_carry_the_run_fields() {
     );
     let port = shardcron::etcd_server::free_port().expect("free port");
     let addr = format!("127.0.0.1:{port}");
-    world.start_node_with("a", &config, &["--metrics-addr", &addr, "--log-format", "json"]);
+    world
+        .node("a", &config)
+        .args(&["--metrics-addr", &addr, "--log-format", "json"])
+        .start();
     wait_for(Duration::from_secs(30), "3 runs of ok", || world.runs().len() >= 3);
 
     let mut page = String::new();
@@ -220,7 +223,7 @@ fn sighup_reloads_jobs_without_giving_up_shards_and_rejects_bad_files() {
     };
     let (first, second) = (every_second("first"), every_second("second"));
     let config = write_jobs(&world, &[(&first.0, first.1.clone())]);
-    world.start_node("a", &config);
+    world.node("a", &config).start();
     wait_for(Duration::from_secs(30), "first runs", || {
         world.runs().iter().any(|run| run.job == "first")
     });

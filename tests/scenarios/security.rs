@@ -95,7 +95,7 @@ fn a_node_runs_against_etcd_over_tls_with_a_client_certificate_and_a_wrong_ca_is
     assert!(world.etcd.client_url().starts_with("https://"));
 
     step("a node with the right CA and client certificate runs its jobs");
-    world.start_node("a", &config);
+    world.node("a", &config).start();
     wait_for(Duration::from_secs(30), "3 runs over TLS", || world.runs().len() >= 3);
     assert_eq!(world.status(&config)["shards"][0]["leader"], "a");
 
@@ -153,7 +153,10 @@ fn a_node_authenticates_with_password_env_and_a_wrong_password_is_a_clear_error(
     let config = config_with(&world, "jobs.toml", auth);
 
     step("the right password from the named variable");
-    let node = world.start_node_env("a", &config, &[("SHARDCRON_TEST_ETCD_PASSWORD", "s3cret")]);
+    let node = world
+        .node("a", &config)
+        .env(&[("SHARDCRON_TEST_ETCD_PASSWORD", "s3cret")])
+        .start();
     wait_for(Duration::from_secs(30), "3 runs with auth", || world.runs().len() >= 3);
     let status = shardcron(
         &["status", "--json"],

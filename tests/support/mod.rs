@@ -2,10 +2,13 @@
 //! jobs that append one line per run to a file, and waits on conditions with deadlines.
 #![allow(dead_code)]
 
+mod node;
 pub mod proxy;
 
+pub use node::{Node, NodeBuilder};
+
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
@@ -86,49 +89,9 @@ impl World {
         path
     }
 
-    /// Starts a node process and returns its index in `nodes`.
-    pub fn start_node(&mut self, id: &str, config: &Path) -> usize {
-        self.start_node_with(id, config, &[])
-    }
-
-    /// Starts a node that reaches etcd at `endpoint` (a proxy, say) instead of the config's.
-    pub fn start_node_via(&mut self, id: &str, config: &Path, endpoint: &str) -> usize {
-        self.start_node_with(id, config, &["--endpoints", endpoint])
-    }
-
-    pub fn start_node_with(&mut self, id: &str, config: &Path, extra_args: &[&str]) -> usize {
-        self.start_node_full(id, config, extra_args, &[])
-    }
-
-    /// Starts a node with extra environment variables.
-    pub fn start_node_env(&mut self, id: &str, config: &Path, env: &[(&str, &str)]) -> usize {
-        self.start_node_full(id, config, &[], env)
-    }
-
-    fn start_node_full(&mut self, id: &str, config: &Path, extra_args: &[&str], env: &[(&str, &str)]) -> usize {
-        let log = self.dir.path().join(format!("{id}.log"));
-        let log_file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log)
-            .expect("node log");
-        let child = Command::new(SHARDCRON)
-            .args(["run", "--node-id", id, "--shutdown-grace", "5s", "--config"])
-            .arg(config)
-            .args(extra_args)
-            .envs(env.iter().copied())
-            .env("SHARDCRON_LOG", "info,shardcron=debug")
-            .stdin(Stdio::null())
-            .stdout(log_file.try_clone().expect("log"))
-            .stderr(log_file)
-            .spawn()
-            .expect("start shardcron run");
-        self.nodes.push(Node {
-            id: id.to_string(),
-            child,
-            log,
-        });
-        self.nodes.len() - 1
+    /// A node with `id` running `config`, to start after any options.
+    pub fn node(&mut self, id: &str, config: &Path) -> NodeBuilder<'_> {
+        NodeBuilder::new(self, id, config)
     }
 
     pub fn runs(&self) -> Vec<Run> {
@@ -189,75 +152,6 @@ impl Drop for World {
             let _ = node.child.kill();
             let _ = node.child.wait();
         }
-    }
-}
-
-pub struct Node {
-    pub id: String,
-    pub child: Child,
-    pub log: PathBuf,
-}
-
-impl Node {
-    pub fn signal(&self, signal: libc::c_int) {
-        // SAFETY: kill(2) on our own child's pid.
-        unsafe {
-            libc::kill(self.child.id() as libc::pid_t, signal);
-        }
-    }
-
-    /// Waits for the process to exit and returns its exit code.
-    pub fn wait_exit(&mut self, limit: Duration) -> Option<i32> {
-        let deadline = Instant::now() + limit;
-        while Instant::now() < deadline {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return status.code();
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        None
-    }
-
-    /// CPU seconds (user + system) the process has used so far, exited threads included, from
-    /// `/proc` (10 ms clock ticks).
-    pub fn cpu_seconds(&self) -> f64 {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap_or_default();
-        // Fields after the parenthesised command name; utime and stime are the 12th and 13th.
-        let fields: Vec<&str> = stat
-            .rsplit_once(')')
-            .map(|(_, rest)| rest.split_whitespace().collect())
-            .unwrap_or_default();
-        let ticks: f64 = fields
-            .iter()
-            .skip(11)
-            .take(2)
-            .filter_map(|f| f.parse::<f64>().ok())
-            .sum();
-        // SAFETY: sysconf only reads a system constant.
-        ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
-    }
-
-    /// Peak resident memory of the process so far, in MiB, from `/proc`.
-    pub fn peak_rss_mib(&self) -> f64 {
-        self.memory_mib("VmHWM:")
-    }
-
-    /// Resident memory of the process now, in MiB, from `/proc`.
-    pub fn rss_mib(&self) -> f64 {
-        self.memory_mib("VmRSS:")
-    }
-
-    fn memory_mib(&self, field: &str) -> f64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
-        status
-            .lines()
-            .find_map(|line| line.strip_prefix(field))
-            .and_then(|rest| rest.split_whitespace().next()?.parse::<f64>().ok())
-            .map_or(f64::NAN, |kib| kib / 1024.0)
-    }
-
-    pub fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 }
 
