@@ -6,14 +6,11 @@ use std::time::Duration;
 use crate::support::*;
 use shardcron::shard::shard_of;
 
-const EVERY_SECOND: &str = "* * * * * *";
-
 #[test]
 fn two_nodes_lead_each_shard_once_and_set_cron_variables() {
     let mut world = World::new();
-    let names: Vec<String> = (0..6).map(|i| format!("job{i}")).collect();
-    let jobs: Vec<(&str, &str, &str)> = names.iter().map(|name| (name.as_str(), EVERY_SECOND, "")).collect();
-    let config = world.write_config("jobs.toml", 4, 3, &jobs);
+    let names = job_names(6, 1);
+    let config = world.write_config("jobs.toml", 4, 3, &every_second(&names, ""));
     step("start nodes a and b");
     world.node("a", &config).start();
     world.node("b", &config).start();
@@ -38,13 +35,7 @@ fn two_nodes_lead_each_shard_once_and_set_cron_variables() {
         );
     }
     wait_for(Duration::from_secs(20), "every job ran 3 times since", || {
-        let runs = world.runs();
-        names.iter().all(|name| {
-            runs.iter()
-                .filter(|run| run.job == *name && run.started > settled)
-                .count()
-                >= 3
-        })
+        every_job_ran_since(&world.runs(), &names, settled, 3)
     });
     for node in &world.nodes {
         node.signal(libc::SIGTERM);

@@ -7,55 +7,14 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use crate::support::proxy::Proxy;
 use crate::support::*;
-
-const EVERY_SECOND: &str = "* * * * * *";
-
-fn per_second_jobs(count: usize) -> Vec<String> {
-    (0..count).map(|i| format!("job{i}")).collect()
-}
-
-fn job_list<'a>(names: &'a [String], extra: &'a str) -> Vec<(&'a str, &'a str, &'a str)> {
-    names.iter().map(|name| (name.as_str(), EVERY_SECOND, extra)).collect()
-}
-
-/// Starts one node per id, each reaching etcd through a proxy of its own.
-fn start_behind_proxies(world: &mut World, ids: &[&str], config: &Path) -> Vec<Proxy> {
-    ids.iter()
-        .map(|id| {
-            let proxy = Proxy::start(&world.etcd.client_address());
-            world.node(id, config).via(&proxy).start();
-            proxy
-        })
-        .collect()
-}
-
-fn every_job_ran_since(world: &World, names: &[String], since: f64, times: usize) -> bool {
-    let runs = world.runs();
-    names.iter().all(|name| {
-        runs.iter()
-            .filter(|run| &run.job == name && run.started > since)
-            .count()
-            >= times
-    })
-}
-
-/// Whether every job has run a tick scheduled after `instant`: live ticks, not catch-up runs.
-fn every_job_ran_a_tick_after(world: &World, names: &[String], instant: f64) -> bool {
-    let runs = world.runs();
-    names.iter().all(|name| {
-        runs.iter()
-            .any(|run| &run.job == name && run.tick.timestamp() as f64 > instant)
-    })
-}
 
 #[test]
 fn a_leader_cut_off_from_etcd_stops_and_another_node_leads_within_two_ttl() {
     let mut world = World::new();
     let ttl = 2;
     let config = world.write_config("jobs.toml", 1, ttl, &[("tick", EVERY_SECOND, "catch_up = \"all\"")]);
-    let proxies = start_behind_proxies(&mut world, &["a", "b"], &config);
+    let proxies = world.start_behind_proxies(&["a", "b"], &config);
     let target = shardcron::assignment::assign(1, &["a", "b"])[0]
         .clone()
         .expect("a target");
@@ -164,11 +123,11 @@ fn a_split_brain_leaves_the_fenced_store_with_one_row_per_tick() {
     let mut world = World::new();
     let ttl = 5;
     let db: PathBuf = world.dir.path().join("reports.db");
-    let names = per_second_jobs(6);
-    let jobs = job_list(&names, "catch_up = \"all\"");
+    let names = job_names(6, 1);
+    let jobs = every_second(&names, "catch_up = \"all\"");
     let config = world.write_config_running("jobs.toml", 6, ttl, &jobs, &fenced_sqlite_command(&world, &db));
     let ids = ["a", "b", "c"];
-    let proxies = start_behind_proxies(&mut world, &ids, &config);
+    let proxies = world.start_behind_proxies(&ids, &config);
     let each_leads_two = |world: &World| {
         let leaders = world.shard_leaders(&config);
         ids.iter().all(|id| {
@@ -184,7 +143,7 @@ fn a_split_brain_leaves_the_fenced_store_with_one_row_per_tick() {
     });
     let settled = now_secs();
     wait_for(Duration::from_secs(20), "every job ran twice", || {
-        every_job_ran_since(&world, &names, settled, 2)
+        every_job_ran_since(&world.runs(), &names, settled, 2)
     });
 
     // The busiest leader: the node whose shards hold the most jobs.
@@ -222,7 +181,7 @@ fn a_split_brain_leaves_the_fenced_store_with_one_row_per_tick() {
     let balanced_after = now_secs() - healed_at;
     let resumed = now_secs();
     wait_for(Duration::from_secs(20), "3 more seconds of runs", || {
-        every_job_ran_a_tick_after(&world, &names, resumed + 3.0)
+        every_job_ran_a_tick_after(&world.runs(), &names, resumed + 3.0)
     });
     step("stop every node, then read the store");
     for node in &world.nodes {
@@ -343,7 +302,7 @@ fn killing_the_etcd_leader_member_doubles_nothing_and_catches_up_delayed_ticks()
     wait_for(
         Duration::from_secs(30),
         "every job ran a tick 5 s after the kill",
-        || every_job_ran_a_tick_after(&world, &names, killed_at + 5.0),
+        || every_job_ran_a_tick_after(&world.runs(), &names, killed_at + 5.0),
     );
     let runs = world.runs();
     for name in &names {
@@ -371,13 +330,18 @@ fn killing_the_etcd_leader_member_doubles_nothing_and_catches_up_delayed_ticks()
 /// Two nodes running `jobs` per-second `catch_up = "all"` jobs in as many shards; returns their
 /// names at the middle of a second, so a fault lands between ticks.
 fn two_nodes_running(world: &mut World, jobs: usize, ttl: u64) -> Vec<String> {
-    let names = per_second_jobs(jobs);
-    let config = world.write_config("jobs.toml", jobs as u32, ttl, &job_list(&names, "catch_up = \"all\""));
+    let names = job_names(jobs, 1);
+    let config = world.write_config(
+        "jobs.toml",
+        jobs as u32,
+        ttl,
+        &every_second(&names, "catch_up = \"all\""),
+    );
     world.node("a", &config).start();
     world.node("b", &config).start();
     let started = now_secs();
     wait_for(Duration::from_secs(30), "every job ran twice", || {
-        every_job_ran_since(world, &names, started, 2)
+        every_job_ran_since(&world.runs(), &names, started, 2)
     });
     sleep_to_mid_second();
     names
@@ -394,7 +358,7 @@ fn etcd_restarted_on_its_data_nodes_resume_without_a_lost_or_doubled_tick() {
     wait_for(
         Duration::from_secs(30),
         "every job ran a tick 3 s after the restart",
-        || every_job_ran_a_tick_after(&world, &names, restarted_at + 3.0),
+        || every_job_ran_a_tick_after(&world.runs(), &names, restarted_at + 3.0),
     );
     let runs = world.runs();
     for name in &names {
@@ -458,7 +422,7 @@ fn etcd_down_for_30s_stops_claims_quietly_and_catches_up_when_it_returns() {
     wait_for(
         Duration::from_secs(40),
         "every job ran a tick 3 s after etcd returned",
-        || every_job_ran_a_tick_after(&world, &names, back_at + 3.0),
+        || every_job_ran_a_tick_after(&world.runs(), &names, back_at + 3.0),
     );
     let runs = world.runs();
     let resumed = runs

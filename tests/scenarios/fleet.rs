@@ -42,23 +42,11 @@ fn wait_balanced(world: &World, config: &Path, nodes: &[&str], low: usize, high:
     started.elapsed()
 }
 
-fn every_second_jobs(count: usize) -> Vec<String> {
-    (0..count).map(|i| format!("job{i:02}")).collect()
-}
-
-fn write_jobs(world: &World, file: &str, shards: u32, names: &[String]) -> std::path::PathBuf {
-    let jobs: Vec<(&str, &str, &str)> = names
-        .iter()
-        .map(|name| (name.as_str(), "* * * * * *", "catch_up = \"all\""))
-        .collect();
-    world.write_config(file, shards, TTL, &jobs)
-}
-
 #[test]
 fn three_nodes_share_16_shards_and_a_fourth_takes_its_share_without_a_lost_tick() {
     let mut world = World::new();
-    let names = every_second_jobs(24);
-    let config = write_jobs(&world, "jobs.toml", 16, &names);
+    let names = job_names(24, 2);
+    let config = world.write_config("jobs.toml", 16, TTL, &every_second(&names, "catch_up = \"all\""));
     for id in ["a", "b", "c"] {
         step(&format!("start {id}"));
         world.node(id, &config).start();
@@ -119,8 +107,8 @@ fn three_nodes_share_16_shards_and_a_fourth_takes_its_share_without_a_lost_tick(
 #[test]
 fn a_node_that_stops_or_dies_leaves_its_shards_spread_evenly() {
     let mut world = World::new();
-    let names = every_second_jobs(8);
-    let config = write_jobs(&world, "jobs.toml", 16, &names);
+    let names = job_names(8, 2);
+    let config = world.write_config("jobs.toml", 16, TTL, &every_second(&names, "catch_up = \"all\""));
     for id in ["a", "b", "c", "d"] {
         world.node(id, &config).start();
     }
@@ -152,9 +140,9 @@ fn a_node_that_stops_or_dies_leaves_its_shards_spread_evenly() {
 #[test]
 fn nodes_with_different_shard_counts_never_run_a_tick_twice() {
     let mut world = World::new();
-    let names = every_second_jobs(12);
-    let four = write_jobs(&world, "four.toml", 4, &names);
-    let seven = write_jobs(&world, "seven.toml", 7, &names);
+    let names = job_names(12, 2);
+    let four = world.write_config("four.toml", 4, TTL, &every_second(&names, "catch_up = \"all\""));
+    let seven = world.write_config("seven.toml", 7, TTL, &every_second(&names, "catch_up = \"all\""));
     step("a runs 4 shards, b runs 7: separate elections over the same jobs");
     world.node("a", &four).start();
     world.node("b", &seven).start();

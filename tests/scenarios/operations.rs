@@ -3,31 +3,18 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::support::*;
-
-/// A config with `jobs` given as TOML tables after the `[jobs.NAME]` header.
-fn write_jobs(world: &World, jobs: &[(&str, String)]) -> PathBuf {
-    let mut text = format!(
-        "[cluster]\nname = \"ops\"\nshards = 2\nlease_ttl = \"3s\"\n\n[etcd]\nendpoints = [\"{}\"]\n\n",
-        world.etcd.client_url()
-    );
-    for (name, body) in jobs {
-        text.push_str(&format!("[jobs.{name}]\n{body}\n\n"));
-    }
-    let path = world.dir.path().join("jobs.toml");
-    std::fs::write(&path, text).expect("write config");
-    path
-}
 
 #[test]
 fn retries_replace_and_kill_grace_do_what_the_config_says() {
     let mut world = World::new();
     let record = world.record_command();
-    let config = write_jobs(
-        &world,
+    let config = world.write_config_tables(
+        "jobs.toml",
+        2,
+        3,
         &[
             (
                 "flaky",
@@ -123,8 +110,10 @@ fn sample(page: &str, name: &str) -> Option<f64> {
 fn metrics_are_scraped_over_http_and_json_logs_carry_the_run_fields() {
     let mut world = World::new();
     let record = world.record_command();
-    let config = write_jobs(
-        &world,
+    let config = world.write_config_tables(
+        "jobs.toml",
+        2,
+        3,
         &[
             (
                 "ok",
@@ -215,14 +204,14 @@ fn metrics_are_scraped_over_http_and_json_logs_carry_the_run_fields() {
 fn sighup_reloads_jobs_without_giving_up_shards_and_rejects_bad_files() {
     let mut world = World::new();
     let record = world.record_command();
-    let every_second = |name: &str| {
+    let ticking = |name: &str| {
         (
             name.to_string(),
             format!("schedule = \"* * * * * *\"\ncommand = '{record}'"),
         )
     };
-    let (first, second) = (every_second("first"), every_second("second"));
-    let config = write_jobs(&world, &[(&first.0, first.1.clone())]);
+    let (first, second) = (ticking("first"), ticking("second"));
+    let config = world.write_config_tables("jobs.toml", 2, 3, &[(&first.0, first.1.clone())]);
     world.node("a", &config).start();
     wait_for(Duration::from_secs(30), "first runs", || {
         world.runs().iter().any(|run| run.job == "first")
@@ -241,7 +230,7 @@ fn sighup_reloads_jobs_without_giving_up_shards_and_rejects_bad_files() {
     assert!(before.iter().all(Option::is_some), "{before:?}");
 
     step("swap first for second, SIGHUP");
-    write_jobs(&world, &[(&second.0, second.1.clone())]);
+    world.write_config_tables("jobs.toml", 2, 3, &[(&second.0, second.1.clone())]);
     world.nodes[0].signal(libc::SIGHUP);
     let reloaded_at = now_secs();
     wait_for(Duration::from_secs(15), "second runs", || {
@@ -263,7 +252,7 @@ fn sighup_reloads_jobs_without_giving_up_shards_and_rejects_bad_files() {
     step("an invalid file is rejected and the jobs go on");
     std::fs::write(
         &config,
-        "[cluster]\nname = \"ops\"\nshards = 2\n[jobs.broken]\ncomand = \"true\"\n",
+        "[cluster]\nname = \"test\"\nshards = 2\n[jobs.broken]\ncomand = \"true\"\n",
     )
     .unwrap();
     world.nodes[0].signal(libc::SIGHUP);
@@ -273,7 +262,7 @@ fn sighup_reloads_jobs_without_giving_up_shards_and_rejects_bad_files() {
     let rejected_at = now_secs();
 
     step("a changed [cluster] asks for a restart");
-    write_jobs(&world, &[(&second.0, second.1.clone())]);
+    world.write_config_tables("jobs.toml", 2, 3, &[(&second.0, second.1.clone())]);
     let more_shards = std::fs::read_to_string(&config)
         .unwrap()
         .replace("shards = 2", "shards = 3");

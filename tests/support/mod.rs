@@ -4,17 +4,35 @@
 
 mod node;
 pub mod proxy;
+mod runs;
 
 pub use node::{Node, NodeBuilder};
+pub use runs::*;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 use shardcron::etcd_server::EtcdServer;
 
+use proxy::Proxy;
+
 pub const SHARDCRON: &str = env!("CARGO_BIN_EXE_shardcron");
+
+pub const EVERY_SECOND: &str = "* * * * * *";
+
+/// `count` job names, `job0`, `job1`, … with at least `digits` digits. The names pick each
+/// job's shard, so a scenario keeps the names its figures were measured with.
+pub fn job_names(count: usize, digits: usize) -> Vec<String> {
+    (0..count).map(|i| format!("job{i:0digits$}")).collect()
+}
+
+/// Jobs named `names` that fire every second, each with `extra` TOML lines, for
+/// [`World::write_config`].
+pub fn every_second<'a>(names: &'a [String], extra: &'a str) -> Vec<(&'a str, &'a str, &'a str)> {
+    names.iter().map(|name| (name.as_str(), EVERY_SECOND, extra)).collect()
+}
 
 /// Prints a scenario step, so a failing test's output reads as a story.
 pub fn step(what: &str) {
@@ -75,18 +93,42 @@ impl World {
         jobs: &[(&str, &str, &str)],
         command: &str,
     ) -> PathBuf {
+        let tables: Vec<(&str, String)> = jobs
+            .iter()
+            .map(|(name, schedule, extra)| {
+                (
+                    *name,
+                    format!("schedule = \"{schedule}\"\ncommand = '{command}'\n{extra}"),
+                )
+            })
+            .collect();
+        self.write_config_tables(file, shards, ttl_secs, &tables)
+    }
+
+    /// Writes a config on this world's etcd with `jobs` given as (name, the TOML of its
+    /// `[jobs.NAME]` table).
+    pub fn write_config_tables(&self, file: &str, shards: u32, ttl_secs: u64, jobs: &[(&str, String)]) -> PathBuf {
         let mut text = format!(
             "[cluster]\nname = \"test\"\nshards = {shards}\nlease_ttl = \"{ttl_secs}s\"\n\n[etcd]\nendpoints = {:?}\n\n",
             self.etcd.client_urls()
         );
-        for (name, schedule, extra) in jobs {
-            text.push_str(&format!(
-                "[jobs.{name}]\nschedule = \"{schedule}\"\ncommand = '{command}'\n{extra}\n\n"
-            ));
+        for (name, table) in jobs {
+            text.push_str(&format!("[jobs.{name}]\n{table}\n\n"));
         }
         let path = self.dir.path().join(file);
         std::fs::write(&path, text).expect("write config");
         path
+    }
+
+    /// Starts one node per id, each reaching etcd through a proxy of its own.
+    pub fn start_behind_proxies(&mut self, ids: &[&str], config: &Path) -> Vec<Proxy> {
+        ids.iter()
+            .map(|id| {
+                let proxy = Proxy::start(&self.etcd.client_address());
+                self.node(id, config).via(&proxy).start();
+                proxy
+            })
+            .collect()
     }
 
     /// A node with `id` running `config`, to start after any options.
@@ -155,44 +197,6 @@ impl Drop for World {
     }
 }
 
-/// One recorded run.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Run {
-    pub job: String,
-    pub tick: DateTime<Utc>,
-    pub fence: i64,
-    pub node: String,
-    pub shard: u32,
-    /// The job's own clock when it started, seconds since the epoch.
-    pub started: f64,
-}
-
-impl Run {
-    pub fn lateness(&self) -> f64 {
-        self.started - self.tick.timestamp() as f64 - f64::from(self.tick.timestamp_subsec_nanos()) / 1e9
-    }
-}
-
-pub fn read_runs(path: &Path) -> Vec<Run> {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    text.lines()
-        .filter_map(|line| {
-            let parts: Vec<&str> = line.split_whitespace().collect();
-            let [job, tick, fence, node, shard, started] = parts.as_slice() else {
-                return None;
-            };
-            Some(Run {
-                job: job.to_string(),
-                tick: DateTime::parse_from_rfc3339(tick).ok()?.with_timezone(&Utc),
-                fence: fence.parse().ok()?,
-                node: node.to_string(),
-                shard: shard.parse().ok()?,
-                started: started.parse().ok()?,
-            })
-        })
-        .collect()
-}
-
 /// A job's `last_run` in a `status --json` document (`null` if none yet).
 pub fn last_run(status: &serde_json::Value, job: &str) -> serde_json::Value {
     status["jobs"]
@@ -226,25 +230,4 @@ pub fn sleep_to_mid_second() {
 pub fn now_secs() -> f64 {
     let now = Utc::now();
     now.timestamp() as f64 + f64::from(now.timestamp_subsec_nanos()) / 1e9
-}
-
-/// Asserts every tick of `job` from its first to its last recorded run appears exactly once,
-/// on whole seconds `step` apart, and returns the ticks.
-pub fn assert_each_tick_once(runs: &[Run], job: &str, step_secs: i64) -> Vec<DateTime<Utc>> {
-    let mut ticks: Vec<DateTime<Utc>> = runs.iter().filter(|run| run.job == job).map(|run| run.tick).collect();
-    ticks.sort();
-    let mut seen = std::collections::HashSet::new();
-    for tick in &ticks {
-        assert!(seen.insert(*tick), "tick {tick} of {job} ran more than once: {runs:#?}");
-    }
-    for pair in ticks.windows(2) {
-        assert_eq!(
-            (pair[1] - pair[0]).num_seconds(),
-            step_secs,
-            "tick missing between {} and {} of {job}",
-            pair[0],
-            pair[1]
-        );
-    }
-    ticks
 }
