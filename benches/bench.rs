@@ -250,8 +250,11 @@ fn failover_trial(ttl: u64, signal: libc::c_int) -> Trial {
         Duration::from_secs(20),
         "the target leads and the other node stands by",
         || {
-            let status = world.status(&config);
-            status["shards"][0]["leader"] == target.as_str() && status["shards"][0]["standby"] == 1
+            world
+                .status(&config)
+                .shards
+                .first()
+                .is_some_and(|shard| shard.leader.as_deref() == Some(target.as_str()) && shard.standby == 1)
         },
     );
     let (leader_id, old_fence) = world.leader_of(&config, 0).expect("a leader");

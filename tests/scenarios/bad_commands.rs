@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use crate::support::*;
+use shardcron::record::Outcome;
 
 #[test]
 fn misbehaving_commands_are_recorded_and_the_node_keeps_running() {
@@ -50,21 +51,21 @@ timeout = "1s"
         "every misbehaving job has a recorded result",
         || {
             let status = world.status(&config);
-            last_run(&status, "missing")["exit_code"] == 127
-                && last_run(&status, "failing")["exit_code"] == 3
-                && last_run(&status, "loud")["outcome"] == "exited"
-                && last_run(&status, "stubborn")["outcome"] == "timeout"
+            last_run(&status, "missing").is_some_and(|run| run.exit_code == Some(127))
+                && last_run(&status, "failing").is_some_and(|run| run.exit_code == Some(3))
+                && last_run(&status, "loud").is_some_and(|run| run.outcome == Outcome::Exited)
+                && last_run(&status, "stubborn").is_some_and(|run| run.outcome == Outcome::Timeout)
         },
     );
     let status = world.status(&config);
-    let stubborn = last_run(&status, "stubborn");
-    let took = stubborn["duration_ms"].as_u64().unwrap_or_default();
+    let stubborn = last_run(&status, "stubborn").expect("stubborn's last run");
+    let took = stubborn.duration_ms;
     assert!(
         (11_000..20_000).contains(&took),
-        "SIGTERM at 1 s, SIGKILL 10 s later: {stubborn}"
+        "SIGTERM at 1 s, SIGKILL 10 s later: {stubborn:?}"
     );
-    let loud = last_run(&status, "loud");
-    assert_eq!(loud["exit_code"], 0, "{loud}");
+    let loud = last_run(&status, "loud").expect("loud's last run");
+    assert_eq!(loud.exit_code, Some(0), "{loud:?}");
 
     let node = &mut world.nodes[0];
     assert!(

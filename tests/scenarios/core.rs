@@ -16,23 +16,19 @@ fn two_nodes_lead_each_shard_once_and_set_cron_variables() {
     world.node("b", &config).start();
     step("wait until each leads two shards and stands by for the other two");
     wait_for(Duration::from_secs(20), "a balanced fleet", || {
-        let status = world.status(&config);
-        let shards = status["shards"].as_array().cloned().unwrap_or_default();
-        let leads = |id: &str| shards.iter().filter(|shard| shard["leader"] == id).count();
-        shards.iter().all(|shard| shard["standby"] == 1) && leads("a") == 2 && leads("b") == 2
+        let shards = world.status(&config).shards;
+        let leads = |id: &str| {
+            shards
+                .iter()
+                .filter(|shard| shard.leader.as_deref() == Some(id))
+                .count()
+        };
+        shards.iter().all(|shard| shard.standby == 1) && leads("a") == 2 && leads("b") == 2
     });
     let settled = now_secs();
-    let status = world.status(&config);
     let mut leaders = std::collections::HashMap::new();
-    for shard in status["shards"].as_array().expect("shards") {
-        let id = shard["shard"].as_u64().unwrap() as u32;
-        leaders.insert(
-            id,
-            (
-                shard["leader"].as_str().unwrap().to_string(),
-                shard["fence"].as_i64().unwrap(),
-            ),
-        );
+    for shard in world.status(&config).shards {
+        leaders.insert(shard.shard, (shard.leader.unwrap(), shard.fence.unwrap()));
     }
     wait_for(Duration::from_secs(20), "every job ran 3 times since", || {
         every_job_ran_since(&world.runs(), &names, settled, 3)
@@ -93,8 +89,11 @@ fn leader_and_standby(world: &mut World, ttl: u64, extra: &str) -> Roles {
         Duration::from_secs(15),
         "the target leads and the other node stands by",
         || {
-            let status = world.status(&config);
-            status["shards"][0]["leader"] == target.as_str() && status["shards"][0]["standby"] == 1
+            world
+                .status(&config)
+                .shards
+                .first()
+                .is_some_and(|shard| shard.leader.as_deref() == Some(target.as_str()) && shard.standby == 1)
         },
     );
     let leader_id = target;

@@ -168,12 +168,11 @@ fn nodes_with_different_shard_counts_never_run_a_tick_twice() {
     let by_node = |id: &str| runs.iter().filter(|run| run.node == id).count();
     eprintln!("runs: a {}, b {}", by_node("a"), by_node("b"));
     let status = world.status(&four);
-    let drifted: Vec<&str> = status["nodes"]
-        .as_array()
-        .expect("nodes")
+    let drifted: Vec<&str> = status
+        .nodes
         .iter()
-        .filter(|node| node["drift"] == true)
-        .filter_map(|node| node["id"].as_str())
+        .filter(|node| node.drift)
+        .map(|node| node.id.as_str())
         .collect();
     assert_eq!(drifted, vec!["b"], "status flags the node whose config differs");
     assert!(

@@ -16,7 +16,11 @@ fn a_leader_cut_off_from_etcd_stops_and_another_node_leads_within_two_ttl() {
         .expect("a target");
     wait_for(Duration::from_secs(20), "the target leads and runs ticks", || {
         world.runs().iter().filter(|run| run.node == target).count() >= 2
-            && world.status(&config)["shards"][0]["standby"] == 1
+            && world
+                .status(&config)
+                .shards
+                .first()
+                .is_some_and(|shard| shard.standby == 1)
     });
     let leader = world.nodes.iter().position(|node| node.id == target).expect("ours");
     let other = world.nodes[1 - leader].id.clone();

@@ -6,6 +6,7 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use crate::support::*;
+use shardcron::record::Outcome;
 
 #[test]
 fn retries_replace_and_kill_grace_do_what_the_config_says() {
@@ -35,17 +36,17 @@ fn retries_replace_and_kill_grace_do_what_the_config_says() {
     world.node("a", &config).start();
     wait_for(Duration::from_secs(40), "each job's result is recorded", || {
         let status = world.status(&config);
-        last_run(&status, "flaky")["attempts"] == 3
-            && last_run(&status, "replaced")["outcome"] == "replaced"
-            && last_run(&status, "stubborn")["outcome"] == "timeout"
+        last_run(&status, "flaky").is_some_and(|run| run.attempts == 3)
+            && last_run(&status, "replaced").is_some_and(|run| run.outcome == Outcome::Replaced)
+            && last_run(&status, "stubborn").is_some_and(|run| run.outcome == Outcome::Timeout)
     });
 
     step("flaky: two failed attempts, retried within the tick, the third succeeds");
-    let flaky = last_run(&world.status(&config), "flaky");
+    let flaky = last_run(&world.status(&config), "flaky").expect("flaky's last run");
     assert_eq!(
-        (flaky["outcome"].as_str(), flaky["exit_code"].as_i64()),
-        (Some("exited"), Some(0)),
-        "{flaky}"
+        (flaky.outcome, flaky.exit_code),
+        (Outcome::Exited, Some(0)),
+        "{flaky:?}"
     );
     let runs = world.runs();
     let flaky_ticks: Vec<_> = runs
@@ -66,17 +67,14 @@ fn retries_replace_and_kill_grace_do_what_the_config_says() {
     }
 
     step("replaced: each tick stops the previous run after SIGTERM");
-    let replaced = last_run(&world.status(&config), "replaced");
-    assert!(
-        replaced["duration_ms"].as_u64().unwrap_or(u64::MAX) < 5_000,
-        "{replaced}"
-    );
+    let replaced = last_run(&world.status(&config), "replaced").expect("replaced's last run");
+    assert!(replaced.duration_ms < 5_000, "{replaced:?}");
     assert!(log.contains("replaced by a newer tick"));
 
     step("stubborn: SIGTERM at the 1 s timeout, SIGKILL after the 1 s kill_grace");
-    let stubborn = last_run(&world.status(&config), "stubborn");
-    let took = stubborn["duration_ms"].as_u64().unwrap_or_default();
-    assert!((2_000..5_000).contains(&took), "{stubborn}");
+    let stubborn = last_run(&world.status(&config), "stubborn").expect("stubborn's last run");
+    let took = stubborn.duration_ms;
+    assert!((2_000..5_000).contains(&took), "{stubborn:?}");
 }
 
 /// `GET path` on `port`; returns the status line and the body.

@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use shardcron::etcd_server::EtcdServer;
+use shardcron::record::RunRecord;
+use shardcron::status::Status;
 
 use proxy::Proxy;
 
@@ -140,8 +142,8 @@ impl World {
         read_runs(&self.runs_file())
     }
 
-    /// `shardcron status --json` against this world's etcd.
-    pub fn status(&self, config: &Path) -> serde_json::Value {
+    /// `shardcron status --json` against this world's etcd, read back as the library's `Status`.
+    pub fn status(&self, config: &Path) -> Status {
         let out = Command::new(SHARDCRON)
             .args(["status", "--json", "--config"])
             .arg(config)
@@ -157,22 +159,21 @@ impl World {
 
     /// Leader and fence of every shard of `config`'s shard count, from `status --json`.
     pub fn shard_leaders(&self, config: &Path) -> Vec<(Option<String>, Option<i64>)> {
-        self.status(config)["shards"]
-            .as_array()
-            .map(|shards| {
-                shards
-                    .iter()
-                    .map(|shard| (shard["leader"].as_str().map(str::to_string), shard["fence"].as_i64()))
-                    .collect()
-            })
-            .unwrap_or_default()
+        self.status(config)
+            .shards
+            .into_iter()
+            .map(|shard| (shard.leader, shard.fence))
+            .collect()
     }
 
-    /// The node id leading `shard`, if any.
-    pub fn leader_of(&self, config: &Path, shard: u64) -> Option<(String, i64)> {
-        let status = self.status(config);
-        let entry = &status["shards"][shard as usize];
-        Some((entry["leader"].as_str()?.to_string(), entry["fence"].as_i64()?))
+    /// The node leading `shard` and its fence, if the shard has a leader.
+    pub fn leader_of(&self, config: &Path, shard: u32) -> Option<(String, i64)> {
+        let entry = self
+            .status(config)
+            .shards
+            .into_iter()
+            .find(|entry| entry.shard == shard)?;
+        Some((entry.leader?, entry.fence?))
     }
 
     /// Dumps every node's log, for a failing test's output.
@@ -197,13 +198,9 @@ impl Drop for World {
     }
 }
 
-/// A job's `last_run` in a `status --json` document (`null` if none yet).
-pub fn last_run(status: &serde_json::Value, job: &str) -> serde_json::Value {
-    status["jobs"]
-        .as_array()
-        .and_then(|jobs| jobs.iter().find(|entry| entry["name"] == job))
-        .map(|entry| entry["last_run"].clone())
-        .unwrap_or_default()
+/// A job's last finished run in `status`, if it has one yet.
+pub fn last_run(status: &Status, job: &str) -> Option<RunRecord> {
+    status.jobs.iter().find(|entry| entry.name == job)?.last_run.clone()
 }
 
 /// Waits until `condition` holds, panicking with `what` after `limit`.
