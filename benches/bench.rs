@@ -11,6 +11,8 @@
 //! cargo bench --bench bench -- timeline     # a chaos run drawn as benches/timeline.svg
 //! ```
 
+// The benchmarks use a subset of the test harness.
+#[allow(dead_code)]
 #[path = "../tests/support/mod.rs"]
 mod support;
 

@@ -1,6 +1,5 @@
 //! A small harness for scenario tests: a real etcd per test, node processes of the built binary,
 //! jobs that append one line per run to a file, and waits on conditions with deadlines.
-#![allow(dead_code)]
 
 mod node;
 pub mod proxy;
@@ -177,7 +176,7 @@ impl World {
     }
 
     /// Dumps every node's log, for a failing test's output.
-    pub fn dump_logs(&self) {
+    fn dump_logs(&self) {
         for node in &self.nodes {
             eprintln!("===== log of node {} =====", node.id);
             eprintln!("{}", std::fs::read_to_string(&node.log).unwrap_or_default());
