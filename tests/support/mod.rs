@@ -1,5 +1,9 @@
 //! A small harness for scenario tests: a real etcd per test, node processes of the built binary,
 //! jobs that append one line per run to a file, and waits on conditions with deadlines.
+//!
+//! The [`World`] (its etcd, configs, nodes and status) is here; node processes are in `node`,
+//! the recorded runs and the checks on them in `runs`, and the proxy that cuts a node off from
+//! etcd in `proxy`.
 
 mod node;
 pub mod proxy;
