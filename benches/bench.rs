@@ -11,6 +11,8 @@
 //! cargo bench --bench bench -- timeline     # a chaos run drawn as benches/timeline.svg
 //! ```
 
+// The benchmarks use a subset of the test harness.
+#[allow(dead_code)]
 #[path = "../tests/support/mod.rs"]
 mod support;
 
@@ -173,7 +175,7 @@ fn bench_lateness() {
         let names: Vec<String> = (0..count).map(|i| format!("job{i}")).collect();
         let jobs: Vec<(&str, &str, &str)> = names.iter().map(|name| (name.as_str(), "* * * * * *", "")).collect();
         let config = world.write_config("jobs.toml", 16, 3, &jobs);
-        world.start_node("a", &config);
+        world.node("a", &config).start();
         wait_for(Duration::from_secs(30), "first runs", || !world.runs().is_empty());
         let warmed = now_secs() + 1.0;
         let target = count * seconds;
@@ -241,8 +243,8 @@ struct Trial {
 fn failover_trial(ttl: u64, signal: libc::c_int) -> Trial {
     let mut world = World::new();
     let config = world.write_config("jobs.toml", 1, ttl, &[("tick", "* * * * * *", "catch_up = \"all\"")]);
-    world.start_node("a", &config);
-    world.start_node("b", &config);
+    world.node("a", &config).start();
+    world.node("b", &config).start();
     let target = shardcron::assignment::assign(1, &["a", "b"])[0]
         .clone()
         .expect("a target");
@@ -250,8 +252,11 @@ fn failover_trial(ttl: u64, signal: libc::c_int) -> Trial {
         Duration::from_secs(20),
         "the target leads and the other node stands by",
         || {
-            let status = world.status(&config);
-            status["shards"][0]["leader"] == target.as_str() && status["shards"][0]["standby"] == 1
+            world
+                .status(&config)
+                .shards
+                .first()
+                .is_some_and(|shard| shard.leader.as_deref() == Some(target.as_str()) && shard.standby == 1)
         },
     );
     let (leader_id, old_fence) = world.leader_of(&config, 0).expect("a leader");
@@ -356,7 +361,7 @@ fn bench_etcd_cost() {
         let names: Vec<String> = (0..jobs).map(|i| format!("job{i}")).collect();
         let list: Vec<(&str, &str, &str)> = names.iter().map(|name| (name.as_str(), "* * * * * *", "")).collect();
         let config = world.write_config("jobs.toml", shards, 3, &list);
-        world.start_node("a", &config);
+        world.node("a", &config).start();
         wait_for(Duration::from_secs(30), "runs start", || world.runs().len() >= jobs * 2);
         sleep_to_mid_second();
         let window_start = now_secs();
@@ -393,7 +398,7 @@ fn bench_idle_node(jobs: usize) {
     write_jobs_file(&path, jobs, &YEARLY);
     let started = Instant::now();
     let url = world.etcd.client_url();
-    world.start_node_via("a", &path, &url);
+    world.node("a", &path).args(&["--endpoints", &url]).start();
     wait_for(Duration::from_secs(120), "the node leads all 64 shards", || {
         world.nodes[0].log_text().matches("leading shard").count() >= 64
     });
@@ -421,7 +426,7 @@ fn bench_many_shards(shards: u32, nodes: usize) {
     let config = world.write_config("jobs.toml", shards, 10, &jobs);
     let started = Instant::now();
     for index in 0..nodes {
-        world.start_node(&format!("n{index}"), &config);
+        world.node(&format!("n{index}"), &config).start();
     }
     let leaders = |world: &World| -> Vec<Option<String>> {
         world
@@ -472,7 +477,7 @@ fn bench_timeline(out: &Path) {
         .collect();
     let config = world.write_config("jobs.toml", 8, ttl, &jobs);
     for id in ["a", "b", "c"] {
-        world.start_node(id, &config);
+        world.node(id, &config).start();
     }
     wait_for(Duration::from_secs(30), "every job runs", || {
         let runs = world.runs();
@@ -494,7 +499,7 @@ fn bench_timeline(out: &Path) {
         world.nodes[a].signal(libc::SIGKILL)
     });
     at(&mut world, 14.5, "a restarts", &|world| {
-        world.start_node("a", &config);
+        world.node("a", &config).start();
     });
     at(&mut world, 22.5, "SIGSTOP b", &|world| {
         let b = index_of(world, "b");

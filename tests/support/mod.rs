@@ -1,17 +1,43 @@
 //! A small harness for scenario tests: a real etcd per test, node processes of the built binary,
 //! jobs that append one line per run to a file, and waits on conditions with deadlines.
-#![allow(dead_code)]
+//!
+//! The [`World`] (its etcd, configs, nodes and status) is here; node processes are in `node`,
+//! the recorded runs and the checks on them in `runs`, and the proxy that cuts a node off from
+//! etcd in `proxy`.
 
+mod node;
 pub mod proxy;
+mod runs;
+
+pub use node::{Node, NodeBuilder};
+pub use runs::*;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 use shardcron::etcd_server::EtcdServer;
+use shardcron::record::RunRecord;
+use shardcron::status::Status;
+
+use proxy::Proxy;
 
 pub const SHARDCRON: &str = env!("CARGO_BIN_EXE_shardcron");
+
+pub const EVERY_SECOND: &str = "* * * * * *";
+
+/// `count` job names, `job0`, `job1`, … with at least `digits` digits. The names pick each
+/// job's shard, so a scenario keeps the names its figures were measured with.
+pub fn job_names(count: usize, digits: usize) -> Vec<String> {
+    (0..count).map(|i| format!("job{i:0digits$}")).collect()
+}
+
+/// Jobs named `names` that fire every second, each with `extra` TOML lines, for
+/// [`World::write_config`].
+pub fn every_second<'a>(names: &'a [String], extra: &'a str) -> Vec<(&'a str, &'a str, &'a str)> {
+    names.iter().map(|name| (name.as_str(), EVERY_SECOND, extra)).collect()
+}
 
 /// Prints a scenario step, so a failing test's output reads as a story.
 pub fn step(what: &str) {
@@ -72,71 +98,55 @@ impl World {
         jobs: &[(&str, &str, &str)],
         command: &str,
     ) -> PathBuf {
+        let tables: Vec<(&str, String)> = jobs
+            .iter()
+            .map(|(name, schedule, extra)| {
+                (
+                    *name,
+                    format!("schedule = \"{schedule}\"\ncommand = '{command}'\n{extra}"),
+                )
+            })
+            .collect();
+        self.write_config_tables(file, shards, ttl_secs, &tables)
+    }
+
+    /// Writes a config on this world's etcd with `jobs` given as (name, the TOML of its
+    /// `[jobs.NAME]` table).
+    pub fn write_config_tables(&self, file: &str, shards: u32, ttl_secs: u64, jobs: &[(&str, String)]) -> PathBuf {
         let mut text = format!(
             "[cluster]\nname = \"test\"\nshards = {shards}\nlease_ttl = \"{ttl_secs}s\"\n\n[etcd]\nendpoints = {:?}\n\n",
             self.etcd.client_urls()
         );
-        for (name, schedule, extra) in jobs {
-            text.push_str(&format!(
-                "[jobs.{name}]\nschedule = \"{schedule}\"\ncommand = '{command}'\n{extra}\n\n"
-            ));
+        for (name, table) in jobs {
+            text.push_str(&format!("[jobs.{name}]\n{table}\n\n"));
         }
         let path = self.dir.path().join(file);
         std::fs::write(&path, text).expect("write config");
         path
     }
 
-    /// Starts a node process and returns its index in `nodes`.
-    pub fn start_node(&mut self, id: &str, config: &Path) -> usize {
-        self.start_node_with(id, config, &[])
+    /// Starts one node per id, each reaching etcd through a proxy of its own.
+    pub fn start_behind_proxies(&mut self, ids: &[&str], config: &Path) -> Vec<Proxy> {
+        ids.iter()
+            .map(|id| {
+                let proxy = Proxy::start(&self.etcd.client_address());
+                self.node(id, config).via(&proxy).start();
+                proxy
+            })
+            .collect()
     }
 
-    /// Starts a node that reaches etcd at `endpoint` (a proxy, say) instead of the config's.
-    pub fn start_node_via(&mut self, id: &str, config: &Path, endpoint: &str) -> usize {
-        self.start_node_with(id, config, &["--endpoints", endpoint])
-    }
-
-    pub fn start_node_with(&mut self, id: &str, config: &Path, extra_args: &[&str]) -> usize {
-        self.start_node_full(id, config, extra_args, &[])
-    }
-
-    /// Starts a node with extra environment variables.
-    pub fn start_node_env(&mut self, id: &str, config: &Path, env: &[(&str, &str)]) -> usize {
-        self.start_node_full(id, config, &[], env)
-    }
-
-    fn start_node_full(&mut self, id: &str, config: &Path, extra_args: &[&str], env: &[(&str, &str)]) -> usize {
-        let log = self.dir.path().join(format!("{id}.log"));
-        let log_file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log)
-            .expect("node log");
-        let child = Command::new(SHARDCRON)
-            .args(["run", "--node-id", id, "--shutdown-grace", "5s", "--config"])
-            .arg(config)
-            .args(extra_args)
-            .envs(env.iter().copied())
-            .env("SHARDCRON_LOG", "info,shardcron=debug")
-            .stdin(Stdio::null())
-            .stdout(log_file.try_clone().expect("log"))
-            .stderr(log_file)
-            .spawn()
-            .expect("start shardcron run");
-        self.nodes.push(Node {
-            id: id.to_string(),
-            child,
-            log,
-        });
-        self.nodes.len() - 1
+    /// A node with `id` running `config`, to start after any options.
+    pub fn node(&mut self, id: &str, config: &Path) -> NodeBuilder<'_> {
+        NodeBuilder::new(self, id, config)
     }
 
     pub fn runs(&self) -> Vec<Run> {
         read_runs(&self.runs_file())
     }
 
-    /// `shardcron status --json` against this world's etcd.
-    pub fn status(&self, config: &Path) -> serde_json::Value {
+    /// `shardcron status --json` against this world's etcd, read back as the library's `Status`.
+    pub fn status(&self, config: &Path) -> Status {
         let out = Command::new(SHARDCRON)
             .args(["status", "--json", "--config"])
             .arg(config)
@@ -152,26 +162,25 @@ impl World {
 
     /// Leader and fence of every shard of `config`'s shard count, from `status --json`.
     pub fn shard_leaders(&self, config: &Path) -> Vec<(Option<String>, Option<i64>)> {
-        self.status(config)["shards"]
-            .as_array()
-            .map(|shards| {
-                shards
-                    .iter()
-                    .map(|shard| (shard["leader"].as_str().map(str::to_string), shard["fence"].as_i64()))
-                    .collect()
-            })
-            .unwrap_or_default()
+        self.status(config)
+            .shards
+            .into_iter()
+            .map(|shard| (shard.leader, shard.fence))
+            .collect()
     }
 
-    /// The node id leading `shard`, if any.
-    pub fn leader_of(&self, config: &Path, shard: u64) -> Option<(String, i64)> {
-        let status = self.status(config);
-        let entry = &status["shards"][shard as usize];
-        Some((entry["leader"].as_str()?.to_string(), entry["fence"].as_i64()?))
+    /// The node leading `shard` and its fence, if the shard has a leader.
+    pub fn leader_of(&self, config: &Path, shard: u32) -> Option<(String, i64)> {
+        let entry = self
+            .status(config)
+            .shards
+            .into_iter()
+            .find(|entry| entry.shard == shard)?;
+        Some((entry.leader?, entry.fence?))
     }
 
     /// Dumps every node's log, for a failing test's output.
-    pub fn dump_logs(&self) {
+    fn dump_logs(&self) {
         for node in &self.nodes {
             eprintln!("===== log of node {} =====", node.id);
             eprintln!("{}", std::fs::read_to_string(&node.log).unwrap_or_default());
@@ -192,120 +201,9 @@ impl Drop for World {
     }
 }
 
-pub struct Node {
-    pub id: String,
-    pub child: Child,
-    pub log: PathBuf,
-}
-
-impl Node {
-    pub fn signal(&self, signal: libc::c_int) {
-        // SAFETY: kill(2) on our own child's pid.
-        unsafe {
-            libc::kill(self.child.id() as libc::pid_t, signal);
-        }
-    }
-
-    /// Waits for the process to exit and returns its exit code.
-    pub fn wait_exit(&mut self, limit: Duration) -> Option<i32> {
-        let deadline = Instant::now() + limit;
-        while Instant::now() < deadline {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return status.code();
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        None
-    }
-
-    /// CPU seconds (user + system) the process has used so far, exited threads included, from
-    /// `/proc` (10 ms clock ticks).
-    pub fn cpu_seconds(&self) -> f64 {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap_or_default();
-        // Fields after the parenthesised command name; utime and stime are the 12th and 13th.
-        let fields: Vec<&str> = stat
-            .rsplit_once(')')
-            .map(|(_, rest)| rest.split_whitespace().collect())
-            .unwrap_or_default();
-        let ticks: f64 = fields
-            .iter()
-            .skip(11)
-            .take(2)
-            .filter_map(|f| f.parse::<f64>().ok())
-            .sum();
-        // SAFETY: sysconf only reads a system constant.
-        ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
-    }
-
-    /// Peak resident memory of the process so far, in MiB, from `/proc`.
-    pub fn peak_rss_mib(&self) -> f64 {
-        self.memory_mib("VmHWM:")
-    }
-
-    /// Resident memory of the process now, in MiB, from `/proc`.
-    pub fn rss_mib(&self) -> f64 {
-        self.memory_mib("VmRSS:")
-    }
-
-    fn memory_mib(&self, field: &str) -> f64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
-        status
-            .lines()
-            .find_map(|line| line.strip_prefix(field))
-            .and_then(|rest| rest.split_whitespace().next()?.parse::<f64>().ok())
-            .map_or(f64::NAN, |kib| kib / 1024.0)
-    }
-
-    pub fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-/// One recorded run.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Run {
-    pub job: String,
-    pub tick: DateTime<Utc>,
-    pub fence: i64,
-    pub node: String,
-    pub shard: u32,
-    /// The job's own clock when it started, seconds since the epoch.
-    pub started: f64,
-}
-
-impl Run {
-    pub fn lateness(&self) -> f64 {
-        self.started - self.tick.timestamp() as f64 - f64::from(self.tick.timestamp_subsec_nanos()) / 1e9
-    }
-}
-
-pub fn read_runs(path: &Path) -> Vec<Run> {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    text.lines()
-        .filter_map(|line| {
-            let parts: Vec<&str> = line.split_whitespace().collect();
-            let [job, tick, fence, node, shard, started] = parts.as_slice() else {
-                return None;
-            };
-            Some(Run {
-                job: job.to_string(),
-                tick: DateTime::parse_from_rfc3339(tick).ok()?.with_timezone(&Utc),
-                fence: fence.parse().ok()?,
-                node: node.to_string(),
-                shard: shard.parse().ok()?,
-                started: started.parse().ok()?,
-            })
-        })
-        .collect()
-}
-
-/// A job's `last_run` in a `status --json` document (`null` if none yet).
-pub fn last_run(status: &serde_json::Value, job: &str) -> serde_json::Value {
-    status["jobs"]
-        .as_array()
-        .and_then(|jobs| jobs.iter().find(|entry| entry["name"] == job))
-        .map(|entry| entry["last_run"].clone())
-        .unwrap_or_default()
+/// A job's last finished run in `status`, if it has one yet.
+pub fn last_run(status: &Status, job: &str) -> Option<RunRecord> {
+    status.jobs.iter().find(|entry| entry.name == job)?.last_run.clone()
 }
 
 /// Waits until `condition` holds, panicking with `what` after `limit`.
@@ -332,25 +230,4 @@ pub fn sleep_to_mid_second() {
 pub fn now_secs() -> f64 {
     let now = Utc::now();
     now.timestamp() as f64 + f64::from(now.timestamp_subsec_nanos()) / 1e9
-}
-
-/// Asserts every tick of `job` from its first to its last recorded run appears exactly once,
-/// on whole seconds `step` apart, and returns the ticks.
-pub fn assert_each_tick_once(runs: &[Run], job: &str, step_secs: i64) -> Vec<DateTime<Utc>> {
-    let mut ticks: Vec<DateTime<Utc>> = runs.iter().filter(|run| run.job == job).map(|run| run.tick).collect();
-    ticks.sort();
-    let mut seen = std::collections::HashSet::new();
-    for tick in &ticks {
-        assert!(seen.insert(*tick), "tick {tick} of {job} ran more than once: {runs:#?}");
-    }
-    for pair in ticks.windows(2) {
-        assert_eq!(
-            (pair[1] - pair[0]).num_seconds(),
-            step_secs,
-            "tick missing between {} and {} of {job}",
-            pair[0],
-            pair[1]
-        );
-    }
-    ticks
 }

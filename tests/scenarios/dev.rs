@@ -1,11 +1,9 @@
 //! `shardcron dev`: a throwaway etcd, one node, the jobs run; Ctrl-C stops it all and cleans up.
 
-mod support;
-
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use support::*;
+use crate::support::*;
 
 #[test]
 fn dev_runs_jobs_against_a_throwaway_etcd_and_cleans_up_on_ctrl_c() {

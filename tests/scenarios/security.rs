@@ -2,15 +2,14 @@
 //! and `username` / `password_env` against a real etcd with auth enabled; wrong certificates and
 //! passwords end in a clear error.
 
-mod support;
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
+use crate::support::*;
 use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair};
 use shardcron::etcd_server::{EtcdServer, ServerTls};
-use support::*;
+use shardcron::status::Status;
 
 struct Authority {
     cert: rcgen::Certificate,
@@ -97,9 +96,9 @@ fn a_node_runs_against_etcd_over_tls_with_a_client_certificate_and_a_wrong_ca_is
     assert!(world.etcd.client_url().starts_with("https://"));
 
     step("a node with the right CA and client certificate runs its jobs");
-    world.start_node("a", &config);
+    world.node("a", &config).start();
     wait_for(Duration::from_secs(30), "3 runs over TLS", || world.runs().len() >= 3);
-    assert_eq!(world.status(&config)["shards"][0]["leader"], "a");
+    assert_eq!(world.status(&config).shards[0].leader.as_deref(), Some("a"));
 
     step("another CA: status and run fail with a clear error");
     let other = authority("some other CA");
@@ -155,7 +154,10 @@ fn a_node_authenticates_with_password_env_and_a_wrong_password_is_a_clear_error(
     let config = config_with(&world, "jobs.toml", auth);
 
     step("the right password from the named variable");
-    let node = world.start_node_env("a", &config, &[("SHARDCRON_TEST_ETCD_PASSWORD", "s3cret")]);
+    let node = world
+        .node("a", &config)
+        .env(&[("SHARDCRON_TEST_ETCD_PASSWORD", "s3cret")])
+        .start();
     wait_for(Duration::from_secs(30), "3 runs with auth", || world.runs().len() >= 3);
     let status = shardcron(
         &["status", "--json"],
@@ -163,8 +165,11 @@ fn a_node_authenticates_with_password_env_and_a_wrong_password_is_a_clear_error(
         &[("SHARDCRON_TEST_ETCD_PASSWORD", "s3cret")],
     );
     assert!(status.status.success(), "{}", String::from_utf8_lossy(&status.stderr));
-    let status: serde_json::Value = serde_json::from_slice(&status.stdout).expect("JSON");
-    assert!(status["shards"][0]["leader"] == "a" || status["shards"][1]["leader"] == "a");
+    let status: Status = serde_json::from_slice(&status.stdout).expect("JSON");
+    assert!(
+        status.shards.iter().any(|shard| shard.leader.as_deref() == Some("a")),
+        "{status:?}"
+    );
     assert!(world.nodes[node].child.try_wait().expect("wait").is_none());
 
     step("a wrong password: run exits 1 naming the problem");

@@ -2,13 +2,11 @@
 //! without losing or doubling a tick, a departure spreads its shards, and nodes whose configs
 //! disagree on the shard count still run each tick at most once.
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use support::*;
+use crate::support::*;
 
 const TTL: u64 = 2;
 
@@ -44,26 +42,14 @@ fn wait_balanced(world: &World, config: &Path, nodes: &[&str], low: usize, high:
     started.elapsed()
 }
 
-fn every_second_jobs(count: usize) -> Vec<String> {
-    (0..count).map(|i| format!("job{i:02}")).collect()
-}
-
-fn write_jobs(world: &World, file: &str, shards: u32, names: &[String]) -> std::path::PathBuf {
-    let jobs: Vec<(&str, &str, &str)> = names
-        .iter()
-        .map(|name| (name.as_str(), "* * * * * *", "catch_up = \"all\""))
-        .collect();
-    world.write_config(file, shards, TTL, &jobs)
-}
-
 #[test]
 fn three_nodes_share_16_shards_and_a_fourth_takes_its_share_without_a_lost_tick() {
     let mut world = World::new();
-    let names = every_second_jobs(24);
-    let config = write_jobs(&world, "jobs.toml", 16, &names);
+    let names = job_names(24, 2);
+    let config = world.write_config("jobs.toml", 16, TTL, &every_second(&names, "catch_up = \"all\""));
     for id in ["a", "b", "c"] {
         step(&format!("start {id}"));
-        world.start_node(id, &config);
+        world.node(id, &config).start();
         std::thread::sleep(Duration::from_millis(500));
     }
     let took = wait_balanced(&world, &config, &["a", "b", "c"], 5, 6, Duration::from_secs(6 * TTL));
@@ -82,7 +68,7 @@ fn three_nodes_share_16_shards_and_a_fourth_takes_its_share_without_a_lost_tick(
     });
     step("start d");
     let joined = now_secs();
-    world.start_node("d", &config);
+    world.node("d", &config).start();
     let took = wait_balanced(
         &world,
         &config,
@@ -121,10 +107,10 @@ fn three_nodes_share_16_shards_and_a_fourth_takes_its_share_without_a_lost_tick(
 #[test]
 fn a_node_that_stops_or_dies_leaves_its_shards_spread_evenly() {
     let mut world = World::new();
-    let names = every_second_jobs(8);
-    let config = write_jobs(&world, "jobs.toml", 16, &names);
+    let names = job_names(8, 2);
+    let config = world.write_config("jobs.toml", 16, TTL, &every_second(&names, "catch_up = \"all\""));
     for id in ["a", "b", "c", "d"] {
-        world.start_node(id, &config);
+        world.node(id, &config).start();
     }
     wait_balanced(
         &world,
@@ -154,12 +140,12 @@ fn a_node_that_stops_or_dies_leaves_its_shards_spread_evenly() {
 #[test]
 fn nodes_with_different_shard_counts_never_run_a_tick_twice() {
     let mut world = World::new();
-    let names = every_second_jobs(12);
-    let four = write_jobs(&world, "four.toml", 4, &names);
-    let seven = write_jobs(&world, "seven.toml", 7, &names);
+    let names = job_names(12, 2);
+    let four = world.write_config("four.toml", 4, TTL, &every_second(&names, "catch_up = \"all\""));
+    let seven = world.write_config("seven.toml", 7, TTL, &every_second(&names, "catch_up = \"all\""));
     step("a runs 4 shards, b runs 7: separate elections over the same jobs");
-    world.start_node("a", &four);
-    world.start_node("b", &seven);
+    world.node("a", &four).start();
+    world.node("b", &seven).start();
     wait_for(Duration::from_secs(20), "both nodes lead all their shards", || {
         leaders(&world, &four)
             .iter()
@@ -182,12 +168,11 @@ fn nodes_with_different_shard_counts_never_run_a_tick_twice() {
     let by_node = |id: &str| runs.iter().filter(|run| run.node == id).count();
     eprintln!("runs: a {}, b {}", by_node("a"), by_node("b"));
     let status = world.status(&four);
-    let drifted: Vec<&str> = status["nodes"]
-        .as_array()
-        .expect("nodes")
+    let drifted: Vec<&str> = status
+        .nodes
         .iter()
-        .filter(|node| node["drift"] == true)
-        .filter_map(|node| node["id"].as_str())
+        .filter(|node| node.drift)
+        .map(|node| node.id.as_str())
         .collect();
     assert_eq!(drifted, vec!["b"], "status flags the node whose config differs");
     assert!(

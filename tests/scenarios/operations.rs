@@ -1,35 +1,21 @@
 //! What an operator runs day to day, against a real etcd: retries, `overlap = "replace"`,
 //! `kill_grace`, Prometheus metrics scraped over HTTP, JSON logs.
 
-mod support;
-
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::PathBuf;
 use std::time::Duration;
 
-use support::*;
-
-/// A config with `jobs` given as TOML tables after the `[jobs.NAME]` header.
-fn write_jobs(world: &World, jobs: &[(&str, String)]) -> PathBuf {
-    let mut text = format!(
-        "[cluster]\nname = \"ops\"\nshards = 2\nlease_ttl = \"3s\"\n\n[etcd]\nendpoints = [\"{}\"]\n\n",
-        world.etcd.client_url()
-    );
-    for (name, body) in jobs {
-        text.push_str(&format!("[jobs.{name}]\n{body}\n\n"));
-    }
-    let path = world.dir.path().join("jobs.toml");
-    std::fs::write(&path, text).expect("write config");
-    path
-}
+use crate::support::*;
+use shardcron::record::Outcome;
 
 #[test]
 fn retries_replace_and_kill_grace_do_what_the_config_says() {
     let mut world = World::new();
     let record = world.record_command();
-    let config = write_jobs(
-        &world,
+    let config = world.write_config_tables(
+        "jobs.toml",
+        2,
+        3,
         &[
             (
                 "flaky",
@@ -47,20 +33,20 @@ fn retries_replace_and_kill_grace_do_what_the_config_says() {
             ),
         ],
     );
-    world.start_node("a", &config);
+    world.node("a", &config).start();
     wait_for(Duration::from_secs(40), "each job's result is recorded", || {
         let status = world.status(&config);
-        last_run(&status, "flaky")["attempts"] == 3
-            && last_run(&status, "replaced")["outcome"] == "replaced"
-            && last_run(&status, "stubborn")["outcome"] == "timeout"
+        last_run(&status, "flaky").is_some_and(|run| run.attempts == 3)
+            && last_run(&status, "replaced").is_some_and(|run| run.outcome == Outcome::Replaced)
+            && last_run(&status, "stubborn").is_some_and(|run| run.outcome == Outcome::Timeout)
     });
 
     step("flaky: two failed attempts, retried within the tick, the third succeeds");
-    let flaky = last_run(&world.status(&config), "flaky");
+    let flaky = last_run(&world.status(&config), "flaky").expect("flaky's last run");
     assert_eq!(
-        (flaky["outcome"].as_str(), flaky["exit_code"].as_i64()),
-        (Some("exited"), Some(0)),
-        "{flaky}"
+        (flaky.outcome, flaky.exit_code),
+        (Outcome::Exited, Some(0)),
+        "{flaky:?}"
     );
     let runs = world.runs();
     let flaky_ticks: Vec<_> = runs
@@ -81,17 +67,14 @@ fn retries_replace_and_kill_grace_do_what_the_config_says() {
     }
 
     step("replaced: each tick stops the previous run after SIGTERM");
-    let replaced = last_run(&world.status(&config), "replaced");
-    assert!(
-        replaced["duration_ms"].as_u64().unwrap_or(u64::MAX) < 5_000,
-        "{replaced}"
-    );
+    let replaced = last_run(&world.status(&config), "replaced").expect("replaced's last run");
+    assert!(replaced.duration_ms < 5_000, "{replaced:?}");
     assert!(log.contains("replaced by a newer tick"));
 
     step("stubborn: SIGTERM at the 1 s timeout, SIGKILL after the 1 s kill_grace");
-    let stubborn = last_run(&world.status(&config), "stubborn");
-    let took = stubborn["duration_ms"].as_u64().unwrap_or_default();
-    assert!((2_000..5_000).contains(&took), "{stubborn}");
+    let stubborn = last_run(&world.status(&config), "stubborn").expect("stubborn's last run");
+    let took = stubborn.duration_ms;
+    assert!((2_000..5_000).contains(&took), "{stubborn:?}");
 }
 
 /// `GET path` on `port`; returns the status line and the body.
@@ -125,8 +108,10 @@ fn sample(page: &str, name: &str) -> Option<f64> {
 fn metrics_are_scraped_over_http_and_json_logs_carry_the_run_fields() {
     let mut world = World::new();
     let record = world.record_command();
-    let config = write_jobs(
-        &world,
+    let config = world.write_config_tables(
+        "jobs.toml",
+        2,
+        3,
         &[
             (
                 "ok",
@@ -137,7 +122,10 @@ fn metrics_are_scraped_over_http_and_json_logs_carry_the_run_fields() {
     );
     let port = shardcron::etcd_server::free_port().expect("free port");
     let addr = format!("127.0.0.1:{port}");
-    world.start_node_with("a", &config, &["--metrics-addr", &addr, "--log-format", "json"]);
+    world
+        .node("a", &config)
+        .args(&["--metrics-addr", &addr, "--log-format", "json"])
+        .start();
     wait_for(Duration::from_secs(30), "3 runs of ok", || world.runs().len() >= 3);
 
     let mut page = String::new();
@@ -214,15 +202,15 @@ fn metrics_are_scraped_over_http_and_json_logs_carry_the_run_fields() {
 fn sighup_reloads_jobs_without_giving_up_shards_and_rejects_bad_files() {
     let mut world = World::new();
     let record = world.record_command();
-    let every_second = |name: &str| {
+    let ticking = |name: &str| {
         (
             name.to_string(),
             format!("schedule = \"* * * * * *\"\ncommand = '{record}'"),
         )
     };
-    let (first, second) = (every_second("first"), every_second("second"));
-    let config = write_jobs(&world, &[(&first.0, first.1.clone())]);
-    world.start_node("a", &config);
+    let (first, second) = (ticking("first"), ticking("second"));
+    let config = world.write_config_tables("jobs.toml", 2, 3, &[(&first.0, first.1.clone())]);
+    world.node("a", &config).start();
     wait_for(Duration::from_secs(30), "first runs", || {
         world.runs().iter().any(|run| run.job == "first")
     });
@@ -240,7 +228,7 @@ fn sighup_reloads_jobs_without_giving_up_shards_and_rejects_bad_files() {
     assert!(before.iter().all(Option::is_some), "{before:?}");
 
     step("swap first for second, SIGHUP");
-    write_jobs(&world, &[(&second.0, second.1.clone())]);
+    world.write_config_tables("jobs.toml", 2, 3, &[(&second.0, second.1.clone())]);
     world.nodes[0].signal(libc::SIGHUP);
     let reloaded_at = now_secs();
     wait_for(Duration::from_secs(15), "second runs", || {
@@ -262,7 +250,7 @@ fn sighup_reloads_jobs_without_giving_up_shards_and_rejects_bad_files() {
     step("an invalid file is rejected and the jobs go on");
     std::fs::write(
         &config,
-        "[cluster]\nname = \"ops\"\nshards = 2\n[jobs.broken]\ncomand = \"true\"\n",
+        "[cluster]\nname = \"test\"\nshards = 2\n[jobs.broken]\ncomand = \"true\"\n",
     )
     .unwrap();
     world.nodes[0].signal(libc::SIGHUP);
@@ -272,7 +260,7 @@ fn sighup_reloads_jobs_without_giving_up_shards_and_rejects_bad_files() {
     let rejected_at = now_secs();
 
     step("a changed [cluster] asks for a restart");
-    write_jobs(&world, &[(&second.0, second.1.clone())]);
+    world.write_config_tables("jobs.toml", 2, 3, &[(&second.0, second.1.clone())]);
     let more_shards = std::fs::read_to_string(&config)
         .unwrap()
         .replace("shards = 2", "shards = 3");

@@ -1,52 +1,37 @@
 //! The distributed core against a real etcd: one leader per shard, failover on SIGKILL, no
 //! stale fence after SIGSTOP, handoff on SIGTERM, fenced claims, on-time firing.
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::*;
 use shardcron::shard::shard_of;
-use support::*;
-
-const EVERY_SECOND: &str = "* * * * * *";
 
 #[test]
 fn two_nodes_lead_each_shard_once_and_set_cron_variables() {
     let mut world = World::new();
-    let names: Vec<String> = (0..6).map(|i| format!("job{i}")).collect();
-    let jobs: Vec<(&str, &str, &str)> = names.iter().map(|name| (name.as_str(), EVERY_SECOND, "")).collect();
-    let config = world.write_config("jobs.toml", 4, 3, &jobs);
+    let names = job_names(6, 1);
+    let config = world.write_config("jobs.toml", 4, 3, &every_second(&names, ""));
     step("start nodes a and b");
-    world.start_node("a", &config);
-    world.start_node("b", &config);
+    world.node("a", &config).start();
+    world.node("b", &config).start();
     step("wait until each leads two shards and stands by for the other two");
     wait_for(Duration::from_secs(20), "a balanced fleet", || {
-        let status = world.status(&config);
-        let shards = status["shards"].as_array().cloned().unwrap_or_default();
-        let leads = |id: &str| shards.iter().filter(|shard| shard["leader"] == id).count();
-        shards.iter().all(|shard| shard["standby"] == 1) && leads("a") == 2 && leads("b") == 2
+        let shards = world.status(&config).shards;
+        let leads = |id: &str| {
+            shards
+                .iter()
+                .filter(|shard| shard.leader.as_deref() == Some(id))
+                .count()
+        };
+        shards.iter().all(|shard| shard.standby == 1) && leads("a") == 2 && leads("b") == 2
     });
     let settled = now_secs();
-    let status = world.status(&config);
     let mut leaders = std::collections::HashMap::new();
-    for shard in status["shards"].as_array().expect("shards") {
-        let id = shard["shard"].as_u64().unwrap() as u32;
-        leaders.insert(
-            id,
-            (
-                shard["leader"].as_str().unwrap().to_string(),
-                shard["fence"].as_i64().unwrap(),
-            ),
-        );
+    for shard in world.status(&config).shards {
+        leaders.insert(shard.shard, (shard.leader.unwrap(), shard.fence.unwrap()));
     }
     wait_for(Duration::from_secs(20), "every job ran 3 times since", || {
-        let runs = world.runs();
-        names.iter().all(|name| {
-            runs.iter()
-                .filter(|run| run.job == *name && run.started > settled)
-                .count()
-                >= 3
-        })
+        every_job_ran_since(&world.runs(), &names, settled, 3)
     });
     for node in &world.nodes {
         node.signal(libc::SIGTERM);
@@ -94,8 +79,8 @@ struct Roles {
 fn leader_and_standby(world: &mut World, ttl: u64, extra: &str) -> Roles {
     let config = world.write_config("jobs.toml", 1, ttl, &[("tick", EVERY_SECOND, extra)]);
     step("start a and b");
-    world.start_node("a", &config);
-    world.start_node("b", &config);
+    world.node("a", &config).start();
+    world.node("b", &config).start();
     // Both nodes compute the same target for the shard; wait until it leads and the other waits.
     let target = shardcron::assignment::assign(1, &["a", "b"])[0]
         .clone()
@@ -104,8 +89,11 @@ fn leader_and_standby(world: &mut World, ttl: u64, extra: &str) -> Roles {
         Duration::from_secs(15),
         "the target leads and the other node stands by",
         || {
-            let status = world.status(&config);
-            status["shards"][0]["leader"] == target.as_str() && status["shards"][0]["standby"] == 1
+            world
+                .status(&config)
+                .shards
+                .first()
+                .is_some_and(|shard| shard.leader.as_deref() == Some(target.as_str()) && shard.standby == 1)
         },
     );
     let leader_id = target;
@@ -228,7 +216,7 @@ fn sigterm_of_the_leader_hands_over_without_missing_a_tick() {
 fn an_even_second_job_starts_within_50ms_of_its_tick() {
     let mut world = World::new();
     let config = world.write_config("jobs.toml", 2, 3, &[("even", "*/2 * * * * *", "")]);
-    world.start_node("a", &config);
+    world.node("a", &config).start();
     wait_for(Duration::from_secs(20), "4 runs", || world.runs().len() >= 4);
     for run in world.runs() {
         assert_eq!(run.tick.timestamp() % 2, 0, "{run:?}");
@@ -252,7 +240,7 @@ fn overlap_skip_skips_ticks_while_a_run_goes_and_allow_runs_them_all() {
     );
     let config = world.dir.path().join("jobs.toml");
     std::fs::write(&config, text).unwrap();
-    world.start_node("a", &config);
+    world.node("a", &config).start();
     wait_for(Duration::from_secs(30), "slow ran 3 times", || {
         world.runs().iter().filter(|run| run.job == "slow").count() >= 3
     });

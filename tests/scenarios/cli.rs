@@ -3,8 +3,10 @@
 
 use std::process::{Command, Output};
 
+use crate::support::SHARDCRON;
+
 fn shardcron(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_shardcron"))
+    Command::new(SHARDCRON)
         .args(args)
         .env_remove("SHARDCRON_CONFIG")
         .output()
@@ -39,7 +41,7 @@ fn check_accepts_the_example_config_and_prints_a_line_per_job() {
 
 #[test]
 fn check_uses_shardcron_config_from_the_environment() {
-    let out = Command::new(env!("CARGO_BIN_EXE_shardcron"))
+    let out = Command::new(SHARDCRON)
         .arg("check")
         .env(
             "SHARDCRON_CONFIG",

@@ -1,0 +1,25 @@
+//! shardcron's scenario tests, in one binary: the harness and every scenario compile and link
+//! once, instead of once per scenario file. Each scenario starts its own etcd on free loopback
+//! ports and runs the built `shardcron` binary as its nodes. The fault scenarios (lease stall,
+//! split brain, etcd faults, bad commands) print every figure they measure, for the README's
+//! table of faults.
+//!
+//! ```text
+//! cargo test --test main                       # every scenario
+//! cargo test --test main scenarios::fleet::    # one scenario file
+//! ```
+
+mod support;
+
+mod scenarios {
+    mod bad_commands;
+    mod cli;
+    mod core;
+    mod dev;
+    mod etcd_faults;
+    mod fleet;
+    mod lease_stall;
+    mod operations;
+    mod security;
+    mod split_brain;
+}

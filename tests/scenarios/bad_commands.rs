@@ -1,0 +1,96 @@
+//! Commands that misbehave at run time (missing, failing, flooding output, ignoring SIGTERM):
+//! each result is recorded and the node keeps running within its memory.
+
+use std::time::Duration;
+
+use crate::support::*;
+use shardcron::record::Outcome;
+
+#[test]
+fn misbehaving_commands_are_recorded_and_the_node_keeps_running() {
+    let mut world = World::new();
+    let text = format!(
+        r#"[cluster]
+name = "test"
+shards = 2
+lease_ttl = "3s"
+
+[etcd]
+endpoints = ["{etcd}"]
+
+[jobs.steady]
+schedule = "* * * * * *"
+command = '{record}'
+
+[jobs.missing]
+schedule = "*/2 * * * * *"
+command = "shardcron-no-such-command --now"
+
+[jobs.failing]
+schedule = "*/2 * * * * *"
+command = "echo failing on purpose >&2; exit 3"
+
+[jobs.loud]
+schedule = "*/5 * * * * *"
+command = "head -c 3000000 /dev/zero | tr '\\000' x; echo; seq 1 20000"
+
+[jobs.stubborn]
+schedule = "*/15 * * * * *"
+command = "trap '' TERM; sleep 60"
+timeout = "1s"
+"#,
+        etcd = world.etcd.client_url(),
+        record = world.record_command(),
+    );
+    let config = world.dir.path().join("jobs.toml");
+    std::fs::write(&config, text).expect("write config");
+    world.node("a", &config).start();
+
+    wait_for(
+        Duration::from_secs(60),
+        "every misbehaving job has a recorded result",
+        || {
+            let status = world.status(&config);
+            last_run(&status, "missing").is_some_and(|run| run.exit_code == Some(127))
+                && last_run(&status, "failing").is_some_and(|run| run.exit_code == Some(3))
+                && last_run(&status, "loud").is_some_and(|run| run.outcome == Outcome::Exited)
+                && last_run(&status, "stubborn").is_some_and(|run| run.outcome == Outcome::Timeout)
+        },
+    );
+    let status = world.status(&config);
+    let stubborn = last_run(&status, "stubborn").expect("stubborn's last run");
+    let took = stubborn.duration_ms;
+    assert!(
+        (11_000..20_000).contains(&took),
+        "SIGTERM at 1 s, SIGKILL 10 s later: {stubborn:?}"
+    );
+    let loud = last_run(&status, "loud").expect("loud's last run");
+    assert_eq!(loud.exit_code, Some(0), "{loud:?}");
+
+    let node = &mut world.nodes[0];
+    assert!(
+        node.child.try_wait().expect("wait").is_none(),
+        "the node is still running"
+    );
+    let rss = node.peak_rss_mib();
+    let log = node.log_text();
+    assert!(
+        log.contains("SIGKILL to the process group"),
+        "the stubborn job is killed"
+    );
+    assert!(
+        log.contains("failing on purpose") && log.contains("stream=\"stderr\""),
+        "the job's stderr lines are in the log, tagged"
+    );
+    let longest = log.lines().map(str::len).max().unwrap_or_default();
+    assert!(
+        longest < 10 * 1024,
+        "output lines are cut at 8 KiB in the log, the longest is {longest} bytes"
+    );
+    assert!(rss < 100.0, "the node's peak resident memory is {rss:.1} MiB");
+    assert_each_tick_once(&world.runs(), "steady", 1);
+    eprintln!(
+        "bad commands: missing → exit 127, failing → exit 3, loud (3 MB line + 20,000 lines) → exit 0, \
+         stubborn → timeout after {took} ms; node peak RSS {rss:.1} MiB, longest log line {longest} bytes"
+    );
+}

@@ -1,0 +1,174 @@
+//! etcd itself failing under a running fleet: its raft leader member killed, the whole of it
+//! restarted on its data, and the whole of it down for 30 s. No tick is lost or doubled, and
+//! delayed ticks are caught up.
+
+use std::time::Duration;
+
+use crate::support::*;
+
+/// Per job: the largest gap between two consecutive runs' start times, in seconds.
+fn largest_start_gap(runs: &[Run], job: &str, after: f64) -> f64 {
+    let mut starts: Vec<f64> = runs
+        .iter()
+        .filter(|run| run.job == job && run.started > after)
+        .map(|run| run.started)
+        .collect();
+    starts.sort_by(f64::total_cmp);
+    starts.windows(2).map(|pair| pair[1] - pair[0]).fold(0.0, f64::max)
+}
+
+#[test]
+fn killing_the_etcd_leader_member_doubles_nothing_and_catches_up_delayed_ticks() {
+    let mut world = World::with_etcd_members(3);
+    let names = two_nodes_running(&mut world, 4, 3);
+    let member = world.etcd.leader_member().expect("etcd has a leader");
+    step(&format!("kill etcd member {member}, the raft leader"));
+    let killed_at = now_secs();
+    world.etcd.kill_member(member);
+    wait_for(
+        Duration::from_secs(30),
+        "every job ran a tick 5 s after the kill",
+        || every_job_ran_a_tick_after(&world.runs(), &names, killed_at + 5.0),
+    );
+    let runs = world.runs();
+    for name in &names {
+        let ticks = assert_each_tick_once(&runs, name, 1);
+        assert!(
+            ticks.first().is_some_and(|tick| (tick.timestamp() as f64) < killed_at),
+            "{name} ran before the kill"
+        );
+    }
+    let worst = names
+        .iter()
+        .map(|name| largest_start_gap(&runs, name, killed_at - 2.0))
+        .fold(0.0, f64::max);
+    let latest: f64 = runs
+        .iter()
+        .filter(|run| run.started > killed_at)
+        .map(Run::lateness)
+        .fold(0.0, f64::max);
+    eprintln!(
+        "etcd leader killed: largest gap between a job's runs {worst:.3} s, latest run {latest:.3} s after its tick, new etcd leader member {:?}",
+        world.etcd.leader_member()
+    );
+}
+
+/// Two nodes running `jobs` per-second `catch_up = "all"` jobs in as many shards; returns their
+/// names at the middle of a second, so a fault lands between ticks.
+fn two_nodes_running(world: &mut World, jobs: usize, ttl: u64) -> Vec<String> {
+    let names = job_names(jobs, 1);
+    let config = world.write_config(
+        "jobs.toml",
+        jobs as u32,
+        ttl,
+        &every_second(&names, "catch_up = \"all\""),
+    );
+    world.node("a", &config).start();
+    world.node("b", &config).start();
+    let started = now_secs();
+    wait_for(Duration::from_secs(30), "every job ran twice", || {
+        every_job_ran_since(&world.runs(), &names, started, 2)
+    });
+    sleep_to_mid_second();
+    names
+}
+
+#[test]
+fn etcd_restarted_on_its_data_nodes_resume_without_a_lost_or_doubled_tick() {
+    let mut world = World::new();
+    let names = two_nodes_running(&mut world, 2, 3);
+    step("restart etcd on its data");
+    let restarted_at = now_secs();
+    world.etcd.kill();
+    world.etcd.restart().expect("etcd restarts");
+    wait_for(
+        Duration::from_secs(30),
+        "every job ran a tick 3 s after the restart",
+        || every_job_ran_a_tick_after(&world.runs(), &names, restarted_at + 3.0),
+    );
+    let runs = world.runs();
+    for name in &names {
+        assert_each_tick_once(&runs, name, 1);
+    }
+    let resumed = runs
+        .iter()
+        .filter(|run| run.started > restarted_at)
+        .map(|run| run.started)
+        .fold(f64::MAX, f64::min);
+    eprintln!(
+        "etcd restarted: first run {:.3} s after the restart began",
+        resumed - restarted_at
+    );
+}
+
+#[test]
+fn etcd_down_for_30s_stops_claims_quietly_and_catches_up_when_it_returns() {
+    let mut world = World::new();
+    let names = two_nodes_running(&mut world, 2, 3);
+    step("stop etcd for 30 s");
+    let down_at = now_secs();
+    let cpu_before: Vec<f64> = world.nodes.iter().map(Node::cpu_seconds).collect();
+    world.etcd.kill();
+    std::thread::sleep(Duration::from_secs(30));
+    let cpu_used: Vec<f64> = world
+        .nodes
+        .iter()
+        .zip(&cpu_before)
+        .map(|(node, before)| node.cpu_seconds() - before)
+        .collect();
+    let during: Vec<Run> = world
+        .runs()
+        .into_iter()
+        .filter(|run| run.started > down_at + 1.0)
+        .collect();
+    assert!(during.is_empty(), "runs started while etcd was down: {during:#?}");
+    for node in &mut world.nodes {
+        assert!(
+            node.child.try_wait().expect("wait").is_none(),
+            "node {} is still running",
+            node.id
+        );
+    }
+    for (node, used) in world.nodes.iter().zip(&cpu_used) {
+        assert!(
+            *used < 5.0,
+            "node {} used {used:.2} CPU-s in 30 s without etcd",
+            node.id
+        );
+        assert!(
+            node.log_text().contains("session lost"),
+            "node {} logs that it lost its session",
+            node.id
+        );
+    }
+
+    step("start etcd again on the same data");
+    let back_at = now_secs();
+    world.etcd.restart().expect("etcd restarts");
+    wait_for(
+        Duration::from_secs(40),
+        "every job ran a tick 3 s after etcd returned",
+        || every_job_ran_a_tick_after(&world.runs(), &names, back_at + 3.0),
+    );
+    let runs = world.runs();
+    let resumed = runs
+        .iter()
+        .filter(|run| run.started > back_at)
+        .map(|run| run.started)
+        .fold(f64::MAX, f64::min)
+        - back_at;
+    for name in &names {
+        let ticks = assert_each_tick_once(&runs, name, 1);
+        let outage_ticks = ticks
+            .iter()
+            .filter(|tick| (tick.timestamp() as f64) > down_at && (tick.timestamp() as f64) < back_at)
+            .count();
+        assert!(
+            outage_ticks >= 29,
+            "{name}: the outage's ticks were caught up ({outage_ticks})"
+        );
+    }
+    eprintln!(
+        "etcd down 30 s: CPU used during the outage {cpu_used:.2?} s per node; first run {resumed:.3} s after etcd returned; every outage tick caught up"
+    );
+}

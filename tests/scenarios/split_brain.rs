@@ -1,0 +1,215 @@
+//! A split brain over a fenced store: the busiest of three leaders is cut off from etcd for
+//! longer than its lease while every job writes to SQLite through the fenced example, and the
+//! store ends with one row per tick and no write from a stale fence.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use crate::support::*;
+
+/// The fenced-SQLite example's job, run against `db`, after recording the run as usual.
+fn fenced_sqlite_command(world: &World, db: &Path) -> String {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/fenced-sqlite/report.sh");
+    format!("{} && {} {}", world.record_command(), script.display(), db.display())
+}
+
+fn sqlite(db: &Path, sql: &str) -> String {
+    let out = Command::new("sqlite3")
+        .arg(db)
+        .arg(sql)
+        .output()
+        .expect("run sqlite3 (apt-get install sqlite3)");
+    assert!(
+        out.status.success(),
+        "sqlite3: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `attempts` rows: (job, tick, fence, shard, started_at).
+fn attempts(db: &Path) -> Vec<(String, String, i64, u32, f64)> {
+    sqlite(
+        db,
+        "SELECT job, tick, fence, shard, started_at FROM attempts ORDER BY started_at",
+    )
+    .lines()
+    .filter_map(|line| {
+        let fields: Vec<&str> = line.split('|').collect();
+        let [job, tick, fence, shard, started] = fields.as_slice() else {
+            return None;
+        };
+        Some((
+            job.to_string(),
+            tick.to_string(),
+            fence.parse().ok()?,
+            shard.parse().ok()?,
+            started.parse().ok()?,
+        ))
+    })
+    .collect()
+}
+
+#[test]
+fn a_split_brain_leaves_the_fenced_store_with_one_row_per_tick() {
+    let mut world = World::new();
+    let ttl = 5;
+    let db: PathBuf = world.dir.path().join("reports.db");
+    let names = job_names(6, 1);
+    let jobs = every_second(&names, "catch_up = \"all\"");
+    let config = world.write_config_running("jobs.toml", 6, ttl, &jobs, &fenced_sqlite_command(&world, &db));
+    let ids = ["a", "b", "c"];
+    let proxies = world.start_behind_proxies(&ids, &config);
+    let each_leads_two = |world: &World| {
+        let leaders = world.shard_leaders(&config);
+        ids.iter().all(|id| {
+            leaders
+                .iter()
+                .filter(|(leader, _)| leader.as_deref() == Some(*id))
+                .count()
+                == 2
+        })
+    };
+    wait_for(Duration::from_secs(30), "each node leads 2 shards", || {
+        each_leads_two(&world)
+    });
+    let settled = now_secs();
+    wait_for(Duration::from_secs(20), "every job ran twice", || {
+        every_job_ran_since(&world.runs(), &names, settled, 2)
+    });
+
+    // The busiest leader: the node whose shards hold the most jobs.
+    let leaders = world.shard_leaders(&config);
+    let jobs_led = |id: &str| {
+        names
+            .iter()
+            .filter(|name| {
+                let shard = shardcron::shard::shard_of(name, 6) as usize;
+                leaders[shard].0.as_deref() == Some(id)
+            })
+            .count()
+    };
+    let busiest = (0..ids.len())
+        .max_by_key(|&index| jobs_led(ids[index]))
+        .expect("a node");
+    let old_fences: BTreeSet<i64> = leaders
+        .iter()
+        .filter(|(leader, _)| leader.as_deref() == Some(ids[busiest]))
+        .filter_map(|(_, fence)| *fence)
+        .collect();
+    sleep_to_mid_second();
+    step(&format!(
+        "cut {} (leads {} jobs) off for 2×TTL + 2 s",
+        ids[busiest],
+        jobs_led(ids[busiest])
+    ));
+    let cut_at = now_secs();
+    proxies[busiest].cut();
+    std::thread::sleep(Duration::from_secs(2 * ttl + 2));
+    step("heal");
+    proxies[busiest].heal();
+    let healed_at = now_secs();
+    wait_for(Duration::from_secs(30), "balanced again", || each_leads_two(&world));
+    let balanced_after = now_secs() - healed_at;
+    let resumed = now_secs();
+    wait_for(Duration::from_secs(20), "3 more seconds of runs", || {
+        every_job_ran_a_tick_after(&world.runs(), &names, resumed + 3.0)
+    });
+    step("stop every node, then read the store");
+    for node in &world.nodes {
+        node.signal(libc::SIGTERM);
+    }
+    for node in &mut world.nodes {
+        node.wait_exit(Duration::from_secs(15));
+    }
+
+    let attempts = attempts(&db);
+    let mut by_tick: BTreeMap<(String, String), usize> = BTreeMap::new();
+    for (job, tick, ..) in &attempts {
+        *by_tick.entry((job.clone(), tick.clone())).or_default() += 1;
+    }
+    let doubled: Vec<_> = by_tick.iter().filter(|(_, count)| **count > 1).collect();
+    assert!(doubled.is_empty(), "ticks run more than once: {doubled:?}");
+
+    let mut missing = 0;
+    for name in &names {
+        // Every tick between the job's first and last run has exactly one row.
+        let ticks: Vec<i64> = sqlite(
+            &db,
+            &format!("SELECT CAST(strftime('%s', tick) AS INTEGER) FROM reports WHERE job = '{name}' ORDER BY tick"),
+        )
+        .lines()
+        .filter_map(|line| line.trim().parse().ok())
+        .collect();
+        let (first, last) = (ticks[0], ticks[ticks.len() - 1]);
+        assert!(
+            (first as f64) < cut_at && (last as f64) > healed_at,
+            "{name}'s rows span the cut"
+        );
+        let expected = (last - first + 1) as usize;
+        missing += expected - ticks.len();
+        assert_eq!(ticks.len(), expected, "{name}: one row per tick from {first} to {last}");
+    }
+
+    // Per shard, in the order runs started, the fence never goes back.
+    let mut newest: BTreeMap<u32, i64> = BTreeMap::new();
+    let mut stale = Vec::new();
+    for (job, tick, fence, shard, _) in &attempts {
+        let seen = newest.entry(*shard).or_default();
+        if fence < seen {
+            stale.push((job.clone(), tick.clone(), *fence, *seen));
+        }
+        *seen = (*seen).max(*fence);
+    }
+    assert!(
+        stale.is_empty(),
+        "runs that started with an older fence than their shard had run: {stale:?}"
+    );
+    let stale_after_cut = world
+        .runs()
+        .iter()
+        .filter(|run| old_fences.contains(&run.fence) && run.started > cut_at + ttl as f64)
+        .count();
+    assert_eq!(
+        stale_after_cut, 0,
+        "the cut node started nothing with its old fences after its lease ran out"
+    );
+
+    step("a stale leader's late write is refused by the store");
+    let (job, tick, newest_fence, shard, _) = attempts.last().expect("attempts").clone();
+    let stale_fence = newest_fence - 1;
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/fenced-sqlite/report.sh");
+    let status = Command::new(&script)
+        .arg(&db)
+        .arg("late write")
+        .env("CRON_JOB", &job)
+        .env("CRON_SCHEDULED_AT", &tick)
+        .env("CRON_FENCE", stale_fence.to_string())
+        .env("CRON_NODE", "stale")
+        .env("CRON_SHARD", shard.to_string())
+        .status()
+        .expect("run report.sh");
+    assert!(status.success());
+    let row = sqlite(
+        &db,
+        &format!("SELECT fence, body FROM reports WHERE job = '{job}' AND tick = '{tick}'"),
+    );
+    assert!(!row.contains("late write"), "the older fence overwrote the row: {row}");
+    let accepted = sqlite(&db, "SELECT accepted FROM attempts WHERE node = 'stale'");
+    assert_eq!(accepted.trim(), "0");
+
+    eprintln!(
+        "split brain: {} ticks over {} jobs, {missing} rows missing, {} doubled, {} stale-fence runs; \
+         balanced {balanced_after:.2} s after the heal",
+        by_tick.len(),
+        names.len(),
+        doubled.len(),
+        stale.len()
+    );
+    assert!(
+        world.nodes[busiest].log_text().contains("session lost"),
+        "the cut node logs why it stopped"
+    );
+}

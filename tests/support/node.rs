@@ -1,0 +1,151 @@
+//! Node processes of the built binary: how a test starts one, signals it and reads what it used.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::proxy::Proxy;
+use super::{World, SHARDCRON};
+
+/// A node about to start: [`World::node`], then its options, then [`NodeBuilder::start`].
+#[must_use = "the node starts only with .start()"]
+pub struct NodeBuilder<'w> {
+    world: &'w mut World,
+    id: String,
+    config: PathBuf,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+}
+
+impl<'w> NodeBuilder<'w> {
+    pub(super) fn new(world: &'w mut World, id: &str, config: &Path) -> NodeBuilder<'w> {
+        NodeBuilder {
+            world,
+            id: id.to_string(),
+            config: config.to_path_buf(),
+            args: Vec::new(),
+            env: Vec::new(),
+        }
+    }
+
+    /// Reaches etcd through `proxy` instead of the config's endpoints.
+    pub fn via(self, proxy: &Proxy) -> Self {
+        self.args(&["--endpoints", &proxy.url()])
+    }
+
+    /// Extra arguments after `run --config …`.
+    pub fn args(mut self, args: &[&str]) -> Self {
+        self.args.extend(args.iter().map(|arg| arg.to_string()));
+        self
+    }
+
+    /// Extra environment variables.
+    pub fn env(mut self, vars: &[(&str, &str)]) -> Self {
+        self.env
+            .extend(vars.iter().map(|(name, value)| (name.to_string(), value.to_string())));
+        self
+    }
+
+    /// Starts the node process, its output appended to `<id>.log`, and returns its index in
+    /// `World::nodes`.
+    pub fn start(self) -> usize {
+        let NodeBuilder {
+            world,
+            id,
+            config,
+            args,
+            env,
+        } = self;
+        let log = world.dir.path().join(format!("{id}.log"));
+        let log_file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .expect("node log");
+        let child = Command::new(SHARDCRON)
+            .args(["run", "--node-id", &id, "--shutdown-grace", "5s", "--config"])
+            .arg(&config)
+            .args(&args)
+            .envs(env)
+            .env("SHARDCRON_LOG", "info,shardcron=debug")
+            .stdin(Stdio::null())
+            .stdout(log_file.try_clone().expect("log"))
+            .stderr(log_file)
+            .spawn()
+            .expect("start shardcron run");
+        world.nodes.push(Node { id, child, log });
+        world.nodes.len() - 1
+    }
+}
+
+/// A node process of this world; the world kills it when the test ends.
+pub struct Node {
+    pub id: String,
+    pub child: Child,
+    pub log: PathBuf,
+}
+
+impl Node {
+    pub fn signal(&self, signal: libc::c_int) {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe {
+            libc::kill(self.child.id() as libc::pid_t, signal);
+        }
+    }
+
+    /// Waits for the process to exit and returns its exit code.
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<i32> {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status.code();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    /// CPU seconds (user + system) the process has used so far, exited threads included, from
+    /// `/proc` (10 ms clock ticks).
+    pub fn cpu_seconds(&self) -> f64 {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap_or_default();
+        // Fields after the parenthesised command name; utime and stime are the 12th and 13th.
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .map(|(_, rest)| rest.split_whitespace().collect())
+            .unwrap_or_default();
+        let ticks: f64 = fields
+            .iter()
+            .skip(11)
+            .take(2)
+            .filter_map(|f| f.parse::<f64>().ok())
+            .sum();
+        // SAFETY: sysconf only reads a system constant.
+        ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+    }
+
+    /// Peak resident memory of the process so far, in MiB, from `/proc`.
+    pub fn peak_rss_mib(&self) -> f64 {
+        self.memory_mib("VmHWM:")
+    }
+
+    /// Resident memory of the process now, in MiB, from `/proc`.
+    // Only the benchmarks read it; the tests bound the peak instead.
+    #[allow(dead_code)]
+    pub fn rss_mib(&self) -> f64 {
+        self.memory_mib("VmRSS:")
+    }
+
+    fn memory_mib(&self, field: &str) -> f64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix(field))
+            .and_then(|rest| rest.split_whitespace().next()?.parse::<f64>().ok())
+            .map_or(f64::NAN, |kib| kib / 1024.0)
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}

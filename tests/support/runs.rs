@@ -1,0 +1,84 @@
+//! What the jobs recorded: a line per run in the world's runs file, read back as [`Run`]s, and
+//! the checks scenarios make on them.
+
+use std::collections::HashSet;
+use std::path::Path;
+
+use chrono::{DateTime, Utc};
+
+/// One recorded run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Run {
+    pub job: String,
+    pub tick: DateTime<Utc>,
+    pub fence: i64,
+    pub node: String,
+    pub shard: u32,
+    /// The job's own clock when it started, seconds since the epoch.
+    pub started: f64,
+}
+
+impl Run {
+    pub fn lateness(&self) -> f64 {
+        self.started - self.tick.timestamp() as f64 - f64::from(self.tick.timestamp_subsec_nanos()) / 1e9
+    }
+}
+
+pub fn read_runs(path: &Path) -> Vec<Run> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .filter_map(|line| {
+            let parts: Vec<&str> = line.split_whitespace().collect();
+            let [job, tick, fence, node, shard, started] = parts.as_slice() else {
+                return None;
+            };
+            Some(Run {
+                job: job.to_string(),
+                tick: DateTime::parse_from_rfc3339(tick).ok()?.with_timezone(&Utc),
+                fence: fence.parse().ok()?,
+                node: node.to_string(),
+                shard: shard.parse().ok()?,
+                started: started.parse().ok()?,
+            })
+        })
+        .collect()
+}
+
+/// Asserts every tick of `job` from its first to its last recorded run appears exactly once,
+/// on whole seconds `step` apart, and returns the ticks.
+pub fn assert_each_tick_once(runs: &[Run], job: &str, step_secs: i64) -> Vec<DateTime<Utc>> {
+    let mut ticks: Vec<DateTime<Utc>> = runs.iter().filter(|run| run.job == job).map(|run| run.tick).collect();
+    ticks.sort();
+    let mut seen = HashSet::new();
+    for tick in &ticks {
+        assert!(seen.insert(*tick), "tick {tick} of {job} ran more than once: {runs:#?}");
+    }
+    for pair in ticks.windows(2) {
+        assert_eq!(
+            (pair[1] - pair[0]).num_seconds(),
+            step_secs,
+            "tick missing between {} and {} of {job}",
+            pair[0],
+            pair[1]
+        );
+    }
+    ticks
+}
+
+/// Whether each of `names` has started at least `times` runs after `since`.
+pub fn every_job_ran_since(runs: &[Run], names: &[String], since: f64, times: usize) -> bool {
+    names.iter().all(|name| {
+        runs.iter()
+            .filter(|run| &run.job == name && run.started > since)
+            .count()
+            >= times
+    })
+}
+
+/// Whether every job has run a tick scheduled after `instant`: live ticks, not catch-up runs.
+pub fn every_job_ran_a_tick_after(runs: &[Run], names: &[String], instant: f64) -> bool {
+    names.iter().all(|name| {
+        runs.iter()
+            .any(|run| &run.job == name && run.tick.timestamp() as f64 > instant)
+    })
+}
