@@ -203,7 +203,7 @@ impl Term {
             let lateness = (clock::now() - due).to_std().unwrap_or_default();
             for index in &claimed {
                 crate::metrics::get().lateness.observe(lateness.as_secs_f64());
-                self.node.runs.start(vec![self.tick(book.job(*index), due)]);
+                self.node.runs.start(vec![self.tick(book.job(*index), due, false)]);
             }
             for index in due_now {
                 if let Some(next) = book.job(index).schedule.next_after(due) {
@@ -234,13 +234,14 @@ impl Term {
         }
     }
 
-    fn tick(&self, job: &Arc<Job>, scheduled_at: DateTime<Utc>) -> Tick {
+    fn tick(&self, job: &Arc<Job>, scheduled_at: DateTime<Utc>, caught_up: bool) -> Tick {
         Tick {
             job: Arc::clone(job),
             scheduled_at,
             fence: self.leadership.fence,
             node: self.node.node_id.clone(),
             leading: self.leading.clone(),
+            caught_up,
         }
     }
 
@@ -285,7 +286,7 @@ impl Term {
                 crate::metrics::get().catch_up_runs.inc_by(ticks.len() as u64);
                 self.node
                     .runs
-                    .start(ticks.iter().map(|tick| self.tick(job, *tick)).collect());
+                    .start(ticks.iter().map(|tick| self.tick(job, *tick, true)).collect());
             }
         }
         Ok(())

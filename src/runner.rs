@@ -30,6 +30,8 @@ pub struct Tick {
     pub node: String,
     /// Cancelled when the term that claimed this tick ends: no retry starts after that.
     pub leading: CancellationToken,
+    /// A missed tick that a new leader runs late, not a live one.
+    pub caught_up: bool,
 }
 
 impl Tick {

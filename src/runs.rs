@@ -30,6 +30,8 @@ pub struct Runs {
 struct Running {
     since: DateTime<Utc>,
     tick: DateTime<Utc>,
+    /// A missed tick run by a new leader: part of a backlog, however soon it started.
+    caught_up: bool,
 }
 
 /// One job's runs on this node.
@@ -113,6 +115,7 @@ impl Runs {
                     Some(Running {
                         since: clock::now(),
                         tick: tick.scheduled_at,
+                        caught_up: tick.caught_up,
                     }),
                 );
                 let stops = runner::Stops {
@@ -179,7 +182,8 @@ impl Runs {
 }
 
 /// Whether `running` overlaps the tick at `scheduled_at`, so that `overlap = "skip"` skips it:
-/// the run started no later than that tick and on time, before its own next tick was due.
+/// the run started no later than that tick and on time, before its own next tick was due, and
+/// was not a missed tick that a new leader caught up.
 ///
 /// A run that started after its next tick was already due is part of a backlog: ticks caught up
 /// after a takeover, or claims that waited out an etcd election. The ticks behind a backlog did
@@ -190,7 +194,7 @@ fn overlaps(job: &Job, running: Running, scheduled_at: DateTime<Utc>) -> bool {
         .schedule
         .next_after(running.tick)
         .is_none_or(|next| running.since < next);
-    running.since <= scheduled_at && on_time
+    running.since <= scheduled_at && on_time && !running.caught_up
 }
 
 /// The record of a tick that was claimed but not run: `skipped` or `replaced`.
@@ -221,6 +225,7 @@ mod tests {
         let run = |tick: i64, since: i64| Running {
             since: at(since),
             tick: at(tick),
+            caught_up: false,
         };
         // A run of tick 0 that started on time and still goes at tick 1000: skip tick 1000.
         assert!(overlaps(&job, run(0, 3), at(1000)));
@@ -231,5 +236,12 @@ mod tests {
         assert!(!overlaps(&job, run(3000, 4980), at(5000)));
         // A claim that waited out an etcd election: tick 15000 started at 17200.
         assert!(!overlaps(&job, run(15000, 17200), at(17000)));
+        // The last tick a new leader caught up, started just before the next live tick: still a
+        // backlog, so the live tick queues behind it.
+        let caught_up = Running {
+            caught_up: true,
+            ..run(34000, 34900)
+        };
+        assert!(!overlaps(&job, caught_up, at(35000)));
     }
 }
