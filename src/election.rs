@@ -18,6 +18,8 @@ use crate::session::Session;
 #[derive(Debug, Clone)]
 pub struct Leadership {
     pub shard: u32,
+    /// The shard count of this election.
+    pub shards: u32,
     /// The shard's election prefix, under which every candidate key of the shard lives.
     pub prefix: String,
     /// This node's candidate key, now the leader key.
@@ -84,6 +86,7 @@ pub async fn campaign(
         let Some(predecessor) = response.kvs().first() else {
             return Ok(Leadership {
                 shard,
+                shards,
                 prefix,
                 key,
                 fence,

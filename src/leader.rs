@@ -6,23 +6,34 @@
 //! its lease may have expired, so a stalled leader that wakes up late does nothing.
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, HashMap};
 use std::sync::Arc;
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
 
 use crate::backoff::{sleep_or_cancel, Backoff};
 use crate::catch_up::{missed_ticks, MAX_CATCH_UP};
-use crate::claims::{self, Book, Claimer, Halt};
+use crate::claims::{self, Book, Claimer, Halt, Want};
 use crate::clock;
-use crate::config::Job;
+use crate::config::{Delivery, Job};
 use crate::context::{Loaded, NodeContext};
 use crate::election::{self, Leadership};
 use crate::fleet::FleetView;
+use crate::record::{Claim, Outcome, RunRecord};
+use crate::results::RIDE_WINDOW;
 use crate::runner::Tick;
 use crate::session::Session;
+use crate::starts::Starts;
+
+/// How long before an at-least-once instant it may be claimed: the claim then carries the
+/// previous instant's starts.
+const CLAIM_AHEAD: Duration = Duration::from_millis(1500);
+
+/// How long after firing an instant its runs are given to start before the next instant's early
+/// claim carries their starts; starts later than that ride the claim after.
+const STARTS_SETTLE: Duration = Duration::from_millis(50);
 
 /// Why a term ended; the shard task decides what comes next.
 #[derive(Debug)]
@@ -72,16 +83,17 @@ pub(crate) async fn run_shard(node: Arc<NodeContext>, session: Session, fleet: w
         };
         backoff.reset();
         // One leadership may span several terms: a reload ends a term between ticks and the
-        // next one leads on with the new jobs, without resigning. Runs keep retrying for as
-        // long as the leadership lasts.
+        // next one leads on with the new jobs, without resigning. What the leadership owes, and
+        // the retries of its runs, last as long as it does.
+        let leading = session.ended().child_token();
+        let _leading = leading.clone().drop_guard();
         let term = Term {
             node: Arc::clone(&node),
             session: session.clone(),
             fleet: fleet.clone(),
-            leading: session.ended().child_token(),
+            starts: Arc::new(Starts::new(session.clone(), leading)),
             leadership,
         };
-        let _leading = term.leading.clone().drop_guard();
         let mut known = Some(Book::default());
         while let Some(book) = known.take() {
             let shard_jobs = jobs.borrow_and_update().by_shard[shard as usize].clone();
@@ -116,15 +128,14 @@ struct Term {
     session: Session,
     fleet: watch::Receiver<FleetView>,
     leadership: Leadership,
-    /// A child of the session's token, cancelled when this leadership ends (not at a reload):
-    /// runs it started retry no more.
-    leading: CancellationToken,
+    /// The ticks this leadership owes; its token ends with the leadership (not at a reload).
+    starts: Arc<Starts>,
 }
 
 impl Term {
     /// Leads the shard with `jobs` until shutdown, the session's loss, deposition, a handoff or
     /// a reload of the node's jobs, starting from what `known` knew of them.
-    async fn lead(&self, jobs: Vec<Arc<Job>>, known: Book, mut reloads: watch::Receiver<Arc<Loaded>>) -> TermEnd {
+    async fn lead(&self, jobs: Vec<Arc<Job>>, known: Book, reloads: watch::Receiver<Arc<Loaded>>) -> TermEnd {
         let mut fleet = self.fleet.clone();
         if self.should_hand_over(&mut fleet) {
             return TermEnd::HandedOff;
@@ -134,35 +145,95 @@ impl Term {
             Ok(book) => book,
             Err(halt) => return halt.into(),
         };
-        if let Err(halt) = self.catch_up(&claimer, &mut book).await {
+        let end = self.fire(&claimer, &mut book, fleet, reloads).await;
+        if matches!(end, TermEnd::HandedOff | TermEnd::Stopped) {
+            // Nothing this leadership owes starts from here on; the starts it made are written
+            // before the lease is revoked or the shard resigned, so the next leader delivers
+            // exactly the claimed ticks that never started.
+            self.starts.leading().cancel();
+            if let Err(halt) = claimer.claim(&mut book, &[]).await {
+                tracing::warn!(shard = self.leadership.shard, reason = ?halt, "could not write the last starts: the next leader runs those ticks again");
+            }
+        }
+        end
+    }
+
+    /// Catches up, then fires each tick of the book's jobs on time.
+    ///
+    /// Each instant is claimed before it is due, then fired at its time. An instant of only
+    /// at-least-once jobs is claimed as soon as the previous instant's runs have started (within
+    /// [`CLAIM_AHEAD`] of it), so that claim carries those starts to etcd a few milliseconds after
+    /// they happen: the window in which a start not yet written can make a tick run twice. Such
+    /// an instant fires only after a read shortly before it confirms the leadership, so a leader
+    /// cut off since its claim leaves the tick to its successor instead of running it unrecorded.
+    /// Other instants are claimed [`ClaimLead`](crate::claims::ClaimLead) before they are due,
+    /// which keeps short the window in which a claimed at-most-once tick can be lost.
+    async fn fire(
+        &self,
+        claimer: &Claimer<'_>,
+        book: &mut Book,
+        mut fleet: watch::Receiver<FleetView>,
+        mut reloads: watch::Receiver<Arc<Loaded>>,
+    ) -> TermEnd {
+        // One instant for both: a tick due while the catch-up's claims are in flight is after
+        // it, so the queue takes it, however long the claims take.
+        let now = clock::now();
+        if let Err(halt) = self.catch_up(claimer, book, now).await {
             return halt.into();
         }
-
-        let now = clock::now();
         let mut queue: BinaryHeap<Reverse<(DateTime<Utc>, usize)>> = book
             .entries()
             .iter()
             .enumerate()
             .filter_map(|(index, entry)| {
-                let from = entry.last.map_or(now, |last| last.max(now));
-                entry.job.schedule.next_after(from).map(|next| Reverse((next, index)))
+                // A tick this leadership claimed ahead and owes comes first.
+                let owed = self.starts.owed(&entry.job.name).into_iter().find(|tick| *tick > now);
+                let from = entry.last().map_or(now, |last| last.max(now));
+                owed.or_else(|| entry.job.schedule.next_after(from))
+                    .map(|next| Reverse((next, index)))
             })
             .collect();
+        let mut last_fired: Option<DateTime<Utc>> = None;
+        // The next instant once claimed, and the jobs whose tick it won.
+        let mut claimed: Option<(DateTime<Utc>, Vec<usize>)> = None;
 
         loop {
-            let claim_at = queue.peek().map(|Reverse((due, _))| {
-                *due - chrono::Duration::from_std(self.node.claim_lead.lead()).unwrap_or_default()
-            });
+            let next = queue.peek().map(|Reverse((due, _))| *due);
+            let wake_at = match (&claimed, next) {
+                (Some((due, _)), _) => Some(*due - self.claim_lead()),
+                (None, Some(due)) => Some(self.claim_time(book, &queue, due, last_fired)),
+                (None, None) => None,
+            };
             let wake = async {
-                match claim_at {
+                match wake_at {
                     Some(at) => clock::sleep_until(at).await,
                     None => std::future::pending().await,
                 }
             };
-            // Between ticks is the quiet moment: no claim is in flight, so a handoff here
-            // neither loses nor doubles a tick.
+            let write_starts_at = self
+                .starts
+                .oldest_unrecorded()
+                .map(|since| since + RIDE_WINDOW)
+                .filter(|_| claimed.is_none());
+            let write_starts = async {
+                match write_starts_at {
+                    Some(at) => tokio::time::sleep_until(at.into()).await,
+                    None => self.starts.started().await,
+                }
+            };
+            // Between the ticks is the quiet moment: no write is in flight, and a claimed tick
+            // that is not due yet stays pending in etcd for whoever leads next.
             tokio::select! {
                 _ = wake => {}
+                _ = write_starts, if claimed.is_none() => {
+                    // Starts that no claim carried within the window are written on their own.
+                    if write_starts_at.is_some() {
+                        if let Err(halt) = claimer.claim(book, &[]).await {
+                            return halt.into();
+                        }
+                    }
+                    continue;
+                }
                 changed = fleet.changed() => {
                     if changed.is_err() {
                         // The view only closes when the session ends or the node stops.
@@ -174,43 +245,103 @@ impl Term {
                     }
                     continue;
                 }
-                Ok(()) = reloads.changed() => return TermEnd::JobsReloaded(book),
+                Ok(()) = reloads.changed() => return TermEnd::JobsReloaded(std::mem::take(book)),
                 _ = self.session.ended().cancelled() => return self.cancelled(),
             }
-            let Some(&Reverse((due, _))) = queue.peek() else {
-                continue;
-            };
-            let mut due_now = Vec::new();
-            while let Some(&Reverse((next, index))) = queue.peek() {
-                if next != due {
-                    break;
+            let (due, won) = match claimed.take() {
+                // Woken shortly before an instant claimed ahead.
+                Some((due, won)) => {
+                    if let Err(halt) = claimer.confirm().await {
+                        return halt.into();
+                    }
+                    (due, won)
                 }
-                queue.pop();
-                due_now.push(index);
-            }
-            let wanted: Vec<(usize, DateTime<Utc>)> = due_now.iter().map(|&index| (index, due)).collect();
-            let claimed = match claimer.claim(&mut book, &wanted).await {
-                Ok(claimed) => claimed,
-                Err(halt) => return halt.into(),
+                None => {
+                    let Some(due) = next else { continue };
+                    let won = match self.claim_instant(claimer, book, &mut queue, due).await {
+                        Ok(won) => won,
+                        Err(halt) => return halt.into(),
+                    };
+                    if due - clock::now() > self.claim_lead() {
+                        claimed = Some((due, won));
+                        continue;
+                    }
+                    (due, won)
+                }
             };
-            let ahead_ms = (due - clock::now()).num_microseconds().unwrap_or_default() as f64 / 1000.0;
-            tracing::debug!(shard = self.leadership.shard, tick = %due, jobs = claimed.len(), ahead_ms, "claimed");
             clock::sleep_until(due).await;
-            if !self.session.is_live() {
-                tracing::error!(shard = self.leadership.shard, tick = %due, "the lease may have expired before the tick: not starting its claimed runs");
+            if !self.session.check_live() {
+                tracing::error!(shard = self.leadership.shard, tick = %due, "the lease may have expired before the tick: not starting its claimed runs; the next leader delivers them");
                 return TermEnd::SessionLost;
             }
             let lateness = (clock::now() - due).to_std().unwrap_or_default();
-            for index in &claimed {
+            for index in &won {
                 crate::metrics::get().lateness.observe(lateness.as_secs_f64());
-                self.node.runs.start(vec![self.tick(book.job(*index), due, false)]);
+                self.node
+                    .runs
+                    .start(vec![self.tick(book.job(*index), due, Late::OnTime)]);
             }
-            for index in due_now {
-                if let Some(next) = book.job(index).schedule.next_after(due) {
-                    queue.push(Reverse((next, index)));
-                }
+            last_fired = Some(clock::now());
+        }
+    }
+
+    /// How long before a tick it is claimed, or confirmed if it was claimed ahead.
+    fn claim_lead(&self) -> chrono::Duration {
+        chrono::Duration::from_std(self.node.claim_lead.lead()).unwrap_or_default()
+    }
+
+    /// When to claim the instant `due`: ahead, once the last instant's runs have had a moment to
+    /// start, if every job due then is at-least-once; otherwise shortly before it is due.
+    fn claim_time(
+        &self,
+        book: &Book,
+        queue: &BinaryHeap<Reverse<(DateTime<Utc>, usize)>>,
+        due: DateTime<Utc>,
+        last_fired: Option<DateTime<Utc>>,
+    ) -> DateTime<Utc> {
+        let just_before = due - self.claim_lead();
+        let every_job_at_least_once = queue
+            .iter()
+            .filter(|Reverse((at, _))| *at == due)
+            .all(|Reverse((_, index))| book.job(*index).delivery == Delivery::AtLeastOnce);
+        if !every_job_at_least_once {
+            return just_before;
+        }
+        let ahead = due - chrono::Duration::from_std(CLAIM_AHEAD).unwrap_or_default();
+        let settled = last_fired.map(|at| at + chrono::Duration::from_std(STARTS_SETTLE).unwrap_or_default());
+        settled.map_or(ahead, |settled| settled.max(ahead)).min(just_before)
+    }
+
+    /// Claims every job due at `due` that this leadership does not owe yet, takes them off the
+    /// queue with their next ticks queued, and returns the jobs whose tick is theirs to fire.
+    async fn claim_instant(
+        &self,
+        claimer: &Claimer<'_>,
+        book: &mut Book,
+        queue: &mut BinaryHeap<Reverse<(DateTime<Utc>, usize)>>,
+        due: DateTime<Utc>,
+    ) -> Result<Vec<usize>, Halt> {
+        let mut due_now = Vec::new();
+        while let Some(&Reverse((next, index))) = queue.peek() {
+            if next != due {
+                break;
+            }
+            queue.pop();
+            due_now.push(index);
+        }
+        let (owed, wants): (Vec<usize>, Vec<usize>) = due_now
+            .iter()
+            .partition(|index| self.starts.owed(&book.job(**index).name).contains(&due));
+        let wants: Vec<Want> = wants.iter().map(|&index| Want::tick(index, due)).collect();
+        let won = claimer.claim(book, &wants).await?;
+        let ahead_ms = (due - clock::now()).num_microseconds().unwrap_or_default() as f64 / 1000.0;
+        tracing::debug!(shard = self.leadership.shard, tick = %due, jobs = won.len(), ahead_ms, "claimed");
+        for index in due_now {
+            if let Some(next) = book.job(index).schedule.next_after(due) {
+                queue.push(Reverse((next, index)));
             }
         }
+        Ok(owed.into_iter().chain(won.iter().map(|won| won.index)).collect())
     }
 
     fn claimer(&self) -> Claimer<'_> {
@@ -219,6 +350,7 @@ impl Term {
             keys: &self.node.keys,
             leadership: &self.leadership,
             node_id: &self.node.node_id,
+            starts: &self.starts,
             results: &self.node.results,
             lead: &self.node.claim_lead,
             shutdown: &self.node.shutdown,
@@ -234,14 +366,15 @@ impl Term {
         }
     }
 
-    fn tick(&self, job: &Arc<Job>, scheduled_at: DateTime<Utc>, caught_up: bool) -> Tick {
+    fn tick(&self, job: &Arc<Job>, scheduled_at: DateTime<Utc>, late: Late) -> Tick {
         Tick {
             job: Arc::clone(job),
             scheduled_at,
             fence: self.leadership.fence,
             node: self.node.node_id.clone(),
-            leading: self.leading.clone(),
-            caught_up,
+            starts: Arc::clone(&self.starts),
+            caught_up: late != Late::OnTime,
+            redelivered: late == Late::Redelivered,
         }
     }
 
@@ -260,35 +393,154 @@ impl Term {
         hand_over
     }
 
-    /// Runs the ticks missed while the shard had no leader, as each job's policy says.
-    async fn catch_up(&self, claimer: &Claimer<'_>, book: &mut Book) -> Result<(), Halt> {
-        let now = clock::now();
-        let mut pending: Vec<(usize, Vec<DateTime<Utc>>)> = Vec::new();
+    /// Settles what earlier leaders left: ticks they claimed and never started are delivered
+    /// again or recorded lost, as each job's `delivery` says, and the ticks missed while the
+    /// shard had no leader run as each job's `catch_up` says.
+    async fn catch_up(&self, claimer: &Claimer<'_>, book: &mut Book, now: DateTime<Utc>) -> Result<(), Halt> {
+        let mut wants = Vec::new();
+        let mut lost: HashMap<usize, (Claim, Vec<DateTime<Utc>>)> = HashMap::new();
         for (index, entry) in book.entries().iter().enumerate() {
-            let missed = missed_ticks(&entry.job, entry.last, now);
+            let missed = missed_ticks(&entry.job, entry.last(), now);
             if missed.truncated {
                 tracing::warn!(job = %entry.job.name, kept = MAX_CATCH_UP, "more ticks were missed than one takeover catches up: running only the newest");
             }
-            if !missed.ticks.is_empty() {
-                pending.push((index, missed.ticks));
+            // Pending ticks of an earlier leader of this election, which is deposed since this one
+            // leads. Those of another election's leader stay listed for its successor.
+            let left = entry.record().filter(|claim| {
+                !claim.pending.is_empty()
+                    && claim.shards.is_none_or(|shards| shards == self.leadership.shards)
+                    && (claim.fence != self.leadership.fence || claim.node != self.node.node_id)
+            });
+            let (adopt, dropped) = match left {
+                Some(claim) => redelivery(&entry.job, &claim.pending, now),
+                None => (Vec::new(), Vec::new()),
+            };
+            if let (Some(claim), false) = (left, dropped.is_empty()) {
+                lost.insert(index, (claim.clone(), dropped));
+            }
+            if left.is_some() || !missed.ticks.is_empty() {
+                wants.push(Want::catch_up(index, missed.ticks, adopt, left.is_some()));
             }
         }
-        // A chunk's runs start as soon as it is claimed, before the next chunk's claim.
-        for chunk in claims::batches(&pending) {
-            let newest: Vec<(usize, DateTime<Utc>)> = chunk
-                .iter()
-                .filter_map(|(index, ticks)| ticks.last().map(|tick| (*index, *tick)))
-                .collect();
-            let claimed = claimer.claim(book, &newest).await?;
-            for (index, ticks) in chunk.iter().filter(|(index, _)| claimed.contains(index)) {
-                let job = book.job(*index);
-                tracing::info!(job = %job.name, ticks = ticks.len(), first = %ticks[0], policy = ?job.catch_up, "catching up missed ticks");
-                crate::metrics::get().catch_up_runs.inc_by(ticks.len() as u64);
-                self.node
-                    .runs
-                    .start(ticks.iter().map(|tick| self.tick(job, *tick, true)).collect());
+        // A batch's runs start as soon as it is claimed, before the next batch's claim.
+        for batch in claims::batches(&wants) {
+            for won in claimer.claim(book, batch).await? {
+                let job = book.job(won.index);
+                if let Some((claim, ticks)) = lost.remove(&won.index) {
+                    self.record_lost(job, &claim, &ticks);
+                }
+                // An earlier leader's tick that is not due yet was claimed ahead and never
+                // started: it is owed now and fires on time from the queue.
+                let adopted: Vec<DateTime<Utc>> = won.adopt.iter().copied().filter(|tick| *tick <= now).collect();
+                if won.fresh.is_empty() && adopted.is_empty() {
+                    continue;
+                }
+                let mut ticks: Vec<(DateTime<Utc>, Late)> = adopted
+                    .iter()
+                    .map(|tick| (*tick, Late::Redelivered))
+                    .chain(won.fresh.iter().map(|tick| (*tick, Late::CaughtUp)))
+                    .collect();
+                ticks.sort();
+                ticks.dedup_by_key(|(tick, _)| *tick);
+                if let Some(first) = adopted.first() {
+                    tracing::warn!(job = %job.name, ticks = adopted.len(), first = %first, "delivering again ticks that an earlier leader claimed and whose start it never recorded");
+                }
+                if !won.fresh.is_empty() {
+                    tracing::info!(job = %job.name, ticks = won.fresh.len(), first = %won.fresh[0], policy = ?job.catch_up, "catching up missed ticks");
+                    crate::metrics::get().catch_up_runs.inc_by(won.fresh.len() as u64);
+                }
+                self.node.runs.start(
+                    ticks
+                        .into_iter()
+                        .map(|(tick, late)| self.tick(job, tick, late))
+                        .collect(),
+                );
             }
         }
         Ok(())
+    }
+
+    /// Records ticks an earlier leader claimed and never started, which this one does not run.
+    fn record_lost(&self, job: &Arc<Job>, claim: &Claim, ticks: &[DateTime<Utc>]) {
+        for tick in ticks {
+            tracing::warn!(job = %job.name, tick = %tick, fence = claim.fence, node = %claim.node, delivery = ?job.delivery, "lost: a tick its leader claimed and never started, not run again");
+            let record = RunRecord {
+                scheduled_at: *tick,
+                fence: claim.fence,
+                node: claim.node.clone(),
+                outcome: Outcome::Lost,
+                exit_code: None,
+                duration_ms: 0,
+                finished_at: clock::now(),
+                attempts: 0,
+            };
+            crate::metrics::get().record_run(&job.name, &record);
+            self.node.results.push(&job.name, job.shard, record);
+        }
+    }
+}
+
+/// How a tick comes to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Late {
+    /// Claimed just before it was due.
+    OnTime,
+    /// Missed while the shard had no leader.
+    CaughtUp,
+    /// Claimed by an earlier leader that never started it.
+    Redelivered,
+}
+
+/// Which of the ticks an earlier leader left pending this leader runs, and which it records
+/// lost. A tick not due yet cannot have started, so it runs on time. Of the others an
+/// `at-most-once` job runs none, an `at-least-once` job every one still within its
+/// `starting_deadline`.
+fn redelivery(job: &Job, pending: &[DateTime<Utc>], now: DateTime<Utc>) -> (Vec<DateTime<Utc>>, Vec<DateTime<Utc>>) {
+    let floor = job
+        .starting_deadline
+        .and_then(|deadline| chrono::Duration::from_std(deadline).ok())
+        .map(|deadline| now - deadline);
+    pending.iter().partition(|tick| {
+        **tick > now || (job.delivery == Delivery::AtLeastOnce && floor.is_none_or(|floor| **tick >= floor))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn what_an_earlier_leader_left_is_run_or_recorded_lost() {
+        let at = |second: i64| DateTime::<Utc>::from_timestamp(1_800_000_000 + second, 0).unwrap();
+        let job = |delivery: Delivery, deadline: Option<u64>| Job {
+            delivery,
+            starting_deadline: deadline.map(Duration::from_secs),
+            ..Job::for_tests("j", "* * * * * *")
+        };
+        let pending = [at(1), at(5), at(9), at(11)];
+        let cases = [
+            (
+                job(Delivery::AtLeastOnce, None),
+                vec![at(1), at(5), at(9), at(11)],
+                vec![],
+            ),
+            (
+                job(Delivery::AtLeastOnce, Some(5)),
+                vec![at(5), at(9), at(11)],
+                vec![at(1)],
+            ),
+            (job(Delivery::AtMostOnce, None), vec![at(11)], vec![at(1), at(5), at(9)]),
+        ];
+        for (job, run, lost) in cases {
+            assert_eq!(
+                redelivery(&job, &pending, at(10)),
+                (run, lost),
+                "{:?} {:?}",
+                job.delivery,
+                job.starting_deadline
+            );
+        }
     }
 }

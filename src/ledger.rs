@@ -165,6 +165,8 @@ mod tests {
                 scheduled_at: tick,
                 fence,
                 node: node.into(),
+                pending: vec![tick],
+                shards: Some(1),
             },
         };
         step("a's session ends; b leads");

@@ -19,6 +19,7 @@
 //! - `session`: the node's lease and its keep-alive; the session's cancellation token.
 //! - `election`: one leader election per shard, the fence, and who leads each shard.
 //! - `ledger`: the raw transactions on job records.
+//! - `starts`: the claimed ticks a leadership still owes, and its starts not yet written.
 //! - `claims`: the claim protocol: batching, riding results, re-read and resolution, the book of
 //!   what a leader knows of its jobs.
 //! - `fleet`: members, the fleet view, handoff decisions and their background tasks.
@@ -60,4 +61,5 @@ mod runs;
 pub mod schedule;
 mod session;
 pub mod shard;
+mod starts;
 pub mod status;

@@ -9,9 +9,20 @@ use serde::{Deserialize, Serialize};
 /// The value of `/jobs/<job>/last`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Claim {
+    /// The newest tick claimed.
     pub scheduled_at: DateTime<Utc>,
     pub fence: i64,
     pub node: String,
+    /// Claimed ticks that had not started when the record was written, oldest first. The next
+    /// leader of the same election delivers them again (`delivery = "at-least-once"`) or
+    /// records them `lost`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pending: Vec<DateTime<Utc>>,
+    /// The shard count of the election whose leader wrote the record, with `pending`: only a
+    /// later leader of that election knows the writer is deposed. A node running another shard
+    /// count (a rolling change of `shards`) may still be about to start those ticks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shards: Option<u32>,
 }
 
 /// The value of `/jobs/<job>/result`.
@@ -49,6 +60,10 @@ pub enum Outcome {
     SpawnFailed,
     /// Not run: the job's previous run was still going (`overlap = "skip"`).
     Skipped,
+    /// Claimed, and its start never recorded: its leader died, stalled or stopped first. For an
+    /// `at-most-once` job, or a tick past its `starting_deadline`, the next leader records this
+    /// instead of running the tick.
+    Lost,
 }
 
 impl Outcome {
@@ -61,6 +76,7 @@ impl Outcome {
             Outcome::Replaced => "replaced",
             Outcome::SpawnFailed => "spawn_failed",
             Outcome::Skipped => "skipped",
+            Outcome::Lost => "lost",
         }
     }
 }
@@ -94,6 +110,7 @@ mod tests {
             Outcome::Replaced,
             Outcome::SpawnFailed,
             Outcome::Skipped,
+            Outcome::Lost,
         ] {
             let json = serde_json::to_string(&outcome).unwrap();
             assert_eq!(json, format!("\"{}\"", outcome.as_str()));

@@ -17,6 +17,7 @@ use crate::backoff::Backoff;
 use crate::clock;
 use crate::config::{Job, MAX_RETRY_BACKOFF};
 use crate::record::{Outcome, RunRecord};
+use crate::starts::Starts;
 
 /// Longer output lines are cut, so a job printing without newlines cannot grow the node's memory.
 pub const MAX_LINE: usize = 8 * 1024;
@@ -28,10 +29,13 @@ pub struct Tick {
     pub scheduled_at: DateTime<Utc>,
     pub fence: i64,
     pub node: String,
-    /// Cancelled when the term that claimed this tick ends: no retry starts after that.
-    pub leading: CancellationToken,
+    /// What the leadership that claimed this tick owes: the tick starts only through it, and
+    /// no retry starts once the leadership ended or its lease may have expired.
+    pub starts: Arc<Starts>,
     /// A missed tick that a new leader runs late, not a live one.
     pub caught_up: bool,
+    /// An earlier leader claimed this tick and never started it.
+    pub redelivered: bool,
 }
 
 impl Tick {
@@ -61,7 +65,7 @@ pub async fn run(tick: &Tick, stops: &Stops<'_>) -> RunRecord {
         let retryable = match record.outcome {
             Outcome::Exited => record.exit_code != Some(0),
             Outcome::Timeout | Outcome::SpawnFailed => true,
-            Outcome::Killed | Outcome::Replaced | Outcome::Skipped => false,
+            Outcome::Killed | Outcome::Replaced | Outcome::Skipped | Outcome::Lost => false,
         };
         if !retryable || attempt > job.retries {
             return record;
@@ -74,15 +78,12 @@ pub async fn run(tick: &Tick, stops: &Stops<'_>) -> RunRecord {
             .inc();
         tokio::select! {
             _ = tokio::time::sleep(delay) => {}
-            _ = tick.leading.cancelled() => {
-                tracing::warn!(job = %job.name, tick = %tick.scheduled_at_text(), attempt, "this node no longer leads the shard: no more retries");
-                return record;
-            }
+            _ = tick.starts.leading().cancelled() => {}
             _ = stops.kill.cancelled() => return record,
             _ = stops.replace.cancelled() => return record,
         }
-        if tick.leading.is_cancelled() {
-            tracing::warn!(job = %job.name, tick = %tick.scheduled_at_text(), attempt, "this node no longer leads the shard: no more retries");
+        if !tick.starts.may_retry() {
+            tracing::warn!(job = %job.name, tick = %tick.scheduled_at_text(), attempt, "this node no longer leads the shard, or its lease may have expired: no more retries");
             return record;
         }
         attempt += 1;
@@ -118,6 +119,11 @@ async fn run_once(tick: &Tick, attempt: u32, stops: &Stops<'_>) -> RunRecord {
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
+    if tick.redelivered {
+        command.env("CRON_REDELIVERED", "1");
+    } else {
+        command.env_remove("CRON_REDELIVERED");
+    }
     if let Some(dir) = &job.working_dir {
         command.current_dir(dir);
     }

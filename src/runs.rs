@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::clock;
-use crate::config::{Job, Overlap};
+use crate::config::{Delivery, Job, Overlap};
 use crate::record::{Outcome, RunRecord};
 use crate::results::ResultQueue;
 use crate::runner::{self, Tick};
@@ -79,6 +79,9 @@ impl Runs {
                 {
                     drop(jobs);
                     for tick in ticks {
+                        if !begin(&tick) {
+                            continue;
+                        }
                         tracing::info!(job = %job.name, tick = %tick.scheduled_at_text(), "skipped: the previous run of this job on this node was still going at this tick (overlap = \"skip\")");
                         crate::metrics::get().skipped_overlaps.inc();
                         self.report(&tick, not_run(&tick, Outcome::Skipped));
@@ -106,6 +109,9 @@ impl Runs {
                 None => (None, CancellationToken::new()),
             };
             for tick in ticks {
+                if !begin(&tick) {
+                    continue;
+                }
                 if replace.is_cancelled() {
                     runs.report(&tick, not_run(&tick, Outcome::Replaced));
                     continue;
@@ -179,6 +185,20 @@ impl Runs {
             }
         }
     }
+}
+
+/// Whether `tick` may start now, as its leadership decides (see [`crate::starts::Starts::begin`]). A tick that
+/// may not stays pending in etcd, and the next leader delivers it or records it lost.
+fn begin(tick: &Tick) -> bool {
+    let may = tick.starts.begin(&tick.job.name, tick.scheduled_at);
+    if !may {
+        let next = match tick.job.delivery {
+            Delivery::AtLeastOnce => "the next leader runs it",
+            Delivery::AtMostOnce => "the next leader records it lost",
+        };
+        tracing::warn!(job = %tick.job.name, tick = %tick.scheduled_at_text(), fence = tick.fence, next, "not starting a claimed tick: this node no longer leads the shard, or its lease may have expired");
+    }
+    may
 }
 
 /// Whether `running` overlaps the tick at `scheduled_at`, so that `overlap = "skip"` skips it:

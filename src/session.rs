@@ -77,6 +77,17 @@ impl Session {
         !self.inner.released.is_cancelled() && Instant::now() < self.valid_until()
     }
 
+    /// Like [`Session::is_live`], and a lease that may have expired by this node's own clock ends
+    /// the session: the node campaigns again with a new lease rather than keep election keys
+    /// that lead shards with no term behind them, should a late renewal keep the old lease.
+    pub fn check_live(&self) -> bool {
+        if self.is_live() {
+            return true;
+        }
+        self.lose("the lease may have expired by this node's own clock");
+        false
+    }
+
     fn valid_until(&self) -> Instant {
         *self
             .inner

@@ -70,8 +70,22 @@ pub struct Job {
     pub catch_up: CatchUp,
     pub starting_deadline: Option<Duration>,
     pub overlap: Overlap,
+    pub delivery: Delivery,
     pub working_dir: Option<PathBuf>,
     pub env: BTreeMap<String, String>,
+}
+
+/// What a new leader does with a tick that was claimed and never started: its leader died,
+/// stalled past its lease or stopped first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Delivery {
+    /// Run it, with a higher fence and `CRON_REDELIVERED=1`. A tick runs twice only if it had
+    /// started and its start was not yet written when its node died.
+    #[default]
+    AtLeastOnce,
+    /// Record it `lost`: a tick never runs twice.
+    AtMostOnce,
 }
 
 /// What a new leader does with ticks that passed while the shard had no leader.
@@ -126,6 +140,7 @@ impl Job {
             catch_up: CatchUp::default(),
             starting_deadline: None,
             overlap: Overlap::default(),
+            delivery: Delivery::default(),
             working_dir: None,
             env: BTreeMap::new(),
         }

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::model::{CatchUp, Overlap};
+use super::model::{CatchUp, Delivery, Overlap};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -56,6 +56,7 @@ pub(super) struct RawJob {
     pub(super) catch_up: Option<Spanned<CatchUp>>,
     pub(super) starting_deadline: Option<Spanned<String>>,
     pub(super) overlap: Option<Spanned<Overlap>>,
+    pub(super) delivery: Option<Spanned<Delivery>>,
     pub(super) working_dir: Option<Spanned<PathBuf>>,
     pub(super) env: Option<Spanned<BTreeMap<String, String>>>,
 }

@@ -31,6 +31,7 @@ timeout = "10m"
 catch_up = "all"
 starting_deadline = "5m"
 overlap = "allow"
+delivery = "at-most-once"
 working_dir = "/tmp"
 env = { LOG_LEVEL = "info" }"#,
     ))
@@ -43,6 +44,7 @@ env = { LOG_LEVEL = "info" }"#,
     assert_eq!(job.catch_up, CatchUp::All);
     assert_eq!(job.starting_deadline, Some(Duration::from_secs(300)));
     assert_eq!(job.overlap, Overlap::Allow);
+    assert_eq!(job.delivery, Delivery::AtMostOnce);
     assert_eq!(job.env.get("LOG_LEVEL").map(String::as_str), Some("info"));
     assert_eq!(config.cluster.lease_ttl, Duration::from_secs(10));
 }
@@ -53,6 +55,7 @@ fn defaults_apply() {
     let job = &config.jobs[0];
     assert_eq!(job.catch_up, CatchUp::Latest);
     assert_eq!(job.overlap, Overlap::Skip);
+    assert_eq!(job.delivery, Delivery::AtLeastOnce);
     assert_eq!(job.schedule.zone(), chrono_tz::UTC);
     assert!(job.timeout.is_none() && job.starting_deadline.is_none());
     assert_eq!(job.kill_grace, DEFAULT_KILL_GRACE);
@@ -187,6 +190,13 @@ fn error_table() {
             Some(13),
             Some("backup"),
             Some("overlap"),
+            "unknown variant",
+        ),
+        (
+            with_job("schedule = \"* * * * *\"\ncommand = \"true\"\ndelivery = \"exactly-once\""),
+            Some(13),
+            Some("backup"),
+            Some("delivery"),
             "unknown variant",
         ),
         (

@@ -264,6 +264,7 @@ pub(super) fn validate_job(
         catch_up: raw.catch_up.map(Spanned::into_inner).unwrap_or_default(),
         starting_deadline,
         overlap: raw.overlap.map(Spanned::into_inner).unwrap_or_default(),
+        delivery: raw.delivery.map(Spanned::into_inner).unwrap_or_default(),
         working_dir: raw.working_dir.map(Spanned::into_inner),
         env: raw.env.map(Spanned::into_inner).unwrap_or_default(),
     })

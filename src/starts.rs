@@ -1,0 +1,141 @@
+//! Which claimed ticks a leadership still owes, and which it has started since it last said so.
+//!
+//! A claim lists the tick it claims in the job's record as pending; the tick leaves the list once
+//! it has started. A leader that dies, stalls or stops before a pending tick starts leaves it in
+//! etcd, where the next leader finds it and delivers it (or records it lost, for at-most-once
+//! jobs): a claimed tick never vanishes without a record. Starts are written lazily, riding in
+//! the shard's next claim like results, so firing still costs about one etcd write per shard per
+//! instant; a start not yet written when its node dies is the only way a tick runs twice.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use chrono::{DateTime, Utc};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::session::Session;
+
+/// The ticks one leadership of one shard owes, shared by its term and the runs it started.
+pub(crate) struct Starts {
+    /// Cancelled when the leadership ends: nothing it owes starts after that.
+    leading: CancellationToken,
+    session: Session,
+    state: Mutex<State>,
+    started: Notify,
+}
+
+#[derive(Default)]
+struct State {
+    /// Per job, the ticks this leadership claimed and has not started.
+    owed: HashMap<String, BTreeSet<DateTime<Utc>>>,
+    /// Jobs whose owed ticks changed since their record was last written, and since when.
+    unrecorded: HashMap<String, Instant>,
+}
+
+impl std::fmt::Debug for Starts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = self.lock();
+        write!(
+            f,
+            "owing ticks of {} jobs",
+            state.owed.values().filter(|ticks| !ticks.is_empty()).count()
+        )
+    }
+}
+
+impl Starts {
+    pub(crate) fn new(session: Session, leading: CancellationToken) -> Starts {
+        Starts {
+            leading,
+            session,
+            state: Mutex::default(),
+            started: Notify::new(),
+        }
+    }
+
+    /// Cancelled when the leadership ends.
+    pub(crate) fn leading(&self) -> &CancellationToken {
+        &self.leading
+    }
+
+    /// Called right before a claimed tick starts, or is settled without a run (skipped,
+    /// replaced): whether it may. It may while the leadership lasts, its lease holds by this
+    /// node's own clock and the tick is still owed; the start is then kept for the leader to
+    /// write. A tick that may not start stays pending in etcd for the next leader.
+    pub(crate) fn begin(&self, job: &str, tick: DateTime<Utc>) -> bool {
+        let mut state = self.lock();
+        if self.leading.is_cancelled() || !self.session.check_live() {
+            return false;
+        }
+        let owed = state.owed.get_mut(job).is_some_and(|ticks| ticks.remove(&tick));
+        if owed {
+            state.unrecorded.entry(job.to_string()).or_insert_with(Instant::now);
+            drop(state);
+            self.started.notify_one();
+        }
+        owed
+    }
+
+    /// Whether a started run may try again: the leadership lasts and its lease holds.
+    pub(crate) fn may_retry(&self) -> bool {
+        !self.leading.is_cancelled() && self.session.check_live()
+    }
+
+    /// After a claim: these ticks of `job` are owed.
+    pub(crate) fn owe(&self, job: &str, ticks: impl IntoIterator<Item = DateTime<Utc>>) {
+        self.lock().owed.entry(job.to_string()).or_default().extend(ticks);
+    }
+
+    /// The ticks of `job` still owed, oldest first.
+    pub(crate) fn owed(&self, job: &str) -> BTreeSet<DateTime<Utc>> {
+        self.lock().owed.get(job).cloned().unwrap_or_default()
+    }
+
+    /// Takes up to `max` jobs whose starts are not written yet, for a claim to write, skipping
+    /// `except` (written anyway); [`Starts::unrecord`] puts back what could not be written.
+    pub(crate) fn take_unrecorded(&self, max: usize, except: &[&str]) -> Vec<(String, Instant)> {
+        let mut state = self.lock();
+        let jobs: Vec<String> = state
+            .unrecorded
+            .keys()
+            .filter(|job| !except.contains(&job.as_str()))
+            .take(max)
+            .cloned()
+            .collect();
+        let mut taken: Vec<(String, Instant)> = jobs
+            .into_iter()
+            .filter_map(|job| state.unrecorded.remove_entry(&job))
+            .collect();
+        for job in except {
+            if let Some(since) = state.unrecorded.remove(*job) {
+                taken.push((job.to_string(), since));
+            }
+        }
+        taken
+    }
+
+    /// Puts back jobs whose starts a failed claim did not write.
+    pub(crate) fn unrecord(&self, jobs: Vec<(String, Instant)>) {
+        let mut state = self.lock();
+        for (job, since) in jobs {
+            let at = state.unrecorded.entry(job).or_insert(since);
+            *at = (*at).min(since);
+        }
+    }
+
+    /// When the oldest start not yet written happened.
+    pub(crate) fn oldest_unrecorded(&self) -> Option<Instant> {
+        self.lock().unrecorded.values().min().copied()
+    }
+
+    /// Resolves when a run starts.
+    pub(crate) async fn started(&self) {
+        self.started.notified().await;
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
