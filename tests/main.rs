@@ -15,6 +15,7 @@ mod scenarios {
     mod bad_commands;
     mod cli;
     mod core;
+    mod delivery;
     mod dev;
     mod etcd_faults;
     mod fleet;

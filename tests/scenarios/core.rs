@@ -68,46 +68,10 @@ fn two_nodes_lead_each_shard_once_and_set_cron_variables() {
     }
 }
 
-/// The two nodes of a one-shard world, by role.
-struct Roles {
-    leader: usize,
-    standby_id: String,
-}
-
-/// One shard and two nodes; returns their roles once the shard's target leads and runs ticks and
-/// the other node stands by.
+/// One shard with a per-second job `tick` and two nodes, the target leading.
 fn leader_and_standby(world: &mut World, ttl: u64, extra: &str) -> Roles {
     let config = world.write_config("jobs.toml", 1, ttl, &[("tick", EVERY_SECOND, extra)]);
-    step("start a and b");
-    world.node("a", &config).start();
-    world.node("b", &config).start();
-    // Both nodes compute the same target for the shard; wait until it leads and the other waits.
-    let target = shardcron::assignment::assign(1, &["a", "b"])[0]
-        .clone()
-        .expect("a target");
-    wait_for(
-        Duration::from_secs(15),
-        "the target leads and the other node stands by",
-        || {
-            world
-                .status(&config)
-                .shards
-                .first()
-                .is_some_and(|shard| shard.leader.as_deref() == Some(target.as_str()) && shard.standby == 1)
-        },
-    );
-    let leader_id = target;
-    let leader = world
-        .nodes
-        .iter()
-        .position(|node| node.id == leader_id)
-        .expect("leader is ours");
-    wait_for(Duration::from_secs(15), "the leader runs ticks", || {
-        world.runs().iter().filter(|run| run.node == leader_id).count() >= 2
-    });
-    let standby_id = world.nodes[1 - leader].id.clone();
-    step(&format!("{leader_id} leads, {standby_id} stands by"));
-    Roles { leader, standby_id }
+    world.leader_and_standby(&config)
 }
 
 fn first_start_after(runs: &[Run], node: &str, after: f64) -> f64 {

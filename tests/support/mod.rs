@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use shardcron::etcd_server::EtcdServer;
 use shardcron::record::RunRecord;
 use shardcron::status::Status;
@@ -42,6 +42,13 @@ pub fn every_second<'a>(names: &'a [String], extra: &'a str) -> Vec<(&'a str, &'
 /// Prints a scenario step, so a failing test's output reads as a story.
 pub fn step(what: &str) {
     eprintln!("--- {what}");
+}
+
+/// The two nodes of a one-shard world, by role.
+pub struct Roles {
+    /// The leader's index in [`World::nodes`].
+    pub leader: usize,
+    pub standby_id: String,
 }
 
 /// One test's world: an etcd, a temp dir for configs, logs and run records, and its nodes.
@@ -79,7 +86,7 @@ impl World {
     /// A job command that records who ran which tick and when it really started.
     pub fn record_command(&self) -> String {
         format!(
-            "echo \"$CRON_JOB $CRON_SCHEDULED_AT $CRON_FENCE $CRON_NODE $CRON_SHARD $(date +%s.%N)\" >> {}",
+            "echo \"$CRON_JOB $CRON_SCHEDULED_AT $CRON_FENCE $CRON_NODE $CRON_SHARD $(date +%s.%N) ${{CRON_REDELIVERED:-0}}\" >> {}",
             self.runs_file().display()
         )
     }
@@ -123,6 +130,40 @@ impl World {
         let path = self.dir.path().join(file);
         std::fs::write(&path, text).expect("write config");
         path
+    }
+
+    /// Starts nodes `a` and `b` on a one-shard `config` and returns their roles once the shard's
+    /// target leads and runs ticks and the other node stands by.
+    pub fn leader_and_standby(&mut self, config: &Path) -> Roles {
+        step("start a and b");
+        self.node("a", config).start();
+        self.node("b", config).start();
+        // Both nodes compute the same target for the shard; wait until it leads and the other
+        // waits.
+        let target = shardcron::assignment::assign(1, &["a", "b"])[0]
+            .clone()
+            .expect("a target");
+        wait_for(
+            Duration::from_secs(15),
+            "the target leads and the other node stands by",
+            || {
+                self.status(config)
+                    .shards
+                    .first()
+                    .is_some_and(|shard| shard.leader.as_deref() == Some(target.as_str()) && shard.standby == 1)
+            },
+        );
+        let leader = self
+            .nodes
+            .iter()
+            .position(|node| node.id == target)
+            .expect("leader is ours");
+        wait_for(Duration::from_secs(15), "the leader runs ticks", || {
+            self.runs().iter().filter(|run| run.node == target).count() >= 2
+        });
+        let standby_id = self.nodes[1 - leader].id.clone();
+        step(&format!("{target} leads, {standby_id} stands by"));
+        Roles { leader, standby_id }
     }
 
     /// Starts one node per id, each reaching etcd through a proxy of its own.
@@ -225,6 +266,19 @@ pub fn sleep_to_mid_second() {
     let into = f64::from(now.timestamp_subsec_nanos()) / 1e9;
     let wait = if into < 0.5 { 0.5 - into } else { 1.5 - into };
     std::thread::sleep(Duration::from_secs_f64(wait));
+}
+
+/// Sleeps until `offset` after the next whole wall-clock second (before it, if negative): a
+/// fault aimed at the few milliseconds around a tick. Returns that second.
+pub fn sleep_to_tick_offset(offset_ms: i64) -> DateTime<Utc> {
+    let now = Utc::now();
+    let mut tick = DateTime::<Utc>::from_timestamp(now.timestamp() + 1, 0).expect("a second");
+    if (tick + chrono::Duration::milliseconds(offset_ms) - now).num_milliseconds() < 100 {
+        tick += chrono::Duration::seconds(1);
+    }
+    let at = tick + chrono::Duration::milliseconds(offset_ms);
+    std::thread::sleep((at - Utc::now()).to_std().unwrap_or_default());
+    tick
 }
 
 pub fn now_secs() -> f64 {

@@ -16,6 +16,9 @@ pub struct Run {
     pub shard: u32,
     /// The job's own clock when it started, seconds since the epoch.
     pub started: f64,
+    /// `CRON_REDELIVERED` was set: an earlier leader claimed this tick and never recorded its
+    /// start.
+    pub redelivered: bool,
 }
 
 impl Run {
@@ -29,7 +32,12 @@ pub fn read_runs(path: &Path) -> Vec<Run> {
     text.lines()
         .filter_map(|line| {
             let parts: Vec<&str> = line.split_whitespace().collect();
-            let [job, tick, fence, node, shard, started] = parts.as_slice() else {
+            // Commands written before CRON_REDELIVERED existed record six fields.
+            let (fields, redelivered) = match parts.as_slice() {
+                [fields @ .., redelivered] if parts.len() == 7 => (fields, *redelivered == "1"),
+                fields => (fields, false),
+            };
+            let [job, tick, fence, node, shard, started] = fields else {
                 return None;
             };
             Some(Run {
@@ -39,6 +47,7 @@ pub fn read_runs(path: &Path) -> Vec<Run> {
                 node: node.to_string(),
                 shard: shard.parse().ok()?,
                 started: started.parse().ok()?,
+                redelivered,
             })
         })
         .collect()
