@@ -134,9 +134,9 @@ fn an_at_most_once_tick_claimed_by_a_killed_leader_runs_once_or_is_recorded_lost
 fn a_leader_stopped_just_after_a_tick_starts_nothing_when_it_resumes() {
     let (world, roles, _names) = world_with("");
     let old_fence = world.runs().iter().map(|run| run.fence).max().expect("runs");
-    let tick = sleep_to_tick_offset(10);
+    let tick = sleep_to_tick_offset(3);
     world.nodes[roles.leader].signal(libc::SIGSTOP);
-    step(&format!("SIGSTOP the leader 10 ms after {tick} for 2×TTL"));
+    step(&format!("SIGSTOP the leader 3 ms after {tick} for 2×TTL"));
     std::thread::sleep(Duration::from_secs(2 * TTL));
     world.nodes[roles.leader].signal(libc::SIGCONT);
     let resumed = now_secs();
