@@ -33,7 +33,7 @@ impl JobLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct RunLabels {
     pub job: String,
-    /// `success`, `failure`, `timeout`, `replaced`, `killed`, `spawn_failed` or `skipped`.
+    /// `success`, `failure`, `timeout`, `replaced`, `killed`, `spawn_failed`, `skipped` or `lost`.
     pub result: String,
 }
 
