@@ -6,7 +6,8 @@
 //! cargo bench --bench bench -- check        # check over a generated 100,000-job file
 //! cargo bench --bench bench -- lateness     # firing lateness vs. direct spawn
 //! cargo bench --bench bench -- failover     # SIGKILL / SIGSTOP / SIGTERM of a leader
-//! cargo bench --bench bench -- etcd-cost    # etcd writes per run
+//! cargo bench --bench bench -- etcd-cost    # etcd writes per run, per delivery mode
+//! cargo bench --bench bench -- kills        # ticks lost and doubled per 100 SIGKILLs around ticks
 //! cargo bench --bench bench -- scale        # 100,000 jobs on an idle node; 1,024 shards led
 //! cargo bench --bench bench -- timeline     # a chaos run drawn as benches/timeline.svg
 //! ```
@@ -37,6 +38,13 @@ fn main() {
     }
     if wants("etcd-cost") {
         bench_etcd_cost();
+    }
+    if wants("kills") {
+        let kills = std::env::var("SHARDCRON_BENCH_KILLS")
+            .ok()
+            .and_then(|kills| kills.parse().ok())
+            .unwrap_or(100);
+        bench_kills(kills);
     }
     if wants("scale") {
         bench_idle_node(100_000);
@@ -353,13 +361,19 @@ fn bench_failover() {
 fn bench_etcd_cost() {
     println!("\n### etcd cost: raft proposals committed per run (one node, per-second jobs, 10 s window)\n");
     println!(
-        "| jobs | shards | runs | proposals | per run | per shard per instant | lease renewals (one node) | target |"
+        "| delivery | jobs | shards | runs | proposals | per run | per shard per instant | lease renewals (one node) | target |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
-    for (jobs, shards) in [(20usize, 4u32), (200, 16)] {
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for (delivery, jobs, shards) in [
+        ("at-least-once", 20usize, 4u32),
+        ("at-least-once", 200, 16),
+        ("at-most-once", 20, 4),
+        ("at-most-once", 200, 16),
+    ] {
         let mut world = World::new();
         let names: Vec<String> = (0..jobs).map(|i| format!("job{i}")).collect();
-        let list: Vec<(&str, &str, &str)> = names.iter().map(|name| (name.as_str(), "* * * * * *", "")).collect();
+        let extra = format!("delivery = \"{delivery}\"");
+        let list: Vec<(&str, &str, &str)> = names.iter().map(|name| (name.as_str(), "* * * * * *", extra.as_str())).collect();
         let config = world.write_config("jobs.toml", shards, 3, &list);
         world.node("a", &config).start();
         wait_for(Duration::from_secs(30), "runs start", || world.runs().len() >= jobs * 2);
@@ -383,9 +397,99 @@ fn bench_etcd_cost() {
             .filter(|at| (window_start..window_end).contains(at))
             .count();
         println!(
-            "| {jobs} | {shards} | {runs} | {proposals:.0} | {:.3} | {:.2} | {renewals} in 10 s | ≤ 0.25 per run, ≤ 1 per shard per instant |",
+            "| {delivery} | {jobs} | {shards} | {runs} | {proposals:.0} | {:.3} | {:.2} | {renewals} in 10 s | ≤ 1.25 per shard per instant |",
             proposals / runs as f64,
             proposals / (f64::from(shards) * 10.0),
+        );
+    }
+}
+
+/// `kills` SIGKILLs of a shard's leader at random offsets from 50 ms before to 100 ms after a
+/// tick, per delivery mode: of the ticks claimed by the kill (the last one due, and for
+/// at-least-once, which claims an instant ahead, the next one too), how many never ran without
+/// a `lost` record, how many were recorded lost, and how many ran twice. The killed node restarts
+/// and takes its shard back before the next kill.
+fn bench_kills(kills: usize) {
+    println!("\n### {kills} SIGKILLs of a leader around a tick (8 per-second jobs, one shard, TTL 1 s, catch_up = \"none\")\n");
+    println!("| delivery | kills | (job, tick) checked | lost without a record | recorded lost | ran twice | repeats with a higher fence |");
+    println!("|---|---|---|---|---|---|---|");
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |since| since.as_nanos() as u64);
+    let mut random = seed | 1;
+    let mut next_offset = move || {
+        // xorshift64: offsets only need to be spread, not unpredictable.
+        random ^= random << 13;
+        random ^= random >> 7;
+        random ^= random << 17;
+        (random % 151) as i64 - 50
+    };
+    for delivery in ["at-least-once", "at-most-once"] {
+        let mut world = World::new();
+        let names = job_names(8, 1);
+        let extra = format!("catch_up = \"none\"\ndelivery = \"{delivery}\"");
+        let config = world.write_config("jobs.toml", 1, 1, &every_second(&names, &extra));
+        let roles = world.leader_and_standby(&config);
+        let leader_id = world.nodes[roles.leader].id.clone();
+        let mut aimed = Vec::new();
+        for kill in 0..kills {
+            let leader = world
+                .nodes
+                .iter()
+                .rposition(|node| node.id == leader_id)
+                .expect("the leader");
+            let offset = next_offset();
+            let tick = sleep_to_tick_offset(offset);
+            world.nodes[leader].signal(libc::SIGKILL);
+            if offset >= 0 {
+                aimed.push(tick);
+            } else {
+                aimed.push(tick - chrono::Duration::seconds(1));
+                if delivery == "at-least-once" {
+                    aimed.push(tick);
+                }
+            }
+            let killed_at = now_secs();
+            wait_for(Duration::from_secs(20), "the standby runs every job", || {
+                every_job_ran_since(&world.runs(), &names, killed_at + 0.5, 1)
+            });
+            world.node(&leader_id, &config).start();
+            wait_for(Duration::from_secs(20), "the restarted node leads again", || {
+                world.status(&config).shards[0].leader.as_deref() == Some(leader_id.as_str())
+                    && world.runs().iter().any(|run| run.node == leader_id && run.started > killed_at)
+            });
+            if (kill + 1) % 10 == 0 {
+                eprintln!("{delivery}: {} kills", kill + 1);
+            }
+        }
+        let runs = world.runs();
+        let logs: String = world.nodes.iter().map(Node::log_text).collect();
+        let (mut lost, mut recorded_lost, mut doubled, mut fenced) = (0, 0, 0, 0);
+        for name in &names {
+            for tick in &aimed {
+                let mut ran: Vec<&Run> = runs.iter().filter(|run| &run.job == name && run.tick == *tick).collect();
+                ran.sort_by(|a, b| a.started.total_cmp(&b.started));
+                if ran.is_empty() {
+                    let recorded = logs.lines().any(|line| {
+                        line.contains("lost:") && line.contains(&format!("job={name} ")) && line.contains(&format!("tick={tick}"))
+                    });
+                    if recorded {
+                        recorded_lost += 1;
+                    } else {
+                        lost += 1;
+                    }
+                }
+                for pair in ran.windows(2) {
+                    doubled += 1;
+                    if pair[1].fence > pair[0].fence {
+                        fenced += 1;
+                    }
+                }
+            }
+        }
+        println!(
+            "| {delivery} | {kills} | {} | {lost} | {recorded_lost} | {doubled} | {fenced} |",
+            aimed.len() * names.len()
         );
     }
 }
