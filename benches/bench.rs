@@ -373,7 +373,10 @@ fn bench_etcd_cost() {
         let mut world = World::new();
         let names: Vec<String> = (0..jobs).map(|i| format!("job{i}")).collect();
         let extra = format!("delivery = \"{delivery}\"");
-        let list: Vec<(&str, &str, &str)> = names.iter().map(|name| (name.as_str(), "* * * * * *", extra.as_str())).collect();
+        let list: Vec<(&str, &str, &str)> = names
+            .iter()
+            .map(|name| (name.as_str(), "* * * * * *", extra.as_str()))
+            .collect();
         let config = world.write_config("jobs.toml", shards, 3, &list);
         world.node("a", &config).start();
         wait_for(Duration::from_secs(30), "runs start", || world.runs().len() >= jobs * 2);
@@ -456,7 +459,10 @@ fn bench_kills(kills: usize) {
             world.node(&leader_id, &config).start();
             wait_for(Duration::from_secs(20), "the restarted node leads again", || {
                 world.status(&config).shards[0].leader.as_deref() == Some(leader_id.as_str())
-                    && world.runs().iter().any(|run| run.node == leader_id && run.started > killed_at)
+                    && world
+                        .runs()
+                        .iter()
+                        .any(|run| run.node == leader_id && run.started > killed_at)
             });
             if (kill + 1) % 10 == 0 {
                 eprintln!("{delivery}: {} kills", kill + 1);
@@ -467,11 +473,16 @@ fn bench_kills(kills: usize) {
         let (mut lost, mut recorded_lost, mut doubled, mut fenced) = (0, 0, 0, 0);
         for name in &names {
             for tick in &aimed {
-                let mut ran: Vec<&Run> = runs.iter().filter(|run| &run.job == name && run.tick == *tick).collect();
+                let mut ran: Vec<&Run> = runs
+                    .iter()
+                    .filter(|run| &run.job == name && run.tick == *tick)
+                    .collect();
                 ran.sort_by(|a, b| a.started.total_cmp(&b.started));
                 if ran.is_empty() {
                     let recorded = logs.lines().any(|line| {
-                        line.contains("lost:") && line.contains(&format!("job={name} ")) && line.contains(&format!("tick={tick}"))
+                        line.contains("lost:")
+                            && line.contains(&format!("job={name} "))
+                            && line.contains(&format!("tick={tick}"))
                     });
                     if recorded {
                         recorded_lost += 1;

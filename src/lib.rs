@@ -20,8 +20,10 @@
 //! - `election`: one leader election per shard, the fence, and who leads each shard.
 //! - `ledger`: the raw transactions on job records.
 //! - `starts`: the claimed ticks a leadership still owes, and its starts not yet written.
-//! - `claims`: the claim protocol: batching, riding results, re-read and resolution, the book of
-//!   what a leader knows of its jobs.
+//! - `claims`: the claim protocol: batching, riding results and starts, re-read and resolution,
+//!   the confirming read before an instant claimed ahead; `claims::book` holds what a leader
+//!   knows of its jobs and the pure rules for the record it writes; `claims::lead` how far ahead
+//!   of a tick it claims.
 //! - `fleet`: members, the fleet view, handoff decisions and their background tasks.
 //!
 //! Running jobs:
@@ -31,7 +33,8 @@
 //!
 //! The node:
 //! - `context`: what every task of a node shares.
-//! - `leader`: one shard: campaign → terms → resign, and a term's firing loop.
+//! - `leader`: one shard: campaign → terms → resign, and a term's firing loop; `leader::takeover`
+//!   what a new leader does first (redelivery, lost records, catch-up).
 //! - [`node`]: the session loop, reloads and drain.
 //! - [`status`]: what `shardcron status` reads and prints.
 //! - [`metrics`]: Prometheus metrics and their `/metrics` endpoint.

@@ -11,182 +11,29 @@
 //! The [`Book`] is what a leader knows of its jobs' records: the revision a claim must find and
 //! the last claimed tick, read once per leadership and kept current by every claim.
 
-use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
+mod book;
+mod lead;
+
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
+
+use book::{next_record, resolve, Entry, Resolution, Writer};
+pub(crate) use book::{Book, Want, Won};
+pub(crate) use lead::ClaimLead;
 
 use crate::backoff::{sleep_or_cancel, Backoff};
 use crate::config::Job;
 use crate::election::{self, Leadership};
 use crate::etcd::CoordError;
 use crate::keys::Keys;
-use crate::ledger::{self, ClaimRequest, Seen, MAX_OPS_PER_TXN};
+use crate::ledger::{self, ClaimRequest, MAX_OPS_PER_TXN};
 use crate::record::{Claim, RunRecord};
 use crate::results::ResultQueue;
 use crate::session::Session;
 use crate::starts::Starts;
-
-/// How far ahead of a tick to claim it: a few times the recent claim latency, within bounds.
-///
-/// Claiming ahead keeps the etcd round trip out of the spawn's lateness. The lead is also the
-/// window in which a leader that dies after claiming a tick loses it, so it is kept as short as
-/// the measured latency allows instead of a fixed generous margin.
-#[derive(Clone)]
-pub(crate) struct ClaimLead {
-    average_micros: Arc<AtomicU64>,
-}
-
-impl ClaimLead {
-    const MIN: Duration = Duration::from_millis(3);
-    const MAX: Duration = Duration::from_millis(50);
-    const INITIAL: Duration = Duration::from_millis(10);
-
-    pub(crate) fn new() -> Self {
-        ClaimLead {
-            average_micros: Arc::new(AtomicU64::new(Self::INITIAL.as_micros() as u64 / 3)),
-        }
-    }
-
-    pub(crate) fn lead(&self) -> Duration {
-        let average = Duration::from_micros(self.average_micros.load(Ordering::Relaxed));
-        (average * 3).clamp(Self::MIN, Self::MAX)
-    }
-
-    /// Folds one claim's round trip into the moving average (weight 1/8).
-    pub(crate) fn observe(&self, took: Duration) {
-        let took = took.as_micros().min(u128::from(u32::MAX)) as u64;
-        let average = self.average_micros.load(Ordering::Relaxed);
-        self.average_micros
-            .store(average - average / 8 + took / 8, Ordering::Relaxed);
-    }
-}
-
-/// One job of a term and what its leader knows of the job's record.
-pub(crate) struct Entry {
-    pub(crate) job: Arc<Job>,
-    /// The record's mod revision, which the next write must find unchanged; 0 for no record.
-    revision: i64,
-    /// The record as etcd holds it, as far as this leader knows.
-    record: Option<Claim>,
-}
-
-impl Entry {
-    /// The last tick claimed by anyone, as far as this leader knows.
-    pub(crate) fn last(&self) -> Option<DateTime<Utc>> {
-        self.record.as_ref().map(|claim| claim.scheduled_at)
-    }
-
-    /// The job's record as this leader knows it.
-    pub(crate) fn record(&self) -> Option<&Claim> {
-        self.record.as_ref()
-    }
-}
-
-/// The jobs of one shard, indexed as the term queues them, with what their leader knows of them.
-#[derive(Default)]
-pub(crate) struct Book {
-    entries: Vec<Entry>,
-    by_name: HashMap<String, usize>,
-}
-
-impl std::fmt::Debug for Book {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} jobs remembered", self.entries.len())
-    }
-}
-
-impl Book {
-    fn new(entries: Vec<Entry>) -> Book {
-        let by_name = entries
-            .iter()
-            .enumerate()
-            .map(|(index, entry)| (entry.job.name.clone(), index))
-            .collect();
-        Book { entries, by_name }
-    }
-
-    pub(crate) fn entries(&self) -> &[Entry] {
-        &self.entries
-    }
-
-    pub(crate) fn job(&self, index: usize) -> &Arc<Job> {
-        &self.entries[index].job
-    }
-
-    fn learn(&mut self, index: usize, seen: &Seen) {
-        let entry = &mut self.entries[index];
-        entry.revision = seen.mod_revision;
-        entry.record = seen.claim.clone();
-    }
-}
-
-/// What a leader asks of one job's record.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Want {
-    pub(crate) index: usize,
-    /// New ticks to claim, oldest first; those at or before the job's last claimed tick are not
-    /// claimed again.
-    pub(crate) fresh: Vec<DateTime<Utc>>,
-    /// Pending ticks of an earlier leader that this one delivers again.
-    pub(crate) adopt: Vec<DateTime<Utc>>,
-    /// This write settles an earlier leader's pending ticks (each adopted or recorded lost), so
-    /// the record stops listing them.
-    pub(crate) takes_over: bool,
-    /// Only writes the starts of ticks this leader owed.
-    starts_only: bool,
-}
-
-impl Want {
-    /// Claims one new tick.
-    pub(crate) fn tick(index: usize, tick: DateTime<Utc>) -> Want {
-        Want {
-            index,
-            fresh: vec![tick],
-            adopt: Vec::new(),
-            takes_over: false,
-            starts_only: false,
-        }
-    }
-
-    /// What a new leader claims for a job: missed ticks, and pending ticks of an earlier leader
-    /// to adopt, or to take over without running when `takes_over` and `adopt` is empty.
-    pub(crate) fn catch_up(
-        index: usize,
-        fresh: Vec<DateTime<Utc>>,
-        adopt: Vec<DateTime<Utc>>,
-        takes_over: bool,
-    ) -> Want {
-        Want {
-            index,
-            fresh,
-            adopt,
-            takes_over,
-            starts_only: false,
-        }
-    }
-
-    fn starts_only(index: usize) -> Want {
-        Want {
-            index,
-            fresh: Vec::new(),
-            adopt: Vec::new(),
-            takes_over: false,
-            starts_only: true,
-        }
-    }
-}
-
-/// A job's ticks that a claim won: this leader owes them now.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Won {
-    pub(crate) index: usize,
-    pub(crate) fresh: Vec<DateTime<Utc>>,
-    pub(crate) adopt: Vec<DateTime<Utc>>,
-}
 
 /// How a claim ended when it did not claim what it was asked to: the term decides what follows.
 #[derive(Debug, PartialEq, Eq)]
@@ -197,66 +44,6 @@ pub(crate) enum Halt {
     SessionLost,
     /// A claim was rejected and another candidate leads now.
     Deposed,
-}
-
-/// What a record read after an unsettled write says about it.
-#[derive(Debug, PartialEq, Eq)]
-enum Resolution {
-    /// The write landed.
-    Ours,
-    /// The record is as it was: nothing landed and nobody else wrote; write again.
-    Open,
-    /// Another leader wrote the record meanwhile.
-    Changed,
-}
-
-/// Resolves a write of `intended` over a record at `expected_revision` from the record read
-/// after it.
-fn resolve(seen: &Seen, expected_revision: i64, intended: &Claim) -> Resolution {
-    if seen.mod_revision == expected_revision {
-        Resolution::Open
-    } else if seen.claim.as_ref() == Some(intended) {
-        Resolution::Ours
-    } else {
-        Resolution::Changed
-    }
-}
-
-/// The record a leader with `fence` on `node` writes for `want` over `current`, owing `owed`.
-///
-/// The pending list is what the leader owes after the write: ticks owed from earlier claims,
-/// the new ones and the adopted ones. Another leader's pending ticks stay listed unless this
-/// write takes them over, so no write ever drops a tick someone still owes. `None` when there
-/// is nothing to write: no record and no tick.
-fn next_record(current: Option<&Claim>, want: &Want, owed: &BTreeSet<DateTime<Utc>>, writer: &Writer) -> Option<Claim> {
-    let Writer { fence, node, shards } = *writer;
-    let mut pending = owed.clone();
-    pending.extend(want.fresh.iter().chain(&want.adopt).copied());
-    if let Some(current) = current {
-        let theirs = current.fence != fence || current.node != node;
-        if theirs && !want.takes_over {
-            pending.extend(current.pending.iter().copied());
-        }
-    }
-    let newest = want.fresh.iter().max().copied();
-    let scheduled_at = match (current.map(|claim| claim.scheduled_at), newest) {
-        (Some(last), Some(newest)) => last.max(newest),
-        (last, newest) => last.or(newest)?,
-    };
-    Some(Claim {
-        scheduled_at,
-        fence,
-        node: node.to_string(),
-        shards: (!pending.is_empty()).then_some(shards),
-        pending: pending.into_iter().collect(),
-    })
-}
-
-/// Who writes a record: a leader's fence, node and election.
-struct Writer<'a> {
-    fence: i64,
-    node: &'a str,
-    shards: u32,
 }
 
 /// `items` in groups of at most as many as one claim transaction takes.
@@ -553,158 +340,6 @@ impl Claimer<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn claim_lead_follows_latency_within_bounds() {
-        let lead = ClaimLead::new();
-        assert_eq!(lead.lead(), Duration::from_millis(10) - Duration::from_micros(1));
-        for _ in 0..100 {
-            lead.observe(Duration::from_micros(500));
-        }
-        assert_eq!(lead.lead(), ClaimLead::MIN);
-        for _ in 0..100 {
-            lead.observe(Duration::from_millis(8));
-        }
-        assert!(
-            lead.lead() > Duration::from_millis(20) && lead.lead() <= Duration::from_millis(24),
-            "{:?}",
-            lead.lead()
-        );
-        for _ in 0..100 {
-            lead.observe(Duration::from_secs(1));
-        }
-        assert_eq!(lead.lead(), ClaimLead::MAX);
-    }
-
-    fn at(second: i64) -> DateTime<Utc> {
-        DateTime::<Utc>::from_timestamp(1_800_000_000 + second, 0).unwrap()
-    }
-
-    fn claim(second: i64, fence: i64, node: &str, pending: &[i64]) -> Claim {
-        Claim {
-            shards: (!pending.is_empty()).then_some(4),
-            scheduled_at: at(second),
-            fence,
-            node: node.into(),
-            pending: pending.iter().map(|second| at(*second)).collect(),
-        }
-    }
-
-    #[test]
-    fn a_re_read_record_settles_each_write() {
-        let ours = claim(10, 5, "a", &[10]);
-        let seen = |revision: i64, claim: Option<Claim>| Seen {
-            claim,
-            mod_revision: revision,
-        };
-        let cases = [
-            (
-                seen(7, Some(claim(9, 3, "b", &[]))),
-                Resolution::Open,
-                "unchanged since read: write again",
-            ),
-            (seen(0, None), Resolution::Open, "still no record"),
-            (seen(8, Some(ours.clone())), Resolution::Ours, "our write landed"),
-            (
-                seen(8, Some(claim(10, 7, "b", &[10]))),
-                Resolution::Changed,
-                "another leader claimed the tick",
-            ),
-            (
-                seen(8, Some(claim(9, 7, "b", &[]))),
-                Resolution::Changed,
-                "another leader wrote an older tick",
-            ),
-            (
-                seen(8, Some(claim(10, 5, "a", &[]))),
-                Resolution::Changed,
-                "the same tick with other pending ticks is not our write",
-            ),
-        ];
-        for (seen, expected, why) in cases {
-            let expected_revision = if seen.claim.is_none() { 0 } else { 7 };
-            assert_eq!(resolve(&seen, expected_revision, &ours), expected, "{why}");
-        }
-    }
-
-    #[test]
-    fn the_next_record_lists_what_its_writer_owes_and_keeps_what_others_owe() {
-        let owed = |seconds: &[i64]| seconds.iter().map(|second| at(*second)).collect::<BTreeSet<_>>();
-        let want = |fresh: &[i64], adopt: &[i64], takes_over: bool| Want {
-            index: 0,
-            fresh: fresh.iter().map(|second| at(*second)).collect(),
-            adopt: adopt.iter().map(|second| at(*second)).collect(),
-            takes_over,
-            starts_only: false,
-        };
-        let cases = [
-            (
-                None,
-                want(&[10], &[], false),
-                owed(&[]),
-                Some(claim(10, 5, "a", &[10])),
-                "a first claim",
-            ),
-            (
-                Some(claim(9, 5, "a", &[9])),
-                want(&[10], &[], false),
-                owed(&[]),
-                Some(claim(10, 5, "a", &[10])),
-                "tick 9 started since: only 10 is owed",
-            ),
-            (
-                Some(claim(9, 5, "a", &[9])),
-                want(&[10], &[], false),
-                owed(&[9]),
-                Some(claim(10, 5, "a", &[9, 10])),
-                "a backlog: 9 is still owed",
-            ),
-            (
-                Some(claim(9, 5, "a", &[8, 9])),
-                want(&[], &[], false),
-                owed(&[9]),
-                Some(claim(9, 5, "a", &[9])),
-                "writing a start",
-            ),
-            (
-                Some(claim(9, 3, "b", &[9])),
-                want(&[10], &[], false),
-                owed(&[]),
-                Some(claim(10, 5, "a", &[9, 10])),
-                "another leader's tick 9 stays listed",
-            ),
-            (
-                Some(claim(9, 3, "b", &[8, 9])),
-                want(&[10], &[8, 9], true),
-                owed(&[]),
-                Some(claim(10, 5, "a", &[8, 9, 10])),
-                "a takeover adopts 8 and 9",
-            ),
-            (
-                Some(claim(9, 3, "b", &[8, 9])),
-                want(&[], &[], true),
-                owed(&[]),
-                Some(claim(9, 5, "a", &[])),
-                "a takeover that records 8 and 9 lost",
-            ),
-            (
-                Some(claim(9, 3, "b", &[])),
-                want(&[5], &[], false),
-                owed(&[]),
-                Some(claim(9, 5, "a", &[5])),
-                "an older tick never moves the record back",
-            ),
-            (None, want(&[], &[], false), owed(&[]), None, "nothing to write"),
-        ];
-        for (current, want, owed, expected, why) in cases {
-            let writer = Writer {
-                fence: 5,
-                node: "a",
-                shards: 4,
-            };
-            assert_eq!(next_record(current.as_ref(), &want, &owed, &writer), expected, "{why}");
-        }
-    }
 
     #[test]
     fn starts_and_results_fill_only_the_room_claims_leave() {

@@ -6,22 +6,22 @@
 //! its lease may have expired, so a stalled leader that wakes up late does nothing.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use tokio::sync::watch;
 
+mod takeover;
+
 use crate::backoff::{sleep_or_cancel, Backoff};
-use crate::catch_up::{missed_ticks, MAX_CATCH_UP};
-use crate::claims::{self, Book, Claimer, Halt, Want};
+use crate::claims::{Book, Claimer, Halt, Want};
 use crate::clock;
 use crate::config::{Delivery, Job};
 use crate::context::{Loaded, NodeContext};
 use crate::election::{self, Leadership};
 use crate::fleet::FleetView;
-use crate::record::{Claim, Outcome, RunRecord};
 use crate::results::RIDE_WINDOW;
 use crate::runner::Tick;
 use crate::session::Session;
@@ -392,92 +392,6 @@ impl Term {
         }
         hand_over
     }
-
-    /// Settles what earlier leaders left: ticks they claimed and never started are delivered
-    /// again or recorded lost, as each job's `delivery` says, and the ticks missed while the
-    /// shard had no leader run as each job's `catch_up` says.
-    async fn catch_up(&self, claimer: &Claimer<'_>, book: &mut Book, now: DateTime<Utc>) -> Result<(), Halt> {
-        let mut wants = Vec::new();
-        let mut lost: HashMap<usize, (Claim, Vec<DateTime<Utc>>)> = HashMap::new();
-        for (index, entry) in book.entries().iter().enumerate() {
-            let missed = missed_ticks(&entry.job, entry.last(), now);
-            if missed.truncated {
-                tracing::warn!(job = %entry.job.name, kept = MAX_CATCH_UP, "more ticks were missed than one takeover catches up: running only the newest");
-            }
-            // Pending ticks of an earlier leader of this election, which is deposed since this one
-            // leads. Those of another election's leader stay listed for its successor.
-            let left = entry.record().filter(|claim| {
-                !claim.pending.is_empty()
-                    && claim.shards.is_none_or(|shards| shards == self.leadership.shards)
-                    && (claim.fence != self.leadership.fence || claim.node != self.node.node_id)
-            });
-            let (adopt, dropped) = match left {
-                Some(claim) => redelivery(&entry.job, &claim.pending, now),
-                None => (Vec::new(), Vec::new()),
-            };
-            if let (Some(claim), false) = (left, dropped.is_empty()) {
-                lost.insert(index, (claim.clone(), dropped));
-            }
-            if left.is_some() || !missed.ticks.is_empty() {
-                wants.push(Want::catch_up(index, missed.ticks, adopt, left.is_some()));
-            }
-        }
-        // A batch's runs start as soon as it is claimed, before the next batch's claim.
-        for batch in claims::batches(&wants) {
-            for won in claimer.claim(book, batch).await? {
-                let job = book.job(won.index);
-                if let Some((claim, ticks)) = lost.remove(&won.index) {
-                    self.record_lost(job, &claim, &ticks);
-                }
-                // An earlier leader's tick that is not due yet was claimed ahead and never
-                // started: it is owed now and fires on time from the queue.
-                let adopted: Vec<DateTime<Utc>> = won.adopt.iter().copied().filter(|tick| *tick <= now).collect();
-                if won.fresh.is_empty() && adopted.is_empty() {
-                    continue;
-                }
-                let mut ticks: Vec<(DateTime<Utc>, Late)> = adopted
-                    .iter()
-                    .map(|tick| (*tick, Late::Redelivered))
-                    .chain(won.fresh.iter().map(|tick| (*tick, Late::CaughtUp)))
-                    .collect();
-                ticks.sort();
-                ticks.dedup_by_key(|(tick, _)| *tick);
-                if let Some(first) = adopted.first() {
-                    tracing::warn!(job = %job.name, ticks = adopted.len(), first = %first, "delivering again ticks that an earlier leader claimed and whose start it never recorded");
-                }
-                if !won.fresh.is_empty() {
-                    tracing::info!(job = %job.name, ticks = won.fresh.len(), first = %won.fresh[0], policy = ?job.catch_up, "catching up missed ticks");
-                    crate::metrics::get().catch_up_runs.inc_by(won.fresh.len() as u64);
-                }
-                self.node.runs.start(
-                    ticks
-                        .into_iter()
-                        .map(|(tick, late)| self.tick(job, tick, late))
-                        .collect(),
-                );
-            }
-        }
-        Ok(())
-    }
-
-    /// Records ticks an earlier leader claimed and never started, which this one does not run.
-    fn record_lost(&self, job: &Arc<Job>, claim: &Claim, ticks: &[DateTime<Utc>]) {
-        for tick in ticks {
-            tracing::warn!(job = %job.name, tick = %tick, fence = claim.fence, node = %claim.node, delivery = ?job.delivery, "lost: a tick its leader claimed and never started, not run again");
-            let record = RunRecord {
-                scheduled_at: *tick,
-                fence: claim.fence,
-                node: claim.node.clone(),
-                outcome: Outcome::Lost,
-                exit_code: None,
-                duration_ms: 0,
-                finished_at: clock::now(),
-                attempts: 0,
-            };
-            crate::metrics::get().record_run(&job.name, &record);
-            self.node.results.push(&job.name, job.shard, record);
-        }
-    }
 }
 
 /// How a tick comes to run.
@@ -489,58 +403,4 @@ enum Late {
     CaughtUp,
     /// Claimed by an earlier leader that never started it.
     Redelivered,
-}
-
-/// Which of the ticks an earlier leader left pending this leader runs, and which it records
-/// lost. A tick not due yet cannot have started, so it runs on time. Of the others an
-/// `at-most-once` job runs none, an `at-least-once` job every one still within its
-/// `starting_deadline`.
-fn redelivery(job: &Job, pending: &[DateTime<Utc>], now: DateTime<Utc>) -> (Vec<DateTime<Utc>>, Vec<DateTime<Utc>>) {
-    let floor = job
-        .starting_deadline
-        .and_then(|deadline| chrono::Duration::from_std(deadline).ok())
-        .map(|deadline| now - deadline);
-    pending.iter().partition(|tick| {
-        **tick > now || (job.delivery == Delivery::AtLeastOnce && floor.is_none_or(|floor| **tick >= floor))
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use super::*;
-
-    #[test]
-    fn what_an_earlier_leader_left_is_run_or_recorded_lost() {
-        let at = |second: i64| DateTime::<Utc>::from_timestamp(1_800_000_000 + second, 0).unwrap();
-        let job = |delivery: Delivery, deadline: Option<u64>| Job {
-            delivery,
-            starting_deadline: deadline.map(Duration::from_secs),
-            ..Job::for_tests("j", "* * * * * *")
-        };
-        let pending = [at(1), at(5), at(9), at(11)];
-        let cases = [
-            (
-                job(Delivery::AtLeastOnce, None),
-                vec![at(1), at(5), at(9), at(11)],
-                vec![],
-            ),
-            (
-                job(Delivery::AtLeastOnce, Some(5)),
-                vec![at(5), at(9), at(11)],
-                vec![at(1)],
-            ),
-            (job(Delivery::AtMostOnce, None), vec![at(11)], vec![at(1), at(5), at(9)]),
-        ];
-        for (job, run, lost) in cases {
-            assert_eq!(
-                redelivery(&job, &pending, at(10)),
-                (run, lost),
-                "{:?} {:?}",
-                job.delivery,
-                job.starting_deadline
-            );
-        }
-    }
 }
