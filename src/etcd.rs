@@ -112,7 +112,11 @@ pub fn connect_options(etcd: &Etcd) -> Result<ConnectOptions, SetupError> {
             Some(var) => std::env::var(var).map_err(|_| SetupError::MissingPassword(var.clone()))?,
             None => String::new(),
         };
-        options = options.with_user(username.clone(), password);
+        // etcd expires an idle auth token (300 s by default for simple tokens); without a
+        // refresh every call after that fails with "invalid auth token", forever.
+        options = options
+            .with_user(username.clone(), password)
+            .with_auto_token_refresh(true);
     }
     if let Some(tls) = &etcd.tls {
         let read = |what: &'static str, path: &std::path::Path| {

@@ -15,6 +15,8 @@ pub struct EtcdServer {
     bin: PathBuf,
     initial_cluster: String,
     tls: Option<ServerTls>,
+    /// More command-line flags for every member.
+    flags: Vec<String>,
 }
 
 /// Certificates for an etcd that serves its clients over TLS and asks them for a certificate
@@ -53,22 +55,33 @@ pub fn free_port() -> std::io::Result<u16> {
 impl EtcdServer {
     /// Starts a single-member etcd and waits until it is healthy.
     pub fn start(bin: &Path) -> Result<EtcdServer, EtcdServerError> {
-        Self::start_with(bin, 1, None)
+        Self::start_with(bin, 1, None, &[])
     }
 
     #[cfg(feature = "test-support")]
     /// Starts a single-member etcd whose clients must use TLS with a client certificate.
     pub fn start_tls(bin: &Path, tls: ServerTls) -> Result<EtcdServer, EtcdServerError> {
-        Self::start_with(bin, 1, Some(tls))
+        Self::start_with(bin, 1, Some(tls), &[])
     }
 
     #[cfg(feature = "test-support")]
     /// Starts `size` members on loopback and waits until each is healthy.
     pub fn start_cluster(bin: &Path, size: usize) -> Result<EtcdServer, EtcdServerError> {
-        Self::start_with(bin, size, None)
+        Self::start_with(bin, size, None, &[])
     }
 
-    fn start_with(bin: &Path, size: usize, tls: Option<ServerTls>) -> Result<EtcdServer, EtcdServerError> {
+    /// Starts a single-member etcd with more command-line flags, such as `--auth-token-ttl=2`.
+    #[cfg(feature = "test-support")]
+    pub fn start_with_flags(bin: &Path, flags: &[&str]) -> Result<EtcdServer, EtcdServerError> {
+        Self::start_with(bin, 1, None, flags)
+    }
+
+    fn start_with(
+        bin: &Path,
+        size: usize,
+        tls: Option<ServerTls>,
+        flags: &[&str],
+    ) -> Result<EtcdServer, EtcdServerError> {
         let mut members = Vec::with_capacity(size);
         for index in 0..size {
             members.push(Member {
@@ -90,6 +103,7 @@ impl EtcdServer {
             bin: bin.to_path_buf(),
             initial_cluster,
             tls,
+            flags: flags.iter().map(|flag| flag.to_string()).collect(),
         };
         for index in 0..size {
             server.spawn(index)?;
@@ -136,6 +150,7 @@ impl EtcdServer {
             .arg("--initial-cluster-token=shardcron-throwaway")
             .arg("--logger=zap")
             .arg("--log-level=warn")
+            .args(&self.flags)
             .stdin(Stdio::null())
             // Its own process group: a Ctrl-C in the terminal reaches the node, which then
             // needs etcd to resign its shards, not etcd itself.

@@ -184,3 +184,30 @@ fn a_node_authenticates_with_password_env_and_a_wrong_password_is_a_clear_error(
     assert_eq!(run.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("SHARDCRON_TEST_ETCD_PASSWORD"), "{stderr}");
 }
+
+#[test]
+fn an_expired_auth_token_is_refreshed_and_claims_go_on() {
+    let etcd = EtcdServer::start_with_flags(Path::new("etcd"), &["--auth-token-ttl=2"]).expect("etcd");
+    let mut world = World::with_etcd(etcd, tempfile::tempdir().expect("temp dir"));
+    enable_auth(&world.etcd.client_url(), "s3cret");
+    let auth = "username = \"cron\"\npassword_env = \"SHARDCRON_TEST_ETCD_PASSWORD\"";
+    let config = world.write_config_tables(
+        "jobs.toml",
+        1,
+        3,
+        &[(
+            "sparse",
+            format!("schedule = \"*/10 * * * * *\"\ncommand = '{}'", world.record_command()),
+        )],
+    );
+    let config_text = std::fs::read_to_string(&config).expect("config");
+    std::fs::write(&config, config_text.replace("[etcd]\n", &format!("[etcd]\n{auth}\n"))).expect("config");
+    step("a job every 10 s, with etcd's auth tokens expiring after 2 s idle");
+    world
+        .node("a", &config)
+        .env(&[("SHARDCRON_TEST_ETCD_PASSWORD", "s3cret")])
+        .start();
+    wait_for(Duration::from_secs(45), "3 runs, each after the token expired", || {
+        world.runs().len() >= 3
+    });
+}
