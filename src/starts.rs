@@ -73,7 +73,7 @@ impl Starts {
         if owed {
             state.unrecorded.entry(job.to_string()).or_insert_with(Instant::now);
             drop(state);
-            self.started.notify_one();
+            self.started.notify_waiters();
         }
         owed
     }
@@ -130,9 +130,31 @@ impl Starts {
         self.lock().unrecorded.values().min().copied()
     }
 
-    /// Resolves when a run starts.
-    pub(crate) async fn started(&self) {
-        self.started.notified().await;
+    /// Resolves once some start is not written yet.
+    pub(crate) async fn any_unrecorded(&self) {
+        self.until(|state| !state.unrecorded.is_empty()).await;
+    }
+
+    /// Resolves once every tick owed up to `tick` has started, or may no longer start.
+    pub(crate) async fn all_begun(&self, tick: DateTime<Utc>) {
+        self.until(|state| state.owed.values().all(|ticks| ticks.range(..=tick).next().is_none()))
+            .await;
+    }
+
+    async fn until(&self, done: impl Fn(&State) -> bool) {
+        loop {
+            // Registered before the check, so a start between the two is not missed.
+            let started = self.started.notified();
+            tokio::pin!(started);
+            started.as_mut().enable();
+            if done(&self.lock()) || self.leading.is_cancelled() {
+                return;
+            }
+            tokio::select! {
+                _ = started => {}
+                _ = self.leading.cancelled() => return,
+            }
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {

@@ -31,8 +31,9 @@ use crate::starts::Starts;
 /// previous instant's starts.
 const CLAIM_AHEAD: Duration = Duration::from_millis(1500);
 
-/// How long after firing an instant its runs are given to start before the next instant's early
-/// claim carries their starts; starts later than that ride the claim after.
+/// At most how long after firing an instant its runs are given to start before the next
+/// instant's early claim carries their starts; it goes as soon as they all have. Starts later
+/// than that ride the claim after.
 const STARTS_SETTLE: Duration = Duration::from_millis(50);
 
 /// Why a term ended; the shard task decides what comes next.
@@ -193,7 +194,8 @@ impl Term {
                     .map(|next| Reverse((next, index)))
             })
             .collect();
-        let mut last_fired: Option<DateTime<Utc>> = None;
+        // When the last instant fired, and its tick.
+        let mut last_fired: Option<(DateTime<Utc>, DateTime<Utc>)> = None;
         // The next instant once claimed, and the jobs whose tick it won.
         let mut claimed: Option<(DateTime<Utc>, Vec<usize>)> = None;
 
@@ -201,13 +203,23 @@ impl Term {
             let next = queue.peek().map(|Reverse((due, _))| *due);
             let wake_at = match (&claimed, next) {
                 (Some((due, _)), _) => Some(*due - self.claim_lead()),
-                (None, Some(due)) => Some(self.claim_time(book, &queue, due, last_fired)),
+                (None, Some(due)) => Some(self.claim_time(book, &queue, due, last_fired.map(|(at, _)| at))),
                 (None, None) => None,
             };
+            // An early claim waits for the last instant's runs to start, at most STARTS_SETTLE.
+            let settle = chrono::Duration::from_std(STARTS_SETTLE).unwrap_or_default();
+            let settling = match (&claimed, last_fired, wake_at) {
+                (None, Some((fired_at, fired)), Some(at)) if at <= fired_at + settle => Some(fired),
+                _ => None,
+            };
             let wake = async {
-                match wake_at {
-                    Some(at) => clock::sleep_until(at).await,
-                    None => std::future::pending().await,
+                match (wake_at, settling) {
+                    (Some(at), Some(fired)) if at > clock::now() => tokio::select! {
+                        _ = clock::sleep_until(at) => {}
+                        _ = self.starts.all_begun(fired) => {}
+                    },
+                    (Some(at), _) => clock::sleep_until(at).await,
+                    (None, _) => std::future::pending().await,
                 }
             };
             let write_starts_at = self
@@ -218,7 +230,7 @@ impl Term {
             let write_starts = async {
                 match write_starts_at {
                     Some(at) => tokio::time::sleep_until(at.into()).await,
-                    None => self.starts.started().await,
+                    None => self.starts.any_unrecorded().await,
                 }
             };
             // Between the ticks is the quiet moment: no write is in flight, and a claimed tick
@@ -281,7 +293,7 @@ impl Term {
                     .runs
                     .start(vec![self.tick(book.job(*index), due, Late::OnTime)]);
             }
-            last_fired = Some(clock::now());
+            last_fired = Some((clock::now(), due));
         }
     }
 
