@@ -76,6 +76,9 @@ pub async fn run(
     );
 
     let mut backoff = Backoff::coordination();
+    // Leases of lost sessions that etcd may still hold: their election keys would lead every
+    // shard, with no term behind them, until the lease's TTL ran out again.
+    let mut unrevoked: Vec<i64> = Vec::new();
     while !shutdown.is_cancelled() {
         let session = tokio::select! {
             opened = Session::open(&client, cluster.lease_ttl, &shutdown) => opened,
@@ -95,6 +98,17 @@ pub async fn run(
             }
         };
         tracing::info!(lease = format!("{:x}", session.lease()), ttl = ?session.ttl(), "session open; campaigning for every shard");
+        let mut still_held = Vec::new();
+        for lease in unrevoked.drain(..) {
+            match crate::session::revoke(&client, lease, crate::etcd::CALL_TIMEOUT).await {
+                Ok(()) => tracing::info!(lease = format!("{lease:x}"), "revoked the lease of a lost session"),
+                Err(err) => {
+                    tracing::warn!(lease = format!("{lease:x}"), error = %err, "cannot revoke the lease of a lost session yet");
+                    still_held.push(lease);
+                }
+            }
+        }
+        unrevoked = still_held;
         let member = Member {
             version: env!("CARGO_PKG_VERSION").to_string(),
             digest: node.jobs.borrow().digest.clone(),
@@ -104,7 +118,9 @@ pub async fn run(
         if let Err(err) = fleet::register(&session, &node.keys, &node.node_id, &member).await {
             let wait = backoff.next_delay();
             tracing::warn!(error = %err, retry_in = ?wait, "cannot register this node in etcd; retrying with a new session");
-            session.close().await;
+            if !session.close().await {
+                unrevoked.push(session.lease());
+            }
             sleep_or_cancel(wait, &shutdown).await;
             continue;
         }
@@ -127,7 +143,9 @@ pub async fn run(
         // Every task ends with the session's token; waiting for them guarantees no claim is in
         // flight when the lease is revoked.
         while tasks.join_next().await.is_some() {}
-        session.close().await;
+        if !session.close().await {
+            unrevoked.push(session.lease());
+        }
         if !shutdown.is_cancelled() {
             let wait = backoff.next_delay();
             tracing::warn!(retry_in = ?wait, "campaigning again with a new session after a backoff");

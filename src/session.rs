@@ -119,16 +119,20 @@ impl Session {
     }
 
     /// Revokes the lease, which deletes every election key of this node at once so that other
-    /// nodes take over without waiting for the TTL. Bounded by the TTL: after that etcd has
-    /// dropped the lease anyway.
-    pub async fn close(&self) {
+    /// nodes take over without waiting for the TTL. Bounded by the TTL. Returns whether etcd
+    /// confirmed it: an etcd that was out of reach may still hold the lease when it returns (etcd
+    /// gives leases a fresh TTL after an election), so the caller revokes it again later.
+    pub async fn close(&self) -> bool {
         self.inner.released.cancel();
         self.inner.ended.cancel();
-        let mut client = self.inner.client.clone();
-        match etcd::within(self.inner.ttl, client.lease_revoke(self.inner.lease)).await {
-            Ok(_) => tracing::info!(lease = format!("{:x}", self.inner.lease), "lease revoked"),
+        match revoke(&self.inner.client, self.inner.lease, self.inner.ttl).await {
+            Ok(()) => {
+                tracing::info!(lease = format!("{:x}", self.inner.lease), "lease revoked");
+                true
+            }
             Err(err) => {
-                tracing::warn!(lease = format!("{:x}", self.inner.lease), error = %err, "could not revoke the lease; it expires within its TTL")
+                tracing::warn!(lease = format!("{:x}", self.inner.lease), error = %err, "could not revoke the lease; revoking it again once etcd answers");
+                false
             }
         }
     }
@@ -187,5 +191,15 @@ impl Session {
                 }
             }
         }
+    }
+}
+
+/// Revokes `lease` within `limit`. A lease etcd no longer knows counts as revoked.
+pub async fn revoke(client: &Client, lease: i64, limit: Duration) -> Result<(), CoordError> {
+    match etcd::within(limit, client.clone().lease_revoke(lease)).await {
+        Err(CoordError::Etcd(etcd_client::Error::GRpcStatus(status))) if status.code() == tonic::Code::NotFound => {
+            Ok(())
+        }
+        result => result.map(|_| ()),
     }
 }
