@@ -198,6 +198,9 @@ async fn run_once(tick: &Tick, attempt: u32, stops: &Stops<'_>) -> RunRecord {
 }
 
 /// After a SIGTERM: waits `grace` for the command to exit, then SIGKILLs its process group.
+///
+/// The shell exiting is not enough: a process it started may ignore SIGTERM and keep the group
+/// alive, so the group itself is watched until it is gone or the grace is over.
 async fn wait_or_kill(
     child: &mut tokio::process::Child,
     pid: Option<u32>,
@@ -205,18 +208,46 @@ async fn wait_or_kill(
     kill: &CancellationToken,
     tick: &Tick,
 ) -> std::io::Result<std::process::ExitStatus> {
-    tokio::select! {
+    let deadline = tokio::time::Instant::now() + grace;
+    let status = tokio::select! {
         status = child.wait() => status,
-        _ = tokio::time::sleep(grace) => {
+        _ = tokio::time::sleep_until(deadline) => {
             tracing::warn!(job = %tick.job.name, tick = %tick.scheduled_at_text(), "still running after SIGTERM: SIGKILL to the process group");
             signal_group(pid, libc::SIGKILL);
-            child.wait().await
+            return child.wait().await;
         }
         _ = kill.cancelled() => {
             signal_group(pid, libc::SIGKILL);
-            child.wait().await
+            return child.wait().await;
+        }
+    };
+    while group_alive(pid) {
+        tokio::select! {
+            _ = tokio::time::sleep(GROUP_POLL) => {}
+            _ = tokio::time::sleep_until(deadline) => {
+                tracing::warn!(job = %tick.job.name, tick = %tick.scheduled_at_text(), "the command exited but a process it started ignores SIGTERM: SIGKILL to the process group");
+                signal_group(pid, libc::SIGKILL);
+                break;
+            }
+            _ = kill.cancelled() => {
+                signal_group(pid, libc::SIGKILL);
+                break;
+            }
         }
     }
+    status
+}
+
+/// How often a process group that outlived its shell is checked during the kill grace.
+const GROUP_POLL: Duration = Duration::from_millis(50);
+
+/// Whether any process of the group `pid` leads still exists.
+fn group_alive(pid: Option<u32>) -> bool {
+    pid.is_some_and(|pid| {
+        // SAFETY: kill(2) with signal 0 only checks that the process group exists; it sends
+        // nothing and touches no memory of ours.
+        unsafe { libc::kill(-(pid as libc::pid_t), 0) == 0 }
+    })
 }
 
 fn signal_group(pid: Option<u32>, signal: libc::c_int) {

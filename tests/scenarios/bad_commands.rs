@@ -94,3 +94,45 @@ timeout = "1s"
          stubborn → timeout after {took} ms; node peak RSS {rss:.1} MiB, longest log line {longest} bytes"
     );
 }
+
+/// Whether process `pid` exists and has not exited (a zombie has).
+fn process_alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| Some(stat.rsplit_once(')')?.1.split_whitespace().next()? != "Z"))
+        .unwrap_or(false)
+}
+
+#[test]
+fn a_timeout_kills_what_the_command_left_running_once_kill_grace_is_over() {
+    let mut world = World::new();
+    let pid_file = world.dir.path().join("sleeper.pid");
+    // The shell exits on SIGTERM; the process it started ignores SIGTERM and would outlive it.
+    let command = format!(
+        r#"(trap "" TERM; exec sh -c "echo \$\$ > {}; exec sleep 60") & wait"#,
+        pid_file.display()
+    );
+    let config = world.write_config_tables(
+        "jobs.toml",
+        1,
+        3,
+        &[(
+            "leaves-a-child",
+            format!("schedule = \"*/10 * * * * *\"\ncommand = '{command}'\ntimeout = \"1s\"\nkill_grace = \"1s\""),
+        )],
+    );
+    world.node("a", &config).start();
+    wait_for(Duration::from_secs(30), "the run times out", || {
+        last_run(&world.status(&config), "leaves-a-child").is_some_and(|run| run.outcome == Outcome::Timeout)
+    });
+    let pid: u32 = std::fs::read_to_string(&pid_file)
+        .expect("the child wrote its pid")
+        .trim()
+        .parse()
+        .expect("a pid");
+    wait_for(
+        Duration::from_secs(5),
+        "the child that ignores SIGTERM is killed",
+        || !process_alive(pid),
+    );
+}
