@@ -83,7 +83,8 @@ async fn run(config: Config, args: NodeArgs, dev_endpoints: Option<Vec<String>>)
     };
     let options = etcd::connect_options(&config.etcd)?;
     let shutdown = CancellationToken::new();
-    tokio::spawn(forward_signals(shutdown.clone()));
+    let hurry = CancellationToken::new();
+    tokio::spawn(forward_signals(shutdown.clone(), hurry.clone()));
     tracing::info!(endpoints = ?endpoints, config = %config.path.display(), digest = %config.digest, "connecting to etcd");
     // Served from the start, so an operator sees etcd errors while the node waits for etcd.
     if let Some(addr) = args.metrics_addr {
@@ -105,6 +106,7 @@ async fn run(config: Config, args: NodeArgs, dev_endpoints: Option<Vec<String>>)
         NodeOptions {
             node_id,
             shutdown_grace: args.shutdown_grace,
+            hurry,
         },
         client,
         shutdown,
@@ -114,9 +116,10 @@ async fn run(config: Config, args: NodeArgs, dev_endpoints: Option<Vec<String>>)
     Ok(())
 }
 
-/// SIGTERM or SIGINT starts a graceful stop; a second one is left to the default handler's
-/// successor: we exit at once.
-async fn forward_signals(shutdown: CancellationToken) {
+/// SIGTERM or SIGINT starts a graceful stop. A second one kills the running commands' process
+/// groups at once and lets the node end (so `dev` still removes its etcd); a node that has not
+/// ended within [`HURRY_LIMIT`] exits anyway.
+async fn forward_signals(shutdown: CancellationToken, hurry: CancellationToken) {
     use tokio::signal::unix::{signal, SignalKind};
     let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
         tracing::error!("cannot install signal handlers; stop the node with SIGKILL");
@@ -131,9 +134,15 @@ async fn forward_signals(shutdown: CancellationToken) {
         _ = term.recv() => {}
         _ = int.recv() => {}
     }
-    tracing::warn!("second signal: exiting now");
+    tracing::warn!("second signal: killing running commands and exiting");
+    hurry.cancel();
+    tokio::time::sleep(HURRY_LIMIT).await;
+    tracing::warn!(limit = ?HURRY_LIMIT, "the node did not end after a second signal: exiting now");
     std::process::exit(130);
 }
+
+/// After a second signal, how long the node may take to kill its commands and end.
+const HURRY_LIMIT: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// Connects to etcd, retrying with backoff while it is out of reach, until `shutdown`. A refused
 /// credential (password, certificate) ends the start: no retry can fix it.

@@ -30,6 +30,9 @@ use crate::session::Session;
 pub struct NodeOptions {
     pub node_id: String,
     pub shutdown_grace: Duration,
+    /// Cancelled by a second signal: running commands are killed at once instead of being given
+    /// the rest of their grace.
+    pub hurry: CancellationToken,
 }
 
 /// Runs the node until `shutdown` is cancelled. Coordination failures are retried forever; only
@@ -65,6 +68,14 @@ pub async fn run(
         claim_lead: ClaimLead::new(),
         shutdown: shutdown.clone(),
     });
+    let killer = {
+        let (runs, hurry) = (node.runs.clone(), options.hurry.clone());
+        async move {
+            hurry.cancelled().await;
+            runs.kill_all();
+        }
+    };
+    tokio::spawn(killer);
     let started_at = crate::clock::now();
     tracing::info!(
         node = %node.node_id,
@@ -156,7 +167,7 @@ pub async fn run(
     }
 
     tracing::info!("shutting down: shards resigned; waiting for running commands");
-    node.runs.drain(options.shutdown_grace).await;
+    node.runs.drain(options.shutdown_grace, &options.hurry).await;
     results_closed.cancel();
     if let Err(err) = result_writer.await {
         tracing::warn!(error = %err, "result writer ended abnormally");

@@ -169,13 +169,22 @@ impl Runs {
         self.results.push(&tick.job.name, tick.job.shard, record);
     }
 
+    /// Kills every running command's process group now.
+    pub fn kill_all(&self) {
+        self.kill.cancel();
+    }
+
     /// Waits for running commands up to `grace`, then kills their process groups and waits for
     /// them to exit.
-    pub async fn drain(&self, grace: Duration) {
+    pub async fn drain(&self, grace: Duration, hurry: &CancellationToken) {
         self.tracker.close();
         if !self.tracker.is_empty() {
             tracing::info!(running = self.tracker.len(), grace = ?grace, "waiting for running commands");
-            if tokio::time::timeout(grace, self.tracker.wait()).await.is_err() {
+            let finished = tokio::select! {
+                finished = tokio::time::timeout(grace, self.tracker.wait()) => finished.is_ok(),
+                _ = hurry.cancelled() => false,
+            };
+            if !finished {
                 tracing::warn!(
                     running = self.tracker.len(),
                     "shutdown grace is over: killing the remaining commands"

@@ -136,3 +136,34 @@ fn a_timeout_kills_what_the_command_left_running_once_kill_grace_is_over() {
         || !process_alive(pid),
     );
 }
+
+#[test]
+fn a_second_signal_kills_the_running_commands_before_the_node_exits() {
+    let mut world = World::new();
+    let pid_file = world.dir.path().join("long.pid");
+    let command = format!("echo $$ > {}; exec sleep 60", pid_file.display());
+    let config = world.write_config_tables(
+        "jobs.toml",
+        1,
+        3,
+        &[("long", format!("schedule = \"* * * * * *\"\ncommand = '{command}'"))],
+    );
+    let node = world.node("a", &config).start();
+    wait_for(Duration::from_secs(20), "the long command runs", || pid_file.exists());
+    std::thread::sleep(Duration::from_millis(200));
+    let pid: u32 = std::fs::read_to_string(&pid_file)
+        .expect("pid")
+        .trim()
+        .parse()
+        .expect("a pid");
+    step("SIGTERM: a graceful stop that would wait 5 s for the command");
+    world.nodes[node].signal(libc::SIGTERM);
+    std::thread::sleep(Duration::from_millis(500));
+    step("a second SIGTERM");
+    world.nodes[node].signal(libc::SIGTERM);
+    assert!(
+        world.nodes[node].wait_exit(Duration::from_secs(5)).is_some(),
+        "the node exits after a second signal"
+    );
+    assert!(!process_alive(pid), "the command was killed before the node exited");
+}
