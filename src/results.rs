@@ -98,6 +98,12 @@ impl ResultQueue {
                 pending.remove(&rider.job);
             } else {
                 held.riding = false;
+                if written {
+                    // A newer result came while the claim carried the older one: it has not
+                    // waited for a claim yet, so its window starts now rather than being
+                    // written on its own at once.
+                    held.since = Instant::now();
+                }
             }
         }
         drop(pending);
@@ -232,6 +238,10 @@ mod tests {
 
         queue.push("a", 0, record(12));
         queue.settle(riders, true);
+        assert!(
+            queue.take_older_than(Duration::from_secs(1)).is_empty(),
+            "a's newer result came during the claim: its window starts after it"
+        );
         let left = queue.take_older_than(Duration::ZERO);
         let jobs: Vec<(&str, i64)> = left
             .iter()
