@@ -79,7 +79,7 @@ impl Runs {
                 {
                     drop(jobs);
                     for tick in ticks {
-                        if !begin(&tick) {
+                        if !settle(&tick) {
                             continue;
                         }
                         tracing::info!(job = %job.name, tick = %tick.scheduled_at_text(), "skipped: the previous run of this job on this node was still going at this tick (overlap = \"skip\")");
@@ -109,11 +109,13 @@ impl Runs {
                 None => (None, CancellationToken::new()),
             };
             for tick in ticks {
-                if !begin(&tick) {
+                if replace.is_cancelled() {
+                    if settle(&tick) {
+                        runs.report(&tick, not_run(&tick, Outcome::Replaced));
+                    }
                     continue;
                 }
-                if replace.is_cancelled() {
-                    runs.report(&tick, not_run(&tick, Outcome::Replaced));
+                if !allowed(&tick, tick.starts.begin(&tick.job.name, tick.scheduled_at).await) {
                     continue;
                 }
                 runs.mark_running(
@@ -196,10 +198,14 @@ impl Runs {
     }
 }
 
-/// Whether `tick` may start now, as its leadership decides (see [`crate::starts::Starts::begin`]). A tick that
-/// may not stays pending in etcd, and the next leader delivers it or records it lost.
-fn begin(tick: &Tick) -> bool {
-    let may = tick.starts.begin(&tick.job.name, tick.scheduled_at);
+/// Whether `tick` may be settled without a run now (see [`crate::starts::Starts::settle`]).
+fn settle(tick: &Tick) -> bool {
+    allowed(tick, tick.starts.settle(&tick.job.name, tick.scheduled_at))
+}
+
+/// Passes on whether `tick` may start, logging why not when it may not. A tick that may not stays pending in
+/// etcd, and the next leader delivers it or records it lost.
+fn allowed(tick: &Tick, may: bool) -> bool {
     if !may {
         let next = match tick.job.delivery {
             Delivery::AtLeastOnce => "the next leader runs it",

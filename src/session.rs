@@ -72,6 +72,14 @@ impl Session {
         &self.inner.ended
     }
 
+    /// How long etcd still holds the lease by this node's own clock.
+    pub fn remaining(&self) -> Duration {
+        if self.inner.released.is_cancelled() {
+            return Duration::ZERO;
+        }
+        self.valid_until().saturating_duration_since(Instant::now())
+    }
+
     /// Whether etcd still holds the lease by this node's own clock.
     pub fn is_live(&self) -> bool {
         !self.inner.released.is_cancelled() && Instant::now() < self.valid_until()

@@ -9,13 +9,20 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::session::Session;
+
+/// At most how much lease a start needs left: enough to write it. A third of the TTL is always
+/// left between renewals that succeed, so this only holds back starts while renewals fail.
+const START_MARGIN: Duration = Duration::from_secs(1);
+
+/// How often a start held back for a renewal checks the lease again.
+const MARGIN_POLL: Duration = Duration::from_millis(50);
 
 /// The ticks one leadership of one shard owes, shared by its term and the runs it started.
 pub(crate) struct Starts {
@@ -60,11 +67,32 @@ impl Starts {
         &self.leading
     }
 
+    /// Called right before a claimed tick's command starts: whether it may. Like
+    /// [`Starts::settle`], and it also waits until the lease has enough time left, by this node's
+    /// own clock, for the start to be written before it could expire: a leader whose renewals
+    /// are failing does not start a command that its successor would then run again.
+    pub(crate) async fn begin(&self, job: &str, tick: DateTime<Utc>) -> bool {
+        let margin = (self.session.ttl() / 3).min(START_MARGIN);
+        loop {
+            if self.leading.is_cancelled() || !self.session.check_live() {
+                return false;
+            }
+            if self.session.remaining() >= margin {
+                return self.settle(job, tick);
+            }
+            tracing::debug!(job, tick = %tick, left = ?self.session.remaining(), "waiting for a lease renewal before starting");
+            tokio::select! {
+                _ = tokio::time::sleep(MARGIN_POLL) => {}
+                _ = self.leading.cancelled() => return false,
+            }
+        }
+    }
+
     /// Called right before a claimed tick starts, or is settled without a run (skipped,
     /// replaced): whether it may. It may while the leadership lasts, its lease holds by this
     /// node's own clock and the tick is still owed; the start is then kept for the leader to
     /// write. A tick that may not start stays pending in etcd for the next leader.
-    pub(crate) fn begin(&self, job: &str, tick: DateTime<Utc>) -> bool {
+    pub(crate) fn settle(&self, job: &str, tick: DateTime<Utc>) -> bool {
         let mut state = self.lock();
         if self.leading.is_cancelled() || !self.session.check_live() {
             return false;
