@@ -74,13 +74,6 @@ fn leader_and_standby(world: &mut World, ttl: u64, extra: &str) -> Roles {
     world.leader_and_standby(&config)
 }
 
-fn first_start_after(runs: &[Run], node: &str, after: f64) -> f64 {
-    runs.iter()
-        .filter(|run| run.node == node && run.started > after)
-        .map(|run| run.started)
-        .fold(f64::MAX, f64::min)
-}
-
 #[test]
 fn sigkill_of_the_leader_moves_its_shard_within_ttl_and_loses_no_tick() {
     let mut world = World::new();
@@ -136,14 +129,7 @@ fn sigstop_of_the_leader_never_runs_its_old_fence_after_takeover() {
     let runs = world.runs();
     let takeover = first_start_after(&runs, &roles.standby_id, stopped_at);
     assert!(takeover < resumed, "the standby took over while the leader was stopped");
-    let stale: Vec<&Run> = runs
-        .iter()
-        .filter(|run| run.fence == old_fence && run.started > takeover)
-        .collect();
-    assert!(
-        stale.is_empty(),
-        "runs with the stopped leader's old fence after the takeover: {stale:#?}"
-    );
+    assert_no_run_of_fence_after(&runs, old_fence, takeover);
     assert_each_tick_once(&runs, "tick", 1);
     assert!(
         world.nodes[roles.leader].log_text().contains("session lost"),

@@ -145,17 +145,6 @@ fn a_leader_stopped_just_after_a_tick_starts_nothing_when_it_resumes() {
         world.runs().iter().any(|run| run.started > resumed + 2.0)
     });
     let runs = world.runs();
-    let takeover = runs
-        .iter()
-        .filter(|run| run.node == roles.standby_id)
-        .map(|run| run.started)
-        .fold(f64::MAX, f64::min);
-    let stale: Vec<&Run> = runs
-        .iter()
-        .filter(|run| run.fence == old_fence && run.started > takeover)
-        .collect();
-    assert!(
-        stale.is_empty(),
-        "the stopped leader started runs with its old fence after the standby took over: {stale:#?}"
-    );
+    let takeover = first_start_after(&runs, &roles.standby_id, 0.0);
+    assert_no_run_of_fence_after(&runs, old_fence, takeover);
 }

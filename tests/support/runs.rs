@@ -91,3 +91,24 @@ pub fn every_job_ran_a_tick_after(runs: &[Run], names: &[String], instant: f64) 
             .any(|run| &run.job == name && run.tick.timestamp() as f64 > instant)
     })
 }
+
+/// When `node` first started a run after `after`.
+pub fn first_start_after(runs: &[Run], node: &str, after: f64) -> f64 {
+    runs.iter()
+        .filter(|run| run.node == node && run.started > after)
+        .map(|run| run.started)
+        .fold(f64::MAX, f64::min)
+}
+
+/// Asserts no run started with `fence` after `takeover`: a stale leader's fence after its
+/// successor took over.
+pub fn assert_no_run_of_fence_after(runs: &[Run], fence: i64, takeover: f64) {
+    let stale: Vec<&Run> = runs
+        .iter()
+        .filter(|run| run.fence == fence && run.started > takeover)
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "runs with the old leader's fence {fence} after the takeover: {stale:#?}"
+    );
+}
