@@ -13,6 +13,7 @@ mod support;
 
 mod scenarios {
     mod bad_commands;
+    mod chaos;
     mod cli;
     mod core;
     mod delivery;
