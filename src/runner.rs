@@ -17,7 +17,10 @@ use crate::backoff::Backoff;
 use crate::clock;
 use crate::config::{Job, MAX_RETRY_BACKOFF};
 use crate::record::{Outcome, RunRecord};
-use crate::starts::Starts;
+use crate::starts::{StartTicket, Starts};
+
+/// The error the child reports when the lease expired before it could execute the command.
+const LEASE_EXPIRED_ERRNO: i32 = libc::ETIME;
 
 /// Longer output lines are cut, so a job printing without newlines cannot grow the node's memory.
 pub const MAX_LINE: usize = 8 * 1024;
@@ -54,13 +57,21 @@ pub struct Stops<'a> {
 }
 
 /// Runs `tick` to completion, retrying a failed attempt as the job allows while this node still
-/// leads the shard, and says how the last attempt ended.
-pub async fn run(tick: &Tick, stops: &Stops<'_>) -> RunRecord {
+/// leads the shard, and says how the last attempt ended; `None` when the first attempt could
+/// not start because the leadership or its lease ended since `ticket` was given.
+pub async fn run(tick: &Tick, stops: &Stops<'_>, ticket: StartTicket) -> Option<RunRecord> {
     let job = &tick.job;
     let mut attempt = 1;
     let mut backoff = Backoff::new(job.retry_backoff, MAX_RETRY_BACKOFF);
+    let mut ticket = Some(ticket);
+    let mut last = None;
     loop {
-        let mut record = run_once(tick, attempt, stops).await;
+        let Some(mut record) = run_once(tick, attempt, stops, ticket.take()).await else {
+            if attempt > 1 {
+                tracing::warn!(job = %job.name, tick = %tick.scheduled_at_text(), attempt, "this node no longer leads the shard, or its lease may have expired: no more retries");
+            }
+            return last;
+        };
         record.attempts = attempt;
         let retryable = match record.outcome {
             Outcome::Exited => record.exit_code != Some(0),
@@ -68,7 +79,7 @@ pub async fn run(tick: &Tick, stops: &Stops<'_>) -> RunRecord {
             Outcome::Killed | Outcome::Replaced | Outcome::Skipped | Outcome::Lost => false,
         };
         if !retryable || attempt > job.retries {
-            return record;
+            return Some(record);
         }
         let delay = backoff.next_delay();
         tracing::warn!(job = %job.name, tick = %tick.scheduled_at_text(), fence = tick.fence, attempt, retries = job.retries, retry_in = ?delay, "attempt failed; retrying");
@@ -79,18 +90,17 @@ pub async fn run(tick: &Tick, stops: &Stops<'_>) -> RunRecord {
         tokio::select! {
             _ = tokio::time::sleep(delay) => {}
             _ = tick.starts.leading().cancelled() => {}
-            _ = stops.kill.cancelled() => return record,
-            _ = stops.replace.cancelled() => return record,
+            _ = stops.kill.cancelled() => return Some(record),
+            _ = stops.replace.cancelled() => return Some(record),
         }
-        if !tick.starts.may_retry() {
-            tracing::warn!(job = %job.name, tick = %tick.scheduled_at_text(), attempt, "this node no longer leads the shard, or its lease may have expired: no more retries");
-            return record;
-        }
+        last = Some(record);
         attempt += 1;
     }
 }
 
-async fn run_once(tick: &Tick, attempt: u32, stops: &Stops<'_>) -> RunRecord {
+/// One attempt; `None` if it may not start: the first attempt's `ticket` or, for a retry, the
+/// leadership says no, checked with nothing between the check and the spawn.
+async fn run_once(tick: &Tick, attempt: u32, stops: &Stops<'_>, ticket: Option<StartTicket>) -> Option<RunRecord> {
     let job = &tick.job;
     let started = std::time::Instant::now();
     let record = |outcome: Outcome, exit_code: Option<i32>| RunRecord {
@@ -127,11 +137,43 @@ async fn run_once(tick: &Tick, attempt: u32, stops: &Stops<'_>) -> RunRecord {
     if let Some(dir) = &job.working_dir {
         command.current_dir(dir);
     }
-    let mut child = match command.spawn() {
+    let may_spawn = match &ticket {
+        Some(ticket) => ticket.may_spawn(),
+        None => tick.starts.may_retry(),
+    };
+    if !may_spawn {
+        return None;
+    }
+    // The node may be stopped (SIGSTOP) between the check above and the exec: the child checks
+    // the lease once more by the same monotonic clock right before it executes the command.
+    let deadline = tick.starts.lease_deadline();
+    // SAFETY: the closure runs in the forked child before exec; it only reads the monotonic
+    // clock (clock_gettime, async-signal-safe) and builds an error from an errno, allocating
+    // nothing and taking no lock.
+    unsafe {
+        command.pre_exec(move || {
+            if std::time::Instant::now() < deadline {
+                Ok(())
+            } else {
+                Err(std::io::Error::from_raw_os_error(LEASE_EXPIRED_ERRNO))
+            }
+        });
+    }
+    let spawned = command.spawn();
+    if spawned
+        .as_ref()
+        .is_err_and(|err| err.raw_os_error() == Some(LEASE_EXPIRED_ERRNO))
+    {
+        return None;
+    }
+    if let Some(ticket) = ticket {
+        ticket.started();
+    }
+    let mut child = match spawned {
         Ok(child) => child,
         Err(err) => {
             tracing::error!(job = %job.name, tick = %tick.scheduled_at_text(), attempt, error = %err, "could not start the command");
-            return record(Outcome::SpawnFailed, None);
+            return Some(record(Outcome::SpawnFailed, None));
         }
     };
     let pid = child.id();
@@ -194,7 +236,7 @@ async fn run_once(tick: &Tick, attempt: u32, stops: &Stops<'_>) -> RunRecord {
             tracing::error!(job = %job.name, tick = %tick.scheduled_at_text(), attempt, error = %err, "could not wait for the command")
         }
     }
-    record
+    Some(record)
 }
 
 /// After a SIGTERM: waits `grace` for the command to exit, then SIGKILLs its process group.

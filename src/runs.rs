@@ -115,9 +115,10 @@ impl Runs {
                     }
                     continue;
                 }
-                if !allowed(&tick, tick.starts.begin(&tick.job.name, tick.scheduled_at).await) {
+                let Some(ticket) = tick.starts.begin(&tick.job.name, tick.scheduled_at).await else {
+                    not_starting(&tick);
                     continue;
-                }
+                };
                 runs.mark_running(
                     &job.name,
                     Some(Running {
@@ -130,8 +131,10 @@ impl Runs {
                     kill: &runs.kill,
                     replace: &replace,
                 };
-                let record = runner::run(&tick, &stops).await;
-                runs.report(&tick, record);
+                match runner::run(&tick, &stops, ticket).await {
+                    Some(record) => runs.report(&tick, record),
+                    None => not_starting(&tick),
+                }
             }
             runs.mark_running(&job.name, None);
             let mut jobs = runs.jobs.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -200,20 +203,21 @@ impl Runs {
 
 /// Whether `tick` may be settled without a run now (see [`crate::starts::Starts::settle`]).
 fn settle(tick: &Tick) -> bool {
-    allowed(tick, tick.starts.settle(&tick.job.name, tick.scheduled_at))
-}
-
-/// Passes on whether `tick` may start, logging why not when it may not. A tick that may not stays pending in
-/// etcd, and the next leader delivers it or records it lost.
-fn allowed(tick: &Tick, may: bool) -> bool {
+    let may = tick.starts.settle(&tick.job.name, tick.scheduled_at);
     if !may {
-        let next = match tick.job.delivery {
-            Delivery::AtLeastOnce => "the next leader runs it",
-            Delivery::AtMostOnce => "the next leader records it lost",
-        };
-        tracing::warn!(job = %tick.job.name, tick = %tick.scheduled_at_text(), fence = tick.fence, next, "not starting a claimed tick: this node no longer leads the shard, or its lease may have expired");
+        not_starting(tick);
     }
     may
+}
+
+/// Logs a claimed tick this node does not start. It stays pending in etcd, and the next leader
+/// delivers it or records it lost.
+fn not_starting(tick: &Tick) {
+    let next = match tick.job.delivery {
+        Delivery::AtLeastOnce => "the next leader runs it",
+        Delivery::AtMostOnce => "the next leader records it lost",
+    };
+    tracing::warn!(job = %tick.job.name, tick = %tick.scheduled_at_text(), fence = tick.fence, next, "not starting a claimed tick: this node no longer leads the shard, or its lease may have expired");
 }
 
 /// Whether `running` overlaps the tick at `scheduled_at`, so that `overlap = "skip"` skips it:

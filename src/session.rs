@@ -96,7 +96,8 @@ impl Session {
         false
     }
 
-    fn valid_until(&self) -> Instant {
+    /// Until when etcd still holds the lease by this node's own clock.
+    pub fn valid_until(&self) -> Instant {
         *self
             .inner
             .valid_until

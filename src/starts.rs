@@ -8,7 +8,7 @@
 //! instant; a start not yet written when its node dies is the only way a tick runs twice.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
@@ -37,6 +37,8 @@ pub(crate) struct Starts {
 struct State {
     /// Per job, the ticks this leadership claimed and has not started.
     owed: HashMap<String, BTreeSet<DateTime<Utc>>>,
+    /// Per job, ticks given a [`StartTicket`] whose command has not started yet: still pending.
+    starting: HashMap<String, BTreeSet<DateTime<Utc>>>,
     /// Jobs whose owed ticks changed since their record was last written, and since when.
     unrecorded: HashMap<String, Instant>,
 }
@@ -67,31 +69,43 @@ impl Starts {
         &self.leading
     }
 
-    /// Called right before a claimed tick's command starts: whether it may. Like
-    /// [`Starts::settle`], and it also waits until the lease has enough time left, by this node's
-    /// own clock, for the start to be written before it could expire: a leader whose renewals
-    /// are failing does not start a command that its successor would then run again.
-    pub(crate) async fn begin(&self, job: &str, tick: DateTime<Utc>) -> bool {
+    /// Called before a claimed tick's command starts: a ticket to start it, if it may. It may
+    /// while the leadership lasts, its lease holds by this node's own clock and the tick is
+    /// still owed; this also waits until the lease has enough time left for the start to be
+    /// written before it could expire, so a leader whose renewals are failing does not start a
+    /// command that its successor would then run again. The tick stays listed as pending until
+    /// [`StartTicket::started`]; a ticket dropped unused gives the tick back.
+    pub(crate) async fn begin(self: &Arc<Self>, job: &str, tick: DateTime<Utc>) -> Option<StartTicket> {
         let margin = (self.session.ttl() / 3).min(START_MARGIN);
         loop {
             if self.leading.is_cancelled() || !self.session.check_live() {
-                return false;
+                return None;
             }
             if self.session.remaining() >= margin {
-                return self.settle(job, tick);
+                let mut state = self.lock();
+                let owed = state.owed.get_mut(job).is_some_and(|ticks| ticks.remove(&tick));
+                if !owed {
+                    return None;
+                }
+                state.starting.entry(job.to_string()).or_default().insert(tick);
+                return Some(StartTicket {
+                    starts: Arc::clone(self),
+                    job: job.to_string(),
+                    tick,
+                    used: false,
+                });
             }
             tracing::debug!(job, tick = %tick, left = ?self.session.remaining(), "waiting for a lease renewal before starting");
             tokio::select! {
                 _ = tokio::time::sleep(MARGIN_POLL) => {}
-                _ = self.leading.cancelled() => return false,
+                _ = self.leading.cancelled() => return None,
             }
         }
     }
 
-    /// Called right before a claimed tick starts, or is settled without a run (skipped,
-    /// replaced): whether it may. It may while the leadership lasts, its lease holds by this
-    /// node's own clock and the tick is still owed; the start is then kept for the leader to
-    /// write. A tick that may not start stays pending in etcd for the next leader.
+    /// Called when a claimed tick is settled without a run (skipped, replaced): whether it may
+    /// be, on the terms of [`Starts::begin`] but without waiting; the settlement is then kept for
+    /// the leader to write like a start. A tick that may not stays pending in etcd.
     pub(crate) fn settle(&self, job: &str, tick: DateTime<Utc>) -> bool {
         let mut state = self.lock();
         if self.leading.is_cancelled() || !self.session.check_live() {
@@ -111,14 +125,24 @@ impl Starts {
         !self.leading.is_cancelled() && self.session.check_live()
     }
 
+    /// Until when, by this node's own monotonic clock, the lease holds: a command may be
+    /// executed only before this instant.
+    pub(crate) fn lease_deadline(&self) -> std::time::Instant {
+        self.session.valid_until().into_std()
+    }
+
     /// After a claim: these ticks of `job` are owed.
     pub(crate) fn owe(&self, job: &str, ticks: impl IntoIterator<Item = DateTime<Utc>>) {
         self.lock().owed.entry(job.to_string()).or_default().extend(ticks);
     }
 
-    /// The ticks of `job` still owed, oldest first.
+    /// The ticks of `job` still owed, oldest first, those about to start included: what its
+    /// record lists as pending.
     pub(crate) fn owed(&self, job: &str) -> BTreeSet<DateTime<Utc>> {
-        self.lock().owed.get(job).cloned().unwrap_or_default()
+        let state = self.lock();
+        let mut owed = state.owed.get(job).cloned().unwrap_or_default();
+        owed.extend(state.starting.get(job).into_iter().flatten().copied());
+        owed
     }
 
     /// Takes up to `max` jobs whose starts are not written yet, for a claim to write, skipping
@@ -165,8 +189,12 @@ impl Starts {
 
     /// Resolves once every tick owed up to `tick` has started, or may no longer start.
     pub(crate) async fn all_begun(&self, tick: DateTime<Utc>) {
-        self.until(|state| state.owed.values().all(|ticks| ticks.range(..=tick).next().is_none()))
-            .await;
+        self.until(|state| {
+            [&state.owed, &state.starting]
+                .iter()
+                .all(|ticks| ticks.values().all(|ticks| ticks.range(..=tick).next().is_none()))
+        })
+        .await;
     }
 
     async fn until(&self, done: impl Fn(&State) -> bool) {
@@ -187,5 +215,50 @@ impl Starts {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// Leave to start one claimed tick's command. Checked once more right before the command is
+/// spawned, since the node may have been stopped since the ticket was given.
+pub(crate) struct StartTicket {
+    starts: Arc<Starts>,
+    job: String,
+    tick: DateTime<Utc>,
+    used: bool,
+}
+
+impl StartTicket {
+    /// Whether the command may be spawned now: the leadership lasts and its lease holds by
+    /// this node's own clock. Called with nothing between it and the spawn.
+    pub(crate) fn may_spawn(&self) -> bool {
+        self.starts.may_retry()
+    }
+
+    /// The command was spawned (or failed to be): the start is kept for the leader to write.
+    pub(crate) fn started(mut self) {
+        self.used = true;
+        let mut state = self.starts.lock();
+        if let Some(ticks) = state.starting.get_mut(&self.job) {
+            ticks.remove(&self.tick);
+        }
+        state.unrecorded.entry(self.job.clone()).or_insert_with(Instant::now);
+        drop(state);
+        self.starts.started.notify_waiters();
+    }
+}
+
+impl Drop for StartTicket {
+    /// Unused, the tick is owed again: it stays pending for the next leader to deliver.
+    fn drop(&mut self) {
+        if self.used {
+            return;
+        }
+        let mut state = self.starts.lock();
+        if let Some(ticks) = state.starting.get_mut(&self.job) {
+            ticks.remove(&self.tick);
+        }
+        state.owed.entry(self.job.clone()).or_default().insert(self.tick);
+        drop(state);
+        self.starts.started.notify_waiters();
     }
 }

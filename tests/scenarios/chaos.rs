@@ -134,8 +134,9 @@ fn a_randomized_fault_run_keeps_every_delivery_promise() {
     let runs = world.runs();
     let logs: String = world.nodes.iter().map(Node::log_text).collect();
     let recorded_lost = |job: &str, tick: DateTime<Utc>| {
-        logs.lines()
-            .any(|line| line.contains("lost:") && line.contains(&format!("job={job} ")) && line.contains(&format!("tick={tick}")))
+        logs.lines().any(|line| {
+            line.contains("lost:") && line.contains(&format!("job={job} ")) && line.contains(&format!("tick={tick}"))
+        })
     };
     let (mut checked, mut doubled, mut lost) = (0, 0, 0);
     for name in &names {
@@ -153,7 +154,10 @@ fn a_randomized_fault_run_keeps_every_delivery_promise() {
             if at_most_once {
                 assert!(ran.len() <= 1, "{name} (at-most-once): tick {tick} ran twice: {ran:#?}");
                 if ran.is_empty() {
-                    assert!(recorded_lost(name, tick), "{name} (at-most-once): tick {tick} neither ran nor was recorded lost");
+                    assert!(
+                        recorded_lost(name, tick),
+                        "{name} (at-most-once): tick {tick} neither ran nor was recorded lost"
+                    );
                     lost += 1;
                 }
             } else {
