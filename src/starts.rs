@@ -136,6 +136,18 @@ impl Starts {
         self.lock().owed.entry(job.to_string()).or_default().extend(ticks);
     }
 
+    /// Whether this leadership owes `tick` of `job` (claimed, not started).
+    pub(crate) fn owes(&self, job: &str, tick: DateTime<Utc>) -> bool {
+        self.lock().owed.get(job).is_some_and(|ticks| ticks.contains(&tick))
+    }
+
+    /// The first tick of `job` after `after` that this leadership owes: one it claimed ahead.
+    pub(crate) fn next_owed_after(&self, job: &str, after: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        let state = self.lock();
+        let ticks = state.owed.get(job)?;
+        ticks.range(after..).find(|tick| **tick > after).copied()
+    }
+
     /// The ticks of `job` still owed, oldest first, those about to start included: what its
     /// record lists as pending.
     pub(crate) fn owed(&self, job: &str) -> BTreeSet<DateTime<Utc>> {

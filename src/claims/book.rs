@@ -114,6 +114,11 @@ impl Want {
         }
     }
 
+    /// Drops the new ticks at or before `last`, the job's last claimed tick: never claimed twice.
+    pub(super) fn keep_after(&mut self, last: Option<DateTime<Utc>>) {
+        self.fresh.retain(|tick| last.is_none_or(|last| last < *tick));
+    }
+
     pub(super) fn starts_only(index: usize) -> Want {
         Want {
             index,

@@ -128,8 +128,7 @@ impl Claimer<'_> {
     /// rejection or an unknown outcome until every want is settled.
     async fn claim_chunk(&self, book: &mut Book, mut wants: Vec<Want>) -> Result<Vec<Won>, Halt> {
         for want in &mut wants {
-            let last = book.entries[want.index].last();
-            want.fresh.retain(|tick| last.is_none_or(|last| last < *tick));
+            want.keep_after(book.entries[want.index].last());
         }
         wants.retain(|want| !want.fresh.is_empty() || !want.adopt.is_empty() || want.takes_over);
         let mut won = Vec::with_capacity(wants.len());
@@ -175,16 +174,16 @@ impl Claimer<'_> {
             if !self.session.check_live() {
                 return Err(Halt::SessionLost);
             }
+            let writer = Writer {
+                fence: self.leadership.fence,
+                node: self.node_id,
+                shards: self.leadership.shards,
+            };
             let intended: Vec<Option<Claim>> = wants
                 .iter()
                 .map(|want| {
                     let entry = &book.entries[want.index];
                     let owed = self.starts.owed(&entry.job.name);
-                    let writer = Writer {
-                        fence: self.leadership.fence,
-                        node: self.node_id,
-                        shards: self.leadership.shards,
-                    };
                     next_record(entry.record.as_ref(), want, &owed, &writer)
                 })
                 .collect();
@@ -230,9 +229,8 @@ impl Claimer<'_> {
                     Resolution::Open => open.push(want),
                     Resolution::Changed => {
                         book.learn(want.index, &seen);
-                        let last = book.entries[want.index].last();
                         let claimed = want.fresh.len();
-                        want.fresh.retain(|tick| last.is_none_or(|last| last < *tick));
+                        want.keep_after(book.entries[want.index].last());
                         if want.fresh.len() < claimed {
                             tracing::info!(job = %book.entries[want.index].job.name, "tick already claimed by another leader: not running it here");
                         }

@@ -188,7 +188,7 @@ impl Term {
             .enumerate()
             .filter_map(|(index, entry)| {
                 // A tick this leadership claimed ahead and owes comes first.
-                let owed = self.starts.owed(&entry.job.name).into_iter().find(|tick| *tick > now);
+                let owed = self.starts.next_owed_after(&entry.job.name, now);
                 let from = entry.last().map_or(now, |last| last.max(now));
                 owed.or_else(|| entry.job.schedule.next_after(from))
                     .map(|next| Reverse((next, index)))
@@ -198,13 +198,19 @@ impl Term {
         let mut last_fired: Option<(DateTime<Utc>, DateTime<Utc>)> = None;
         // The next instant once claimed, and the jobs whose tick it won.
         let mut claimed: Option<(DateTime<Utc>, Vec<usize>)> = None;
+        // The next instant and whether every job due then is at-least-once: worked out once per
+        // instant, not at every wake.
+        let mut ahead_allowed: Option<(DateTime<Utc>, bool)> = None;
 
         loop {
             let next = queue.peek().map(|Reverse((due, _))| *due);
-            let wake_at = match (&claimed, next) {
-                (Some((due, _)), _) => Some(*due - self.claim_lead()),
-                (None, Some(due)) => Some(self.claim_time(book, &queue, due, last_fired.map(|(at, _)| at))),
-                (None, None) => None,
+            if let Some(due) = next.filter(|due| ahead_allowed.is_none_or(|(at, _)| at != *due)) {
+                ahead_allowed = Some((due, every_job_at_least_once(book, &queue, due)));
+            }
+            let wake_at = match (&claimed, next, ahead_allowed) {
+                (Some((due, _)), _, _) => Some(*due - self.claim_lead()),
+                (None, Some(due), Some((_, ahead))) => Some(self.claim_time(due, ahead, last_fired.map(|(at, _)| at))),
+                (None, _, _) => None,
             };
             // An early claim waits for the last instant's runs to start, at most STARTS_SETTLE.
             let settle = chrono::Duration::from_std(STARTS_SETTLE).unwrap_or_default();
@@ -303,20 +309,10 @@ impl Term {
     }
 
     /// When to claim the instant `due`: ahead, once the last instant's runs have had a moment to
-    /// start, if every job due then is at-least-once; otherwise shortly before it is due.
-    fn claim_time(
-        &self,
-        book: &Book,
-        queue: &BinaryHeap<Reverse<(DateTime<Utc>, usize)>>,
-        due: DateTime<Utc>,
-        last_fired: Option<DateTime<Utc>>,
-    ) -> DateTime<Utc> {
+    /// start, if it may be claimed ahead (`ahead`); otherwise shortly before it is due.
+    fn claim_time(&self, due: DateTime<Utc>, ahead: bool, last_fired: Option<DateTime<Utc>>) -> DateTime<Utc> {
         let just_before = due - self.claim_lead();
-        let every_job_at_least_once = queue
-            .iter()
-            .filter(|Reverse((at, _))| *at == due)
-            .all(|Reverse((_, index))| book.job(*index).delivery == Delivery::AtLeastOnce);
-        if !every_job_at_least_once {
+        if !ahead {
             return just_before;
         }
         let ahead = due - chrono::Duration::from_std(CLAIM_AHEAD).unwrap_or_default();
@@ -343,7 +339,7 @@ impl Term {
         }
         let (owed, wants): (Vec<usize>, Vec<usize>) = due_now
             .iter()
-            .partition(|index| self.starts.owed(&book.job(**index).name).contains(&due));
+            .partition(|index| self.starts.owes(&book.job(**index).name, due));
         let wants: Vec<Want> = wants.iter().map(|&index| Want::tick(index, due)).collect();
         let won = claimer.claim(book, &wants).await?;
         let ahead_ms = (due - clock::now()).num_microseconds().unwrap_or_default() as f64 / 1000.0;
@@ -404,6 +400,18 @@ impl Term {
         }
         hand_over
     }
+}
+
+/// Whether every job due at `due` is at-least-once, so the instant may be claimed ahead.
+fn every_job_at_least_once(
+    book: &Book,
+    queue: &BinaryHeap<Reverse<(DateTime<Utc>, usize)>>,
+    due: DateTime<Utc>,
+) -> bool {
+    queue
+        .iter()
+        .filter(|Reverse((at, _))| *at == due)
+        .all(|Reverse((_, index))| book.job(*index).delivery == Delivery::AtLeastOnce)
 }
 
 /// How a tick comes to run.
