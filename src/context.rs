@@ -10,6 +10,7 @@ use crate::config::{Config, Job};
 use crate::keys::Keys;
 use crate::results::ResultQueue;
 use crate::runs::Runs;
+use crate::starts::StartedHere;
 
 /// The node's identity, jobs and runs. Shared as an `Arc` by every task of the node, so a term
 /// holds one pointer instead of copies of each part.
@@ -24,6 +25,8 @@ pub(crate) struct NodeContext {
     /// Finished runs' results waiting to be written, for claims of their shard to carry.
     pub(crate) results: Arc<ResultQueue>,
     pub(crate) claim_lead: ClaimLead,
+    /// Ticks the node started that a record may still list as pending, across leaderships.
+    pub(crate) started_here: Arc<StartedHere>,
     /// The root of the cancellation tree: signals cancel it.
     pub(crate) shutdown: CancellationToken,
 }

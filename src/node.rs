@@ -66,6 +66,7 @@ pub async fn run(
         runs: Runs::new(Arc::clone(&results)),
         results,
         claim_lead: ClaimLead::new(),
+        started_here: Arc::default(),
         shutdown: shutdown.clone(),
     });
     let killer = {

@@ -5,7 +5,10 @@
 //! etcd, where the next leader finds it and delivers it (or records it lost, for at-most-once
 //! jobs): a claimed tick never vanishes without a record. Starts are written lazily, riding in
 //! the shard's next claim like results, so firing still costs about one etcd write per shard per
-//! instant; a start not yet written when its node dies is the only way a tick runs twice.
+//! instant. A node also remembers the ticks it started until a record holds them, across
+//! leaderships, so one that leads a shard again after losing its session (an etcd outage, a
+//! stall) does not deliver again what it started itself: a start not yet written when its node
+//! dies, or when another node takes the shard, is the only way a tick runs twice.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -24,11 +27,56 @@ const START_MARGIN: Duration = Duration::from_secs(1);
 /// How often a start held back for a renewal checks the lease again.
 const MARGIN_POLL: Duration = Duration::from_millis(50);
 
+/// At most how many ticks per job a node remembers starting without a record holding them: a
+/// bound for jobs whose shard the node never leads again; the oldest are forgotten first.
+const REMEMBERED_PER_JOB: usize = 1024;
+
+/// The ticks this node started (or settled without a run) that a job record may still list as
+/// pending, whichever leadership started them. Shared by every leadership of the node.
+#[derive(Default)]
+pub(crate) struct StartedHere {
+    ticks: Mutex<HashMap<String, BTreeSet<DateTime<Utc>>>>,
+}
+
+impl StartedHere {
+    fn remember(&self, job: &str, tick: DateTime<Utc>) {
+        let mut ticks = self.lock();
+        let started = ticks.entry(job.to_string()).or_default();
+        started.insert(tick);
+        if started.len() > REMEMBERED_PER_JOB {
+            started.pop_first();
+        }
+    }
+
+    /// A record of `job` listing `pending` was written: the ticks it does not list are settled
+    /// in etcd and need no remembering.
+    pub(crate) fn written(&self, job: &str, pending: &[DateTime<Utc>]) {
+        let mut ticks = self.lock();
+        if let Some(started) = ticks.get_mut(job) {
+            started.retain(|tick| pending.contains(tick));
+            if started.is_empty() {
+                ticks.remove(job);
+            }
+        }
+    }
+
+    /// Whether this node started `tick` of `job` (or settled it without a run).
+    pub(crate) fn contains(&self, job: &str, tick: DateTime<Utc>) -> bool {
+        self.lock().get(job).is_some_and(|started| started.contains(&tick))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, BTreeSet<DateTime<Utc>>>> {
+        self.ticks.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
 /// The ticks one leadership of one shard owes, shared by its term and the runs it started.
 pub(crate) struct Starts {
     /// Cancelled when the leadership ends: nothing it owes starts after that.
     leading: CancellationToken,
     session: Session,
+    /// What the node started, for a later leadership of the same node to know.
+    here: Arc<StartedHere>,
     state: Mutex<State>,
     started: Notify,
 }
@@ -55,10 +103,11 @@ impl std::fmt::Debug for Starts {
 }
 
 impl Starts {
-    pub(crate) fn new(session: Session, leading: CancellationToken) -> Starts {
+    pub(crate) fn new(session: Session, leading: CancellationToken, here: Arc<StartedHere>) -> Starts {
         Starts {
             leading,
             session,
+            here,
             state: Mutex::default(),
             started: Notify::new(),
         }
@@ -115,9 +164,15 @@ impl Starts {
         if owed {
             state.unrecorded.entry(job.to_string()).or_insert_with(Instant::now);
             drop(state);
+            self.here.remember(job, tick);
             self.started.notify_waiters();
         }
         owed
+    }
+
+    /// What the node started, across its leaderships.
+    pub(crate) fn here(&self) -> &StartedHere {
+        &self.here
     }
 
     /// Whether a started run may try again: the leadership lasts and its lease holds.
@@ -255,6 +310,7 @@ impl StartTicket {
         }
         state.unrecorded.entry(self.job.clone()).or_insert_with(Instant::now);
         drop(state);
+        self.starts.here.remember(&self.job, self.tick);
         self.starts.started.notify_waiters();
     }
 }
@@ -272,5 +328,38 @@ impl Drop for StartTicket {
         state.owed.entry(self.job.clone()).or_default().insert(self.tick);
         drop(state);
         self.starts.started.notify_waiters();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(second: i64) -> DateTime<Utc> {
+        DateTime::<Utc>::from_timestamp(1_800_000_000 + second, 0).unwrap()
+    }
+
+    #[test]
+    fn a_start_is_remembered_until_a_written_record_no_longer_lists_it() {
+        let here = StartedHere::default();
+        here.remember("j", at(1));
+        here.remember("j", at(2));
+        here.written("j", &[at(2), at(3)]);
+        assert!(!here.contains("j", at(1)), "settled by the write");
+        assert!(here.contains("j", at(2)), "still listed as pending");
+        assert!(!here.contains("other", at(2)));
+        here.written("j", &[]);
+        assert!(here.lock().is_empty(), "no job kept once every start is written");
+    }
+
+    #[test]
+    fn a_job_never_written_again_keeps_only_its_newest_starts() {
+        let here = StartedHere::default();
+        for second in 0..(REMEMBERED_PER_JOB as i64 + 10) {
+            here.remember("j", at(second));
+        }
+        assert!(!here.contains("j", at(9)));
+        assert!(here.contains("j", at(10)));
+        assert_eq!(here.lock()["j"].len(), REMEMBERED_PER_JOB);
     }
 }

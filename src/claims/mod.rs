@@ -251,6 +251,9 @@ impl Claimer<'_> {
     /// adopted ticks are owed.
     fn won(&self, book: &mut Book, want: Want, intended: Option<Claim>, revision: i64, won: &mut Vec<Won>) {
         let entry = &mut book.entries[want.index];
+        if let Some(written) = &intended {
+            self.starts.here().written(&entry.job.name, &written.pending);
+        }
         entry.revision = revision;
         entry.record = intended;
         self.starts

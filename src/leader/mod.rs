@@ -92,7 +92,7 @@ pub(crate) async fn run_shard(node: Arc<NodeContext>, session: Session, fleet: w
             node: Arc::clone(&node),
             session: session.clone(),
             fleet: fleet.clone(),
-            starts: Arc::new(Starts::new(session.clone(), leading)),
+            starts: Arc::new(Starts::new(session.clone(), leading, Arc::clone(&node.started_here))),
             leadership,
         };
         let mut known = Some(Book::default());

@@ -38,7 +38,13 @@ impl Term {
                     && (claim.fence != self.leadership.fence || claim.node != self.node.node_id)
             });
             let (adopt, dropped) = match left {
-                Some(claim) => redelivery(&entry.job, &claim.pending, now),
+                Some(claim) => {
+                    let (started, unstarted) = self.started_here(&entry.job.name, &claim.pending);
+                    if let Some(first) = started.first() {
+                        tracing::info!(job = %entry.job.name, ticks = started.len(), first = %first, fence = claim.fence, "ticks this node started in an earlier leadership, whose start that one could not write: recorded now, not run again");
+                    }
+                    redelivery(&entry.job, &unstarted, now)
+                }
                 None => (Vec::new(), Vec::new()),
             };
             if let (Some(claim), false) = (left, dropped.is_empty()) {
@@ -84,6 +90,15 @@ impl Term {
             }
         }
         Ok(())
+    }
+
+    /// Splits an earlier leader's pending ticks of `job` into those this node started itself,
+    /// in an earlier leadership that lost its session before it could write the start, and the
+    /// others.
+    fn started_here(&self, job: &str, pending: &[DateTime<Utc>]) -> (Vec<DateTime<Utc>>, Vec<DateTime<Utc>>) {
+        pending
+            .iter()
+            .partition(|tick| self.node.started_here.contains(job, **tick))
     }
 
     /// Records ticks an earlier leader claimed and never started, which this one does not run.

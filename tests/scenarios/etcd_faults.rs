@@ -174,6 +174,40 @@ fn etcd_down_for_30s_stops_claims_quietly_and_catches_up_when_it_returns() {
 }
 
 #[test]
+fn a_node_that_leads_again_after_an_outage_does_not_rerun_what_it_started_before_it() {
+    let mut world = World::new();
+    let ttl = 2;
+    let names = job_names(8, 1);
+    let config = world.write_config("jobs.toml", 1, ttl, &every_second(&names, "catch_up = \"all\""));
+    world.node("a", &config).start();
+    let started = now_secs();
+    wait_for(Duration::from_secs(20), "every job ran twice", || {
+        every_job_ran_since(&world.runs(), &names, started, 2)
+    });
+    // The runs of the tick start while etcd is already gone: their starts cannot be written,
+    // and the record still lists the tick as pending when the node leads again.
+    let tick = sleep_to_tick_offset(5);
+    world.etcd.kill();
+    step(&format!(
+        "etcd stopped 5 ms after {tick}; down for TTL + 2 s: the session is lost"
+    ));
+    std::thread::sleep(Duration::from_secs(ttl + 2));
+    let back_at = now_secs();
+    world.etcd.restart().expect("etcd restarts");
+    wait_for(
+        Duration::from_secs(30),
+        "every job ran a tick 2 s after etcd returned",
+        || every_job_ran_a_tick_after(&world.runs(), &names, back_at + 2.0),
+    );
+    let runs = world.runs();
+    let at_tick = runs.iter().filter(|run| run.tick == tick).count();
+    assert_eq!(at_tick, names.len(), "each job ran {tick} once: {runs:#?}");
+    for name in &names {
+        assert_each_tick_once(&runs, name, 1);
+    }
+}
+
+#[test]
 fn the_lease_of_a_session_lost_in_an_outage_is_revoked_once_etcd_returns() {
     let mut world = World::new();
     let ttl = 10;
