@@ -267,7 +267,7 @@ fn failover_trial(ttl: u64, signal: libc::c_int) -> Trial {
                 .is_some_and(|shard| shard.leader.as_deref() == Some(target.as_str()) && shard.standby == 1)
         },
     );
-    let (leader_id, old_fence) = world.leader_of(&config, 0).expect("a leader");
+    let (leader_id, old_term) = world.leader_of(&config, 0).expect("a leader");
     let leader = world
         .nodes
         .iter()
@@ -305,7 +305,7 @@ fn failover_trial(ttl: u64, signal: libc::c_int) -> Trial {
     let lost = ticks.windows(2).map(|pair| (pair[1] - pair[0] - 1) as usize).sum();
     let stale = runs
         .iter()
-        .filter(|run| run.fence == old_fence && run.started > takeover_at)
+        .filter(|run| run.term == old_term && run.started > takeover_at)
         .count();
     let floor = (signal != libc::SIGTERM)
         .then(|| {

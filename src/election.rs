@@ -24,7 +24,8 @@ pub struct Leadership {
     pub prefix: String,
     /// This node's candidate key, now the leader key.
     pub key: String,
-    /// The leader key's create revision.
+    /// The leader key's create revision: the leadership's term (`CRON_TERM`), which every
+    /// claim of the leadership checks.
     pub fence: i64,
 }
 

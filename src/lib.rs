@@ -17,7 +17,7 @@
 //! etcd plumbing:
 //! - [`etcd`]: connecting, call timeouts, coordination errors.
 //! - `session`: the node's lease and its keep-alive; the session's cancellation token.
-//! - `election`: one leader election per shard, the fence, and who leads each shard.
+//! - `election`: one leader election per shard, its term, and who leads each shard.
 //! - `ledger`: the raw transactions on job records.
 //! - `starts`: the claimed ticks a leadership still owes, and its starts not yet written.
 //! - `claims`: the claim protocol: batching, riding results and starts, re-read and resolution,

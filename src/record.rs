@@ -11,6 +11,8 @@ use serde::{Deserialize, Serialize};
 pub struct Claim {
     /// The newest tick claimed.
     pub scheduled_at: DateTime<Utc>,
+    /// The term of the leader that wrote the record (its election key's create revision). A
+    /// run's `CRON_FENCE` is the revision of the write that claimed its tick instead.
     pub fence: i64,
     pub node: String,
     /// Claimed ticks that had not started when the record was written, oldest first. The next
@@ -29,6 +31,7 @@ pub struct Claim {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RunRecord {
     pub scheduled_at: DateTime<Utc>,
+    /// The run's `CRON_FENCE`: the revision of the write that claimed the tick.
     pub fence: i64,
     pub node: String,
     pub outcome: Outcome,

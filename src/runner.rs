@@ -30,7 +30,11 @@ pub const MAX_LINE: usize = 8 * 1024;
 pub struct Tick {
     pub job: Arc<Job>,
     pub scheduled_at: DateTime<Utc>,
+    /// `CRON_FENCE`: the revision of the claim that won the tick.
     pub fence: i64,
+    /// `CRON_TERM`: the term of the shard leadership that claimed it (its leader key's create
+    /// revision).
+    pub term: i64,
     pub node: String,
     /// What the leadership that claimed this tick owes: the tick starts only through it, and
     /// no retry starts once the leadership ended or its lease may have expired.
@@ -119,6 +123,7 @@ async fn run_once(tick: &Tick, attempt: u32, stops: &Stops<'_>, ticket: Option<S
         .arg(&job.command)
         .envs(&job.env)
         .env("CRON_FENCE", tick.fence.to_string())
+        .env("CRON_TERM", tick.term.to_string())
         .env("CRON_JOB", &job.name)
         .env("CRON_SHARD", job.shard.to_string())
         .env("CRON_SCHEDULED_AT", tick.scheduled_at_text())

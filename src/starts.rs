@@ -10,7 +10,7 @@
 //! stall) does not deliver again what it started itself: a start not yet written when its node
 //! dies, or when another node takes the shard, is the only way a tick runs twice.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -83,8 +83,9 @@ pub(crate) struct Starts {
 
 #[derive(Default)]
 struct State {
-    /// Per job, the ticks this leadership claimed and has not started.
-    owed: HashMap<String, BTreeSet<DateTime<Utc>>>,
+    /// Per job, the ticks this leadership claimed and has not started, with the fence of the
+    /// claim that won each.
+    owed: HashMap<String, BTreeMap<DateTime<Utc>, i64>>,
     /// Per job, ticks given a [`StartTicket`] whose command has not started yet: still pending.
     starting: HashMap<String, BTreeSet<DateTime<Utc>>>,
     /// Jobs whose owed ticks changed since their record was last written, and since when.
@@ -132,15 +133,13 @@ impl Starts {
             }
             if self.session.remaining() >= margin {
                 let mut state = self.lock();
-                let owed = state.owed.get_mut(job).is_some_and(|ticks| ticks.remove(&tick));
-                if !owed {
-                    return None;
-                }
+                let fence = state.owed.get_mut(job).and_then(|ticks| ticks.remove(&tick))?;
                 state.starting.entry(job.to_string()).or_default().insert(tick);
                 return Some(StartTicket {
                     starts: Arc::clone(self),
                     job: job.to_string(),
                     tick,
+                    fence,
                     used: false,
                 });
             }
@@ -160,7 +159,10 @@ impl Starts {
         if self.leading.is_cancelled() || !self.session.check_live() {
             return false;
         }
-        let owed = state.owed.get_mut(job).is_some_and(|ticks| ticks.remove(&tick));
+        let owed = state
+            .owed
+            .get_mut(job)
+            .is_some_and(|ticks| ticks.remove(&tick).is_some());
         if owed {
             state.unrecorded.entry(job.to_string()).or_insert_with(Instant::now);
             drop(state);
@@ -186,28 +188,37 @@ impl Starts {
         self.session.valid_until().into_std()
     }
 
-    /// After a claim: these ticks of `job` are owed.
-    pub(crate) fn owe(&self, job: &str, ticks: impl IntoIterator<Item = DateTime<Utc>>) {
-        self.lock().owed.entry(job.to_string()).or_default().extend(ticks);
+    /// After a claim that won with `fence`: these ticks of `job` are owed.
+    pub(crate) fn owe(&self, job: &str, ticks: impl IntoIterator<Item = DateTime<Utc>>, fence: i64) {
+        self.lock()
+            .owed
+            .entry(job.to_string())
+            .or_default()
+            .extend(ticks.into_iter().map(|tick| (tick, fence)));
     }
 
-    /// Whether this leadership owes `tick` of `job` (claimed, not started).
-    pub(crate) fn owes(&self, job: &str, tick: DateTime<Utc>) -> bool {
-        self.lock().owed.get(job).is_some_and(|ticks| ticks.contains(&tick))
+    /// The fence of `tick` of `job` if this leadership owes it (claimed, not started).
+    pub(crate) fn owed_fence(&self, job: &str, tick: DateTime<Utc>) -> Option<i64> {
+        self.lock().owed.get(job)?.get(&tick).copied()
     }
 
     /// The first tick of `job` after `after` that this leadership owes: one it claimed ahead.
     pub(crate) fn next_owed_after(&self, job: &str, after: DateTime<Utc>) -> Option<DateTime<Utc>> {
         let state = self.lock();
         let ticks = state.owed.get(job)?;
-        ticks.range(after..).find(|tick| **tick > after).copied()
+        ticks.range(after..).map(|(tick, _)| *tick).find(|tick| *tick > after)
     }
 
     /// The ticks of `job` still owed, oldest first, those about to start included: what its
     /// record lists as pending.
     pub(crate) fn owed(&self, job: &str) -> BTreeSet<DateTime<Utc>> {
         let state = self.lock();
-        let mut owed = state.owed.get(job).cloned().unwrap_or_default();
+        let mut owed: BTreeSet<DateTime<Utc>> = state
+            .owed
+            .get(job)
+            .into_iter()
+            .flat_map(|ticks| ticks.keys().copied())
+            .collect();
         owed.extend(state.starting.get(job).into_iter().flatten().copied());
         owed
     }
@@ -257,9 +268,11 @@ impl Starts {
     /// Resolves once every tick owed up to `tick` has started, or may no longer start.
     pub(crate) async fn all_begun(&self, tick: DateTime<Utc>) {
         self.until(|state| {
-            [&state.owed, &state.starting]
-                .iter()
-                .all(|ticks| ticks.values().all(|ticks| ticks.range(..=tick).next().is_none()))
+            state.owed.values().all(|ticks| ticks.range(..=tick).next().is_none())
+                && state
+                    .starting
+                    .values()
+                    .all(|ticks| ticks.range(..=tick).next().is_none())
         })
         .await;
     }
@@ -291,6 +304,7 @@ pub(crate) struct StartTicket {
     starts: Arc<Starts>,
     job: String,
     tick: DateTime<Utc>,
+    fence: i64,
     used: bool,
 }
 
@@ -325,7 +339,11 @@ impl Drop for StartTicket {
         if let Some(ticks) = state.starting.get_mut(&self.job) {
             ticks.remove(&self.tick);
         }
-        state.owed.entry(self.job.clone()).or_default().insert(self.tick);
+        state
+            .owed
+            .entry(self.job.clone())
+            .or_default()
+            .insert(self.tick, self.fence);
         drop(state);
         self.starts.started.notify_waiters();
     }

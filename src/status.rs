@@ -44,7 +44,10 @@ pub struct ShardStatus {
     pub shard: u32,
     /// Node id of the leader; `null` while the shard has none.
     pub leader: Option<String>,
-    /// The leader's fence (its election key's create revision).
+    /// The leadership's term: its election key's create revision, the runs' `CRON_TERM`.
+    #[serde(default)]
+    pub term: Option<i64>,
+    /// The same as `term`, under the name it had before runs got a fence per claim.
     pub fence: Option<i64>,
     /// Candidates waiting behind the leader.
     pub standby: usize,
@@ -55,7 +58,7 @@ pub struct JobStatus {
     pub name: String,
     pub shard: u32,
     pub timezone: String,
-    /// The last claimed tick: who claimed it and with which fence.
+    /// The last claimed tick: who claimed it and in which term.
     pub last_claim: Option<Claim>,
     /// The last finished run and how it ended.
     pub last_run: Option<RunRecord>,
@@ -73,6 +76,7 @@ pub async fn read(config: &Config, client: &etcd_client::Client) -> Result<Statu
             ShardStatus {
                 shard,
                 leader: leader.map(|leader| leader.node.clone()),
+                term: leader.map(|leader| leader.fence),
                 fence: leader.map(|leader| leader.fence),
                 standby: ballot.candidates(shard).len().saturating_sub(1),
             }

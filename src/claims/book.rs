@@ -29,6 +29,11 @@ impl Entry {
     pub(crate) fn record(&self) -> Option<&Claim> {
         self.record.as_ref()
     }
+
+    /// The revision of the job's record as this leader knows it.
+    pub(crate) fn revision(&self) -> i64 {
+        self.revision
+    }
 }
 
 /// The jobs of one shard, indexed as the term queues them, with what their leader knows of them.
@@ -136,6 +141,10 @@ pub(crate) struct Won {
     pub(crate) index: usize,
     pub(crate) fresh: Vec<DateTime<Utc>>,
     pub(crate) adopt: Vec<DateTime<Utc>>,
+    /// The revision of the write that won them: the runs' `CRON_FENCE`. etcd's revision only
+    /// grows, so a job's fence grows from one claim to the next whichever leader, election or
+    /// shard count made it.
+    pub(crate) fence: i64,
 }
 
 /// What a record read after an unsettled write says about it.

@@ -257,12 +257,13 @@ impl Claimer<'_> {
         entry.revision = revision;
         entry.record = intended;
         self.starts
-            .owe(&entry.job.name, want.fresh.iter().chain(&want.adopt).copied());
+            .owe(&entry.job.name, want.fresh.iter().chain(&want.adopt).copied(), revision);
         if !want.starts_only {
             won.push(Won {
                 index: want.index,
                 fresh: want.fresh,
                 adopt: want.adopt,
+                fence: revision,
             });
         }
     }

@@ -36,6 +36,10 @@ const CLAIM_AHEAD: Duration = Duration::from_millis(1500);
 /// than that ride the claim after.
 const STARTS_SETTLE: Duration = Duration::from_millis(50);
 
+/// The jobs whose tick of one instant a leadership won, by index in its book, each with the
+/// tick's fence.
+type WonTicks = Vec<(usize, i64)>;
+
 /// Why a term ended; the shard task decides what comes next.
 #[derive(Debug)]
 enum TermEnd {
@@ -196,8 +200,8 @@ impl Term {
             .collect();
         // When the last instant fired, and its tick.
         let mut last_fired: Option<(DateTime<Utc>, DateTime<Utc>)> = None;
-        // The next instant once claimed, and the jobs whose tick it won.
-        let mut claimed: Option<(DateTime<Utc>, Vec<usize>)> = None;
+        // The next instant once claimed, and the jobs whose tick it won with their fences.
+        let mut claimed: Option<(DateTime<Utc>, WonTicks)> = None;
         // The next instant and whether every job due then is at-least-once: worked out once per
         // instant, not at every wake.
         let mut ahead_allowed: Option<(DateTime<Utc>, bool)> = None;
@@ -293,11 +297,11 @@ impl Term {
                 return TermEnd::SessionLost;
             }
             let lateness = (clock::now() - due).to_std().unwrap_or_default();
-            for index in &won {
+            for &(index, fence) in &won {
                 crate::metrics::get().lateness.observe(lateness.as_secs_f64());
                 self.node
                     .runs
-                    .start(vec![self.tick(book.job(*index), due, Late::OnTime)]);
+                    .start(vec![self.tick(book.job(index), due, fence, Late::OnTime)]);
             }
             last_fired = Some((clock::now(), due));
         }
@@ -321,14 +325,15 @@ impl Term {
     }
 
     /// Claims every job due at `due` that this leadership does not owe yet, takes them off the
-    /// queue with their next ticks queued, and returns the jobs whose tick is theirs to fire.
+    /// queue with their next ticks queued, and returns the jobs whose tick is theirs to fire,
+    /// each with its fence.
     async fn claim_instant(
         &self,
         claimer: &Claimer<'_>,
         book: &mut Book,
         queue: &mut BinaryHeap<Reverse<(DateTime<Utc>, usize)>>,
         due: DateTime<Utc>,
-    ) -> Result<Vec<usize>, Halt> {
+    ) -> Result<WonTicks, Halt> {
         let mut due_now = Vec::new();
         while let Some(&Reverse((next, index))) = queue.peek() {
             if next != due {
@@ -337,10 +342,14 @@ impl Term {
             queue.pop();
             due_now.push(index);
         }
-        let (owed, wants): (Vec<usize>, Vec<usize>) = due_now
-            .iter()
-            .partition(|index| self.starts.owes(&book.job(**index).name, due));
-        let wants: Vec<Want> = wants.iter().map(|&index| Want::tick(index, due)).collect();
+        let mut owed = Vec::new();
+        let mut wants = Vec::new();
+        for &index in &due_now {
+            match self.starts.owed_fence(&book.job(index).name, due) {
+                Some(fence) => owed.push((index, fence)),
+                None => wants.push(Want::tick(index, due)),
+            }
+        }
         let won = claimer.claim(book, &wants).await?;
         let ahead_ms = (due - clock::now()).num_microseconds().unwrap_or_default() as f64 / 1000.0;
         tracing::debug!(shard = self.leadership.shard, tick = %due, jobs = won.len(), ahead_ms, "claimed");
@@ -349,7 +358,10 @@ impl Term {
                 queue.push(Reverse((next, index)));
             }
         }
-        Ok(owed.into_iter().chain(won.iter().map(|won| won.index)).collect())
+        Ok(owed
+            .into_iter()
+            .chain(won.iter().map(|won| (won.index, won.fence)))
+            .collect())
     }
 
     fn claimer(&self) -> Claimer<'_> {
@@ -374,11 +386,12 @@ impl Term {
         }
     }
 
-    fn tick(&self, job: &Arc<Job>, scheduled_at: DateTime<Utc>, late: Late) -> Tick {
+    fn tick(&self, job: &Arc<Job>, scheduled_at: DateTime<Utc>, fence: i64, late: Late) -> Tick {
         Tick {
             job: Arc::clone(job),
             scheduled_at,
-            fence: self.leadership.fence,
+            fence,
+            term: self.leadership.fence,
             node: self.node.node_id.clone(),
             starts: Arc::clone(&self.starts),
             caught_up: late != Late::OnTime,

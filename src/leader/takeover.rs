@@ -24,7 +24,7 @@ impl Term {
         now: DateTime<Utc>,
     ) -> Result<(), Halt> {
         let mut wants = Vec::new();
-        let mut lost: HashMap<usize, (Claim, Vec<DateTime<Utc>>)> = HashMap::new();
+        let mut lost: HashMap<usize, (Claim, i64, Vec<DateTime<Utc>>)> = HashMap::new();
         for (index, entry) in book.entries().iter().enumerate() {
             let missed = missed_ticks(&entry.job, entry.last(), now);
             if missed.truncated {
@@ -48,7 +48,7 @@ impl Term {
                 None => (Vec::new(), Vec::new()),
             };
             if let (Some(claim), false) = (left, dropped.is_empty()) {
-                lost.insert(index, (claim.clone(), dropped));
+                lost.insert(index, (claim.clone(), entry.revision(), dropped));
             }
             if left.is_some() || !missed.ticks.is_empty() {
                 wants.push(Want::catch_up(index, missed.ticks, adopt, left.is_some()));
@@ -58,8 +58,8 @@ impl Term {
         for batch in claims::batches(&wants) {
             for won in claimer.claim(book, batch).await? {
                 let job = book.job(won.index);
-                if let Some((claim, ticks)) = lost.remove(&won.index) {
-                    self.record_lost(job, &claim, &ticks);
+                if let Some((claim, listed_at, ticks)) = lost.remove(&won.index) {
+                    self.record_lost(job, &claim, listed_at, &ticks);
                 }
                 // An earlier leader's tick that is not due yet was claimed ahead and never
                 // started: it is owed now and fires on time from the queue.
@@ -84,7 +84,7 @@ impl Term {
                 self.node.runs.start(
                     ticks
                         .into_iter()
-                        .map(|(tick, late)| self.tick(job, tick, late))
+                        .map(|(tick, late)| self.tick(job, tick, won.fence, late))
                         .collect(),
                 );
             }
@@ -102,12 +102,14 @@ impl Term {
     }
 
     /// Records ticks an earlier leader claimed and never started, which this one does not run.
-    fn record_lost(&self, job: &Arc<Job>, claim: &Claim, ticks: &[DateTime<Utc>]) {
+    /// Their fence is the revision of the record that listed them: no earlier than their claim,
+    /// and earlier than any claim of this leader.
+    fn record_lost(&self, job: &Arc<Job>, claim: &Claim, listed_at: i64, ticks: &[DateTime<Utc>]) {
         for tick in ticks {
-            tracing::warn!(job = %job.name, tick = %tick, fence = claim.fence, node = %claim.node, delivery = ?job.delivery, "lost: a tick its leader claimed and never started, not run again");
+            tracing::warn!(job = %job.name, tick = %tick, fence = listed_at, term = claim.fence, node = %claim.node, delivery = ?job.delivery, "lost: a tick its leader claimed and never started, not run again");
             let record = RunRecord {
                 scheduled_at: *tick,
-                fence: claim.fence,
+                fence: listed_at,
                 node: claim.node.clone(),
                 outcome: Outcome::Lost,
                 exit_code: None,

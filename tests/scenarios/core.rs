@@ -28,7 +28,7 @@ fn two_nodes_lead_each_shard_once_and_set_cron_variables() {
     let settled = now_secs();
     let mut leaders = std::collections::HashMap::new();
     for shard in world.status(&config).shards {
-        leaders.insert(shard.shard, (shard.leader.unwrap(), shard.fence.unwrap()));
+        leaders.insert(shard.shard, (shard.leader.unwrap(), shard.term.unwrap()));
     }
     wait_for(Duration::from_secs(20), "every job ran 3 times since", || {
         every_job_ran_since(&world.runs(), &names, settled, 3)
@@ -58,11 +58,11 @@ fn two_nodes_lead_each_shard_once_and_set_cron_variables() {
         );
         assert!((0.0..1.0).contains(&run.lateness()), "{run:?} started at its tick");
         if run.started > settled {
-            let (leader, fence) = &leaders[&run.shard];
+            let (leader, term) = &leaders[&run.shard];
             assert_eq!(
-                (&run.node, run.fence),
-                (leader, *fence),
-                "{run:?} carries its leader's node and fence"
+                (&run.node, run.term),
+                (leader, *term),
+                "{run:?} carries its leader's node and term"
             );
         }
     }
@@ -80,6 +80,7 @@ fn sigkill_of_the_leader_moves_its_shard_within_ttl_and_loses_no_tick() {
     let ttl = 2;
     let roles = leader_and_standby(&mut world, ttl, "catch_up = \"all\"");
     let old_fence = world.runs().iter().map(|run| run.fence).max().unwrap();
+    let old_term = newest_term(&world.runs());
     sleep_to_mid_second();
     step("SIGKILL the leader");
     let killed_at = now_secs();
@@ -104,17 +105,18 @@ fn sigkill_of_the_leader_moves_its_shard_within_ttl_and_loses_no_tick() {
     assert!(
         runs.iter()
             .filter(|run| run.started > killed_at)
-            .all(|run| run.fence > old_fence),
-        "the new leader's fence is larger"
+            .all(|run| run.fence > old_fence && run.term > old_term),
+        "the new leader's fences and term are larger"
     );
+    assert_fences_never_go_down(&runs);
 }
 
 #[test]
-fn sigstop_of_the_leader_never_runs_its_old_fence_after_takeover() {
+fn sigstop_of_the_leader_never_runs_its_old_term_after_takeover() {
     let mut world = World::new();
     let ttl = 2;
     let roles = leader_and_standby(&mut world, ttl, "catch_up = \"all\"");
-    let old_fence = world.runs().iter().map(|run| run.fence).max().unwrap();
+    let old_term = newest_term(&world.runs());
     sleep_to_mid_second();
     step("SIGSTOP the leader for 2×TTL");
     let stopped_at = now_secs();
@@ -129,7 +131,8 @@ fn sigstop_of_the_leader_never_runs_its_old_fence_after_takeover() {
     let runs = world.runs();
     let takeover = first_start_after(&runs, &roles.standby_id, stopped_at);
     assert!(takeover < resumed, "the standby took over while the leader was stopped");
-    assert_no_run_of_fence_after(&runs, old_fence, takeover);
+    assert_no_run_of_term_after(&runs, old_term, takeover);
+    assert_fences_never_go_down(&runs);
     assert_each_tick_once(&runs, "tick", 1);
     assert!(
         world.nodes[roles.leader].log_text().contains("session lost"),

@@ -165,6 +165,8 @@ fn nodes_with_different_shard_counts_never_run_a_tick_twice() {
     for name in &names {
         assert_each_tick_once(&runs, name, 1);
     }
+    // A job moving between the two elections keeps a fence that only grows.
+    assert_fences_never_go_down(&runs);
     let by_node = |id: &str| runs.iter().filter(|run| run.node == id).count();
     eprintln!("runs: a {}, b {}", by_node("a"), by_node("b"));
     let status = world.status(&four);

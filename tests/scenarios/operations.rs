@@ -217,14 +217,14 @@ fn sighup_reloads_jobs_without_giving_up_shards_and_rejects_bad_files() {
     // `status` reads its own copy: the node's file is about to be broken on purpose.
     let status_config = world.dir.path().join("status.toml");
     std::fs::copy(&config, &status_config).unwrap();
-    let fences = |world: &World| -> Vec<Option<i64>> {
+    let terms = |world: &World| -> Vec<Option<i64>> {
         world
             .shard_leaders(&status_config)
             .into_iter()
-            .map(|(_, fence)| fence)
+            .map(|(_, term)| term)
             .collect()
     };
-    let before = fences(&world);
+    let before = terms(&world);
     assert!(before.iter().all(Option::is_some), "{before:?}");
 
     step("swap first for second, SIGHUP");
@@ -244,7 +244,7 @@ fn sighup_reloads_jobs_without_giving_up_shards_and_rejects_bad_files() {
             .all(|run| run.started < reloaded_at + 1.5),
         "the removed job stopped"
     );
-    assert_eq!(fences(&world), before, "every shard kept its leader and fence");
+    assert_eq!(terms(&world), before, "every shard kept its leader and term");
     assert_each_tick_once(&runs, "second", 1);
 
     step("an invalid file is rejected and the jobs go on");
@@ -275,6 +275,6 @@ fn sighup_reloads_jobs_without_giving_up_shards_and_rejects_bad_files() {
             .iter()
             .any(|run| run.job == "second" && run.started > rejected_at + 2.0)
     });
-    assert_eq!(fences(&world), before, "no reload gave up a shard");
+    assert_eq!(terms(&world), before, "no reload gave up a shard");
     assert_each_tick_once(&world.runs(), "second", 1);
 }

@@ -94,10 +94,10 @@ fn a_split_brain_leaves_the_fenced_store_with_one_row_per_tick() {
     let busiest = (0..ids.len())
         .max_by_key(|&index| jobs_led(ids[index]))
         .expect("a node");
-    let old_fences: BTreeSet<i64> = leaders
+    let old_terms: BTreeSet<i64> = leaders
         .iter()
         .filter(|(leader, _)| leader.as_deref() == Some(ids[busiest]))
-        .filter_map(|(_, fence)| *fence)
+        .filter_map(|(_, term)| *term)
         .collect();
     sleep_to_mid_second();
     step(&format!(
@@ -153,11 +153,11 @@ fn a_split_brain_leaves_the_fenced_store_with_one_row_per_tick() {
         assert_eq!(ticks.len(), expected, "{name}: one row per tick from {first} to {last}");
     }
 
-    // Per shard, in the order runs started, the fence never goes back.
-    let mut newest: BTreeMap<u32, i64> = BTreeMap::new();
+    // Per job, in the order runs started, the fence never goes back.
+    let mut newest: BTreeMap<&str, i64> = BTreeMap::new();
     let mut stale = Vec::new();
-    for (job, tick, fence, shard, _) in &attempts {
-        let seen = newest.entry(*shard).or_default();
+    for (job, tick, fence, _, _) in &attempts {
+        let seen = newest.entry(job.as_str()).or_default();
         if fence < seen {
             stale.push((job.clone(), tick.clone(), *fence, *seen));
         }
@@ -165,16 +165,16 @@ fn a_split_brain_leaves_the_fenced_store_with_one_row_per_tick() {
     }
     assert!(
         stale.is_empty(),
-        "runs that started with an older fence than their shard had run: {stale:?}"
+        "runs that started with an older fence than their job had run: {stale:?}"
     );
     let stale_after_cut = world
         .runs()
         .iter()
-        .filter(|run| old_fences.contains(&run.fence) && run.started > cut_at + ttl as f64)
+        .filter(|run| old_terms.contains(&run.term) && run.started > cut_at + ttl as f64)
         .count();
     assert_eq!(
         stale_after_cut, 0,
-        "the cut node started nothing with its old fences after its lease ran out"
+        "the cut node started nothing in its old terms after its lease ran out"
     );
 
     step("a stale leader's late write is refused by the store");

@@ -86,7 +86,7 @@ impl World {
     /// A job command that records who ran which tick and when it really started.
     pub fn record_command(&self) -> String {
         format!(
-            "echo \"$CRON_JOB $CRON_SCHEDULED_AT $CRON_FENCE $CRON_NODE $CRON_SHARD $(date +%s.%N) ${{CRON_REDELIVERED:-0}}\" >> {}",
+            "echo \"$CRON_JOB $CRON_SCHEDULED_AT $CRON_FENCE $CRON_NODE $CRON_SHARD $(date +%s.%N) ${{CRON_REDELIVERED:-0}} $CRON_TERM\" >> {}",
             self.runs_file().display()
         )
     }
@@ -201,23 +201,23 @@ impl World {
         serde_json::from_slice(&out.stdout).expect("status JSON")
     }
 
-    /// Leader and fence of every shard of `config`'s shard count, from `status --json`.
+    /// Leader and term of every shard of `config`'s shard count, from `status --json`.
     pub fn shard_leaders(&self, config: &Path) -> Vec<(Option<String>, Option<i64>)> {
         self.status(config)
             .shards
             .into_iter()
-            .map(|shard| (shard.leader, shard.fence))
+            .map(|shard| (shard.leader, shard.term))
             .collect()
     }
 
-    /// The node leading `shard` and its fence, if the shard has a leader.
+    /// The node leading `shard` and its term, if the shard has a leader.
     pub fn leader_of(&self, config: &Path, shard: u32) -> Option<(String, i64)> {
         let entry = self
             .status(config)
             .shards
             .into_iter()
             .find(|entry| entry.shard == shard)?;
-        Some((entry.leader?, entry.fence?))
+        Some((entry.leader?, entry.term?))
     }
 
     /// Dumps every node's log, for a failing test's output.

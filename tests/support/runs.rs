@@ -11,7 +11,11 @@ use chrono::{DateTime, Utc};
 pub struct Run {
     pub job: String,
     pub tick: DateTime<Utc>,
+    /// `CRON_FENCE`: the revision of the claim that won the tick.
     pub fence: i64,
+    /// `CRON_TERM`: the term of the leadership that claimed it; 0 where the command did not
+    /// record it.
+    pub term: i64,
     pub node: String,
     pub shard: u32,
     /// The job's own clock when it started, seconds since the epoch.
@@ -32,10 +36,12 @@ pub fn read_runs(path: &Path) -> Vec<Run> {
     text.lines()
         .filter_map(|line| {
             let parts: Vec<&str> = line.split_whitespace().collect();
-            // Commands written before CRON_REDELIVERED existed record six fields.
-            let (fields, redelivered) = match parts.as_slice() {
-                [fields @ .., redelivered] if parts.len() == 7 => (fields, *redelivered == "1"),
-                fields => (fields, false),
+            // Some commands record only the first six fields.
+            let (fields, redelivered, term) = match parts.as_slice() {
+                [fields @ .., redelivered, term] if parts.len() == 8 => {
+                    (fields, *redelivered == "1", term.parse().ok()?)
+                }
+                fields => (fields, false, 0),
             };
             let [job, tick, fence, node, shard, started] = fields else {
                 return None;
@@ -44,6 +50,7 @@ pub fn read_runs(path: &Path) -> Vec<Run> {
                 job: job.to_string(),
                 tick: DateTime::parse_from_rfc3339(tick).ok()?.with_timezone(&Utc),
                 fence: fence.parse().ok()?,
+                term,
                 node: node.to_string(),
                 shard: shard.parse().ok()?,
                 started: started.parse().ok()?,
@@ -100,15 +107,46 @@ pub fn first_start_after(runs: &[Run], node: &str, after: f64) -> f64 {
         .fold(f64::MAX, f64::min)
 }
 
-/// Asserts no run started with `fence` after `takeover`: a stale leader's fence after its
-/// successor took over.
-pub fn assert_no_run_of_fence_after(runs: &[Run], fence: i64, takeover: f64) {
+/// Asserts no run started in `term` after `takeover`: a stale leader's run after its successor
+/// took over.
+pub fn assert_no_run_of_term_after(runs: &[Run], term: i64, takeover: f64) {
     let stale: Vec<&Run> = runs
         .iter()
-        .filter(|run| run.fence == fence && run.started > takeover)
+        .filter(|run| run.term == term && run.started > takeover)
         .collect();
     assert!(
         stale.is_empty(),
-        "runs with the old leader's fence {fence} after the takeover: {stale:#?}"
+        "runs in the old leader's term {term} after the takeover: {stale:#?}"
     );
+}
+
+/// Asserts that, per job, in the order runs started, no run started with a lower fence than
+/// one that started before it: no stale leader starts a run after a newer leader did.
+pub fn assert_fences_never_go_down(runs: &[Run]) {
+    let mut by_start: Vec<&Run> = runs.iter().collect();
+    by_start.sort_by(|a, b| a.started.total_cmp(&b.started));
+    let mut highest: std::collections::HashMap<&str, &Run> = std::collections::HashMap::new();
+    for run in by_start {
+        if let Some(before) = highest.get(run.job.as_str()) {
+            assert!(
+                run.fence >= before.fence,
+                "{}: a run with fence {} started after one with fence {}: {run:#?} after {before:#?}",
+                run.job,
+                run.fence,
+                before.fence
+            );
+        }
+        let newest = highest.entry(run.job.as_str()).or_insert(run);
+        if run.fence > newest.fence {
+            *newest = run;
+        }
+    }
+}
+
+/// The term of the newest run: the leadership running the jobs now.
+pub fn newest_term(runs: &[Run]) -> i64 {
+    runs.iter()
+        .max_by(|a, b| a.started.total_cmp(&b.started))
+        .map(|run| run.term)
+        .expect("runs")
 }
