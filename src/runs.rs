@@ -101,17 +101,28 @@ impl Runs {
         };
         let runs = self.clone();
         self.tracker.spawn(async move {
-            let (_turn, replace) = match &turn {
+            let (_turn, replace, waited) = match &turn {
                 Some((turn, ticket)) => {
-                    let held = turn.lock().await;
-                    (Some(held), runs.take_turn(&job.name, job.overlap, *ticket))
+                    let (held, waited) = match turn.try_lock() {
+                        Ok(held) => (held, false),
+                        Err(_) => (turn.lock().await, true),
+                    };
+                    (Some(held), runs.take_turn(&job.name, job.overlap, *ticket), waited)
                 }
-                None => (None, CancellationToken::new()),
+                None => (None, CancellationToken::new(), false),
             };
             for tick in ticks {
                 if replace.is_cancelled() {
                     if settle(&tick) {
                         runs.report(&tick, not_run(&tick, Outcome::Replaced));
+                    }
+                    continue;
+                }
+                if waited && outrun(&tick, clock::now()) {
+                    if settle(&tick) {
+                        tracing::info!(job = %job.name, tick = %tick.scheduled_at_text(), "skipped: it waited behind a backlog of this job's runs until its next tick was due (overlap = \"skip\")");
+                        crate::metrics::get().skipped_overlaps.inc();
+                        runs.report(&tick, not_run(&tick, Outcome::Skipped));
                     }
                     continue;
                 }
@@ -226,14 +237,29 @@ fn not_starting(tick: &Tick) {
 ///
 /// A run that started after its next tick was already due is part of a backlog: ticks caught up
 /// after a takeover, or claims that waited out an etcd election. The ticks behind a backlog did
-/// not meet a long run at their scheduled time; they queue and run in order instead of being
-/// skipped, so `catch_up = "all"` loses none of them.
+/// not meet a long run at their scheduled time; they queue instead of being skipped, so
+/// `catch_up = "all"` loses none of them, and a live one still queued when its next tick is due
+/// is skipped then ([`outrun`]).
 fn overlaps(job: &Job, running: Running, scheduled_at: DateTime<Utc>) -> bool {
     let on_time = job
         .schedule
         .next_after(running.tick)
         .is_none_or(|next| running.since < next);
     running.since <= scheduled_at && on_time && !running.caught_up
+}
+
+/// Whether a live tick of an `overlap = "skip"` job, which waited for its turn behind a backlog,
+/// is outrun by its own next tick at `now`: it is skipped so the backlog drains. Were it run,
+/// every tick behind a run longer than the period would queue and start later than the one
+/// before, without end. Missed ticks a new leader catches up always run.
+fn outrun(tick: &Tick, now: DateTime<Utc>) -> bool {
+    tick.job.overlap == Overlap::Skip
+        && !tick.caught_up
+        && tick
+            .job
+            .schedule
+            .next_after(tick.scheduled_at)
+            .is_some_and(|next| next <= now)
 }
 
 /// The record of a tick that was claimed but not run: `skipped` or `replaced`.

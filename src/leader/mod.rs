@@ -40,6 +40,11 @@ const STARTS_SETTLE: Duration = Duration::from_millis(50);
 /// tick's fence.
 type WonTicks = Vec<(usize, i64)>;
 
+/// How late an instant may be before the firing loop takes it for a forward step of the wall
+/// clock, or a stall, and catches up what passed instead of firing it: more than an etcd
+/// election or a loaded machine delays a claim.
+const OVERDUE_LIMIT: chrono::Duration = chrono::Duration::seconds(2);
+
 /// Why a term ended; the shard task decides what comes next.
 #[derive(Debug)]
 enum TermEnd {
@@ -186,18 +191,7 @@ impl Term {
         if let Err(halt) = self.catch_up(claimer, book, now).await {
             return halt.into();
         }
-        let mut queue: BinaryHeap<Reverse<(DateTime<Utc>, usize)>> = book
-            .entries()
-            .iter()
-            .enumerate()
-            .filter_map(|(index, entry)| {
-                // A tick this leadership claimed ahead and owes comes first.
-                let owed = self.starts.next_owed_after(&entry.job.name, now);
-                let from = entry.last().map_or(now, |last| last.max(now));
-                owed.or_else(|| entry.job.schedule.next_after(from))
-                    .map(|next| Reverse((next, index)))
-            })
-            .collect();
+        let mut queue = self.queue(book, now);
         // When the last instant fired, and its tick.
         let mut last_fired: Option<(DateTime<Utc>, DateTime<Utc>)> = None;
         // The next instant once claimed, and the jobs whose tick it won with their fences.
@@ -280,6 +274,17 @@ impl Term {
                 }
                 None => {
                     let Some(due) = next else { continue };
+                    let now = clock::now();
+                    if now - due > OVERDUE_LIMIT {
+                        // Fired one by one, the instants passed would all run, whatever each
+                        // job's catch_up, starting_deadline and cap say.
+                        tracing::warn!(shard = self.leadership.shard, tick = %due, behind_ms = (now - due).num_milliseconds(), "the wall clock jumped forward or this leader stalled: the ticks passed meanwhile are caught up as each job's catch_up says");
+                        if let Err(halt) = self.catch_up(claimer, book, now).await {
+                            return halt.into();
+                        }
+                        queue = self.queue(book, now);
+                        continue;
+                    }
                     let won = match self.claim_instant(claimer, book, &mut queue, due).await {
                         Ok(won) => won,
                         Err(halt) => return halt.into(),
@@ -305,6 +310,20 @@ impl Term {
             }
             last_fired = Some((clock::now(), due));
         }
+    }
+
+    /// Each job's next tick after `now`, a tick this leadership claimed ahead and owes first.
+    fn queue(&self, book: &Book, now: DateTime<Utc>) -> BinaryHeap<Reverse<(DateTime<Utc>, usize)>> {
+        book.entries()
+            .iter()
+            .enumerate()
+            .filter_map(|(index, entry)| {
+                let owed = self.starts.next_owed_after(&entry.job.name, now);
+                let from = entry.last().map_or(now, |last| last.max(now));
+                owed.or_else(|| entry.job.schedule.next_after(from))
+                    .map(|next| Reverse((next, index)))
+            })
+            .collect()
     }
 
     /// How long before a tick it is claimed, or confirmed if it was claimed ahead.

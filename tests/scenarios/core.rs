@@ -215,3 +215,83 @@ fn overlap_skip_skips_ticks_while_a_run_goes_and_allow_runs_them_all() {
     );
     assert!(world.nodes[0].log_text().contains("skipped: the previous run"));
 }
+
+#[test]
+fn a_skip_job_longer_than_its_period_drains_a_caught_up_backlog() {
+    let mut world = World::new();
+    let names = vec!["slow".to_string()];
+    let config = world.write_config_running(
+        "jobs.toml",
+        1,
+        2,
+        &every_second(&names, "catch_up = \"all\""),
+        &format!("{}; sleep 1.4", world.record_command()),
+    );
+    world.node("a", &config).start();
+    wait_for(Duration::from_secs(20), "slow ran twice", || world.runs().len() >= 2);
+    step("stop a for 6 s: b catches up the missed ticks, 1.4 s each, while live ticks come due");
+    world.nodes[0].signal(libc::SIGTERM);
+    assert_eq!(world.nodes[0].wait_exit(Duration::from_secs(15)), Some(0));
+    std::thread::sleep(Duration::from_secs(6));
+    let restarted = now_secs();
+    world.node("b", &config).start();
+    // Run in turn, the backlog and the ticks queued behind it would start ever later: each run
+    // outlasts the period by 0.4 s. Skipping the queued ticks their next tick has outrun lets a
+    // live tick start on time again once the caught-up ticks have run.
+    wait_for(
+        Duration::from_secs(40),
+        "a run after the catch-up starts within 1 s of its tick",
+        || {
+            let runs = world.runs();
+            let caught_up = runs
+                .iter()
+                .filter(|run| run.node == "b" && run.tick.timestamp() as f64 <= restarted)
+                .count();
+            caught_up >= 5
+                && runs
+                    .iter()
+                    .any(|run| run.node == "b" && run.tick.timestamp() as f64 > restarted + 1.0 && run.lateness() < 1.0)
+        },
+    );
+    let runs = world.runs();
+    let late: Vec<f64> = runs.iter().filter(|run| run.node == "b").map(Run::lateness).collect();
+    eprintln!("slow on b, lateness of each run in start order: {late:.2?}");
+    assert!(world.nodes[1]
+        .log_text()
+        .contains("skipped: it waited behind a backlog"));
+}
+
+#[test]
+fn a_leader_stalled_within_its_lease_catches_up_by_policy_instead_of_firing_every_passed_tick() {
+    let mut world = World::new();
+    // The lease outlasts the stall, so the leader goes on leading: to its firing loop the stall
+    // is what a forward step of the wall clock is.
+    let ttl = 12;
+    let names = vec!["none".to_string()];
+    let config = world.write_config("jobs.toml", 1, ttl, &every_second(&names, "catch_up = \"none\""));
+    world.node("a", &config).start();
+    wait_for(Duration::from_secs(20), "a runs ticks", || world.runs().len() >= 2);
+    sleep_to_mid_second();
+    let stopped_at = now_secs();
+    world.nodes[0].signal(libc::SIGSTOP);
+    step("SIGSTOP the leader for 5 s, within its lease");
+    std::thread::sleep(Duration::from_secs(5));
+    world.nodes[0].signal(libc::SIGCONT);
+    let resumed = now_secs();
+    wait_for(Duration::from_secs(20), "runs go on for 2 s after the resume", || {
+        world.runs().iter().any(|run| run.started > resumed + 2.0)
+    });
+    let runs = world.runs();
+    // Only the tick claimed ahead before the stop may start late: it was claimed, so it runs.
+    let passed: Vec<&Run> = runs
+        .iter()
+        .filter(|run| (run.tick.timestamp() as f64) > stopped_at + 1.0 && (run.tick.timestamp() as f64) < resumed - 1.0)
+        .collect();
+    assert!(
+        passed.len() <= 1,
+        "catch_up = \"none\": ticks passed during the stall ran anyway: {passed:#?}"
+    );
+    assert!(world.nodes[0]
+        .log_text()
+        .contains("the wall clock jumped forward or this leader stalled"));
+}
