@@ -99,22 +99,61 @@ pub async fn claim(
     Ok(Some(response.header().map_or(0, |header| header.revision())))
 }
 
-/// Writes finished runs' records in as few transactions as etcd allows. Not guarded: a result is
-/// a fact about a run that happened, whoever leads now.
+/// Writes finished runs' records in as few transactions as etcd allows, each only over an older
+/// record: not guarded by a leadership, since a result is a fact about a run that happened
+/// whoever leads now, but a late write (a node that was cut off, a retry after an outage) never
+/// hides a newer tick's result. Each record is compared with what etcd holds and written only
+/// if etcd still holds that; a record that changed meanwhile is read again.
 pub async fn record_runs(
-    session_client: &etcd_client::Client,
+    client: &etcd_client::Client,
     keys: &Keys,
     runs: &[(String, RunRecord)],
 ) -> Result<(), CoordError> {
     for chunk in runs.chunks(MAX_OPS_PER_TXN) {
-        let mut puts = Vec::with_capacity(chunk.len());
-        for (job, record) in chunk {
-            let value = serde_json::to_vec(record).map_err(|err| CoordError::Protocol(err.to_string()))?;
-            puts.push(TxnOp::put(keys.job_result(job), value, None));
+        let mut left: Vec<&(String, RunRecord)> = chunk.iter().collect();
+        while !left.is_empty() {
+            let gets: Vec<TxnOp> = left
+                .iter()
+                .map(|(job, _)| TxnOp::get(keys.job_result(job), None))
+                .collect();
+            let read = etcd::call(client.clone().txn(Txn::new().and_then(gets))).await?;
+            let mut compares = Vec::with_capacity(left.len());
+            let mut puts = Vec::with_capacity(left.len());
+            let mut writing = Vec::with_capacity(left.len());
+            for (run, op) in left.iter().zip(read.op_responses()) {
+                let TxnOpResponse::Get(get) = op else {
+                    return Err(CoordError::Protocol("txn of gets answered with another op".into()));
+                };
+                let (job, record) = (&run.0, &run.1);
+                let held = get.kvs().first();
+                let newer_held = held
+                    .and_then(|kv| serde_json::from_slice::<RunRecord>(kv.value()).ok())
+                    .is_some_and(|held| supersedes(&held, record));
+                if newer_held {
+                    tracing::info!(job = %job, tick = %record.scheduled_at, fence = record.fence, "not recording a late result: etcd already holds a newer one");
+                    continue;
+                }
+                let key = keys.job_result(job);
+                let revision = held.map_or(0, |kv| kv.mod_revision());
+                compares.push(Compare::mod_revision(key.as_str(), CompareOp::Equal, revision));
+                let value = serde_json::to_vec(record).map_err(|err| CoordError::Protocol(err.to_string()))?;
+                puts.push(TxnOp::put(key, value, None));
+                writing.push(*run);
+            }
+            if writing.is_empty() {
+                break;
+            }
+            let written = etcd::call(client.clone().txn(Txn::new().when(compares).and_then(puts))).await?;
+            left = if written.succeeded() { Vec::new() } else { writing };
         }
-        etcd::call(session_client.clone().txn(Txn::new().and_then(puts))).await?;
     }
     Ok(())
+}
+
+/// Whether the result `held` in etcd is newer than `record`: a later tick, or the same tick run
+/// under a later claim (a redelivery).
+fn supersedes(held: &RunRecord, record: &RunRecord) -> bool {
+    (held.scheduled_at, held.fence) > (record.scheduled_at, record.fence)
 }
 
 #[cfg(test)]
@@ -200,5 +239,53 @@ mod tests {
         let seen = read_claims(&session_b, &keys, &["j"]).await.unwrap();
         assert_eq!(seen[0].claim.as_ref().map(|claim| claim.node.as_str()), Some("b"));
         session_b.close().await;
+    }
+
+    fn result(second: i64, fence: i64) -> RunRecord {
+        let at = chrono::DateTime::<Utc>::from_timestamp(1_800_000_000 + second, 0).unwrap();
+        RunRecord {
+            scheduled_at: at,
+            fence,
+            node: "n".into(),
+            outcome: crate::record::Outcome::Exited,
+            exit_code: Some(0),
+            duration_ms: 1,
+            finished_at: at,
+            attempts: 1,
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_late_result_never_replaces_a_newer_one() {
+        let etcd = EtcdServer::start(Path::new("etcd")).expect("etcd");
+        let client = etcd_client::Client::connect([etcd.client_url()], None)
+            .await
+            .expect("client");
+        let keys = Keys::new("results");
+        let held = |client: etcd_client::Client| {
+            let keys = keys.clone();
+            async move {
+                let got = client.clone().get(keys.job_result("j"), None).await.unwrap();
+                serde_json::from_slice::<RunRecord>(got.kvs()[0].value()).unwrap()
+            }
+        };
+        record_runs(&client, &keys, &[("j".into(), result(10, 7))])
+            .await
+            .unwrap();
+        step("an earlier tick's result arrives late: not written");
+        record_runs(&client, &keys, &[("j".into(), result(9, 5))])
+            .await
+            .unwrap();
+        assert_eq!(held(client.clone()).await, result(10, 7));
+        step("the same tick redelivered under a later claim: written");
+        record_runs(&client, &keys, &[("j".into(), result(10, 9))])
+            .await
+            .unwrap();
+        assert_eq!(held(client.clone()).await, result(10, 9));
+        step("a later tick: written");
+        record_runs(&client, &keys, &[("j".into(), result(11, 9))])
+            .await
+            .unwrap();
+        assert_eq!(held(client.clone()).await, result(11, 9));
     }
 }
