@@ -206,6 +206,7 @@ mod tests {
                 node: node.into(),
                 pending: vec![tick],
                 shards: Some(1),
+                schedule: None,
             },
         };
         step("a's session ends; b leads");

@@ -25,6 +25,11 @@ pub struct Claim {
     /// count (a rolling change of `shards`) may still be about to start those ticks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shards: Option<u32>,
+    /// The schedule that made `scheduled_at` a tick (expression and zone). A new leader catches
+    /// up nothing for a job whose schedule changed since: the ticks the new schedule would have
+    /// had before the change never existed. Records written before this field: `None`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<String>,
 }
 
 /// The value of `/jobs/<job>/result`.

@@ -129,6 +129,11 @@ impl Schedule {
     pub fn zone(&self) -> Tz {
         self.zone
     }
+
+    /// The expression and zone, as job records name the schedule that claimed a tick.
+    pub fn label(&self) -> String {
+        format!("{} in {}", self.expression, self.zone)
+    }
 }
 
 impl fmt::Debug for Schedule {

@@ -170,7 +170,8 @@ pub(super) fn resolve(seen: &Seen, expected_revision: i64, intended: &Claim) -> 
     }
 }
 
-/// The record a leader with `fence` on `node` writes for `want` over `current`, owing `owed`.
+/// The record a leader with `fence` on `node` writes for `want` over `current`, owing `owed`,
+/// for a job now on `schedule` (its [`label`](crate::schedule::Schedule::label)).
 ///
 /// The pending list is what the leader owes after the write: ticks owed from earlier claims,
 /// the new ones and the adopted ones. Another leader's pending ticks stay listed unless this
@@ -181,6 +182,7 @@ pub(super) fn next_record(
     want: &Want,
     owed: &BTreeSet<DateTime<Utc>>,
     writer: &Writer,
+    schedule: &str,
 ) -> Option<Claim> {
     let Writer { fence, node, shards } = *writer;
     let mut pending = owed.clone();
@@ -192,9 +194,17 @@ pub(super) fn next_record(
         }
     }
     let newest = want.fresh.iter().max().copied();
-    let scheduled_at = match (current.map(|claim| claim.scheduled_at), newest) {
+    let last = current.map(|claim| claim.scheduled_at);
+    let scheduled_at = match (last, newest) {
         (Some(last), Some(newest)) => last.max(newest),
         (last, newest) => last.or(newest)?,
+    };
+    // The schedule names the one that made `scheduled_at` a tick: a write that does not move it
+    // keeps the name it had.
+    let schedule = if last == Some(scheduled_at) {
+        current.and_then(|claim| claim.schedule.clone())
+    } else {
+        Some(schedule.to_string())
     };
     Some(Claim {
         scheduled_at,
@@ -202,6 +212,7 @@ pub(super) fn next_record(
         node: node.to_string(),
         shards: (!pending.is_empty()).then_some(shards),
         pending: pending.into_iter().collect(),
+        schedule,
     })
 }
 
@@ -227,6 +238,7 @@ mod tests {
             fence,
             node: node.into(),
             pending: pending.iter().map(|second| at(*second)).collect(),
+            schedule: Some("s".into()),
         }
     }
 
@@ -342,7 +354,41 @@ mod tests {
                 node: "a",
                 shards: 4,
             };
-            assert_eq!(next_record(current.as_ref(), &want, &owed, &writer), expected, "{why}");
+            assert_eq!(
+                next_record(current.as_ref(), &want, &owed, &writer, "s"),
+                expected,
+                "{why}"
+            );
         }
+    }
+
+    #[test]
+    fn a_record_names_the_schedule_that_made_its_tick() {
+        let writer = Writer {
+            fence: 5,
+            node: "a",
+            shards: 4,
+        };
+        let old = Claim {
+            schedule: Some("old".into()),
+            ..claim(9, 5, "a", &[9])
+        };
+        let tick = Want::tick(0, at(10));
+        let moved = next_record(Some(&old), &tick, &BTreeSet::new(), &writer, "new").unwrap();
+        assert_eq!(moved.schedule.as_deref(), Some("new"), "a new tick of the new schedule");
+        let start = Want::starts_only(0);
+        let kept = next_record(Some(&old), &start, &BTreeSet::new(), &writer, "new").unwrap();
+        assert_eq!(
+            kept.schedule.as_deref(),
+            Some("old"),
+            "tick 9 is still the old schedule's"
+        );
+        let older = Want::tick(0, at(5));
+        let kept = next_record(Some(&old), &older, &BTreeSet::new(), &writer, "new").unwrap();
+        assert_eq!(
+            kept.schedule.as_deref(),
+            Some("old"),
+            "an older tick does not move the record"
+        );
     }
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 
 use super::{Late, Term};
-use crate::catch_up::{missed_ticks, MAX_CATCH_UP};
+use crate::catch_up::{missed_ticks, Missed, MAX_CATCH_UP};
 use crate::claims::{self, Book, Claimer, Halt, Want};
 use crate::clock;
 use crate::config::{Delivery, Job};
@@ -26,7 +26,18 @@ impl Term {
         let mut wants = Vec::new();
         let mut lost: HashMap<usize, (Claim, i64, Vec<DateTime<Utc>>)> = HashMap::new();
         for (index, entry) in book.entries().iter().enumerate() {
-            let missed = missed_ticks(&entry.job, entry.last(), now);
+            let label = entry.job.schedule.label();
+            let was = entry
+                .record()
+                .and_then(|claim| claim.schedule.as_deref())
+                .filter(|was| *was != label);
+            let missed = match was {
+                Some(was) => {
+                    tracing::info!(job = %entry.job.name, was, now = %label, "the schedule changed since the last claim: the ticks the new one would have had before now never existed, none is caught up");
+                    Missed::default()
+                }
+                None => missed_ticks(&entry.job, entry.last(), now),
+            };
             if missed.truncated {
                 tracing::warn!(job = %entry.job.name, kept = MAX_CATCH_UP, "more ticks were missed than one takeover catches up: running only the newest");
             }

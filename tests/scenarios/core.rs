@@ -295,3 +295,36 @@ fn a_leader_stalled_within_its_lease_catches_up_by_policy_instead_of_firing_ever
         .log_text()
         .contains("the wall clock jumped forward or this leader stalled"));
 }
+
+#[test]
+fn a_schedule_change_catches_up_no_tick_the_old_schedule_never_had() {
+    let mut world = World::new();
+    let every_five = world.write_config("five.toml", 1, 2, &[("j", "*/5 * * * * *", "catch_up = \"all\"")]);
+    world.node("a", &every_five).start();
+    wait_for(Duration::from_secs(20), "j ran once", || !world.runs().is_empty());
+    world.nodes[0].signal(libc::SIGTERM);
+    assert_eq!(world.nodes[0].wait_exit(Duration::from_secs(15)), Some(0));
+    let last_old = world.runs().iter().map(|run| run.tick).max().expect("a run");
+    // Long enough after the last tick that the new schedule would have had ticks in between.
+    let start_after = last_old.timestamp() as f64 + 3.5;
+    std::thread::sleep(Duration::from_secs_f64((start_after - now_secs()).max(0.0)));
+    step("b starts with j every second");
+    let every_second = world.write_config("second.toml", 1, 2, &[("j", EVERY_SECOND, "catch_up = \"all\"")]);
+    let started = now_secs();
+    world.node("b", &every_second).start();
+    wait_for(Duration::from_secs(20), "b runs j twice", || {
+        world.runs().iter().filter(|run| run.node == "b").count() >= 2
+    });
+    let caught_up: Vec<Run> = world
+        .runs()
+        .into_iter()
+        .filter(|run| run.node == "b" && (run.tick.timestamp() as f64) < started)
+        .collect();
+    assert!(
+        caught_up.is_empty(),
+        "ticks of the new schedule from before it was in force ran: {caught_up:#?}"
+    );
+    assert!(world.nodes[1]
+        .log_text()
+        .contains("the schedule changed since the last claim"));
+}
