@@ -149,3 +149,227 @@ fn a_leader_stopped_just_after_a_tick_starts_nothing_when_it_resumes() {
     assert_no_run_of_term_after(&runs, old_term, takeover);
     assert_fences_never_go_down(&runs);
 }
+
+/// Asserts each of `names` ran every tick from its first run to its last at least once, and
+/// that a tick run again carries a higher fence and `CRON_REDELIVERED`; returns the repeats.
+fn assert_every_tick_ran(runs: &[Run], names: &[String]) -> usize {
+    let mut repeats = 0;
+    for name in names {
+        let ticks = by_tick(runs, name);
+        let (Some(first), Some(last)) = (ticks.keys().next(), ticks.keys().last()) else {
+            panic!("{name} never ran");
+        };
+        let mut expected = *first;
+        while expected <= *last {
+            assert!(
+                ticks.contains_key(&expected),
+                "{name}: tick {expected} never ran: {ticks:#?}"
+            );
+            expected += chrono::Duration::seconds(1);
+        }
+        for (tick, runs) in &ticks {
+            for pair in runs.windows(2) {
+                repeats += 1;
+                assert!(
+                    pair[1].fence > pair[0].fence && pair[1].redelivered,
+                    "{name}: tick {tick} ran again without a higher fence and CRON_REDELIVERED: {runs:#?}"
+                );
+            }
+        }
+    }
+    repeats
+}
+
+#[test]
+fn a_takeover_through_a_slow_etcd_that_straddles_ticks_loses_none() {
+    let mut world = World::new();
+    // Twice the round trip fits in the lease, so the slowed node keeps its session.
+    let ttl = 4;
+    let names = job_names(JOBS, 1);
+    let config = world.write_config("jobs.toml", 1, ttl, &every_second(&names, "catch_up = \"all\""));
+    let ids = ["a", "b"];
+    let proxies = world.start_behind_proxies(&ids, &config);
+    let target = shardcron::assignment::assign(1, &ids)[0].clone().expect("a target");
+    wait_for(Duration::from_secs(20), "the target leads, the other stands by", || {
+        world
+            .status(&config)
+            .shards
+            .first()
+            .is_some_and(|shard| shard.leader.as_deref() == Some(target.as_str()) && shard.standby == 1)
+    });
+    wait_for(Duration::from_secs(15), "every job ran", || {
+        every_job_ran_since(&world.runs(), &names, 0.0, 1)
+    });
+    let leader = ids.iter().position(|id| *id == target).expect("ours");
+    let standby = 1 - leader;
+    // Every etcd call of the standby takes at least 1.2 s: its read of the records and its
+    // catch-up claim each straddle a tick, whatever the phase of the takeover.
+    proxies[standby].slow(Duration::from_millis(600));
+    std::thread::sleep(Duration::from_secs(2));
+    sleep_to_mid_second();
+    step(&format!(
+        "slow the standby's etcd to 1.2 s a round trip; SIGKILL {target}"
+    ));
+    let killed_at = now_secs();
+    world.nodes[leader].signal(libc::SIGKILL);
+    // Its first runs are the ticks it caught up; the ticks to check run after them.
+    wait_for(
+        Duration::from_secs(40),
+        "the standby runs ticks due 2 s after its first run",
+        || {
+            let runs = world.runs();
+            let first = first_start_after(&runs, ids[standby], killed_at);
+            first < f64::MAX && every_job_ran_a_tick_after(&runs, &names, first + 2.0)
+        },
+    );
+    let runs = world.runs();
+    let repeats = assert_every_tick_ran(&runs, &names);
+    let takeover = first_start_after(&runs, ids[standby], killed_at) - killed_at;
+    eprintln!(
+        "takeover through a slow etcd: first run {takeover:.3} s after the kill (TTL {ttl} s), every tick of {JOBS} jobs ran, {repeats} repeats"
+    );
+}
+
+#[test]
+fn a_sigterm_while_an_instants_claims_span_several_transactions_loses_no_tick() {
+    // More jobs due at one instant than one claim transaction takes (100).
+    const MANY: usize = 150;
+    for offset_ms in [55, 110] {
+        let mut world = World::new();
+        let names = job_names(MANY, 3);
+        let config = world.write_config("jobs.toml", 1, TTL, &every_second(&names, "catch_up = \"none\""));
+        let roles = world.leader_and_standby(&config);
+        wait_for(Duration::from_secs(20), "every job ran on the leader", || {
+            every_job_ran_since(&world.runs(), &names, 0.0, 1)
+        });
+        // The next instant is claimed once this one's runs have started: with 150 of them the
+        // claims go out as two transactions, about when the signal lands.
+        let tick = sleep_to_tick_offset(offset_ms);
+        world.nodes[roles.leader].signal(libc::SIGTERM);
+        step(&format!(
+            "SIGTERM the leader {offset_ms} ms after {tick}, {MANY} jobs due every second"
+        ));
+        let signalled = now_secs();
+        wait_for(Duration::from_secs(30), "the standby runs 2 ticks of every job", || {
+            let runs = world.runs();
+            let mut counts = std::collections::HashMap::new();
+            for run in runs
+                .iter()
+                .filter(|run| run.node == roles.standby_id && run.started > signalled)
+            {
+                *counts.entry(run.job.as_str()).or_insert(0) += 1;
+            }
+            names
+                .iter()
+                .all(|name| counts.get(name.as_str()).is_some_and(|count| *count >= 2))
+        });
+        assert_eq!(
+            world.nodes[roles.leader].wait_exit(Duration::from_secs(15)),
+            Some(0),
+            "the leader exits cleanly"
+        );
+        let runs = world.runs();
+        let repeats = assert_every_tick_ran(&runs, &names);
+        assert_eq!(repeats, 0, "a graceful stop delivers nothing twice");
+        eprintln!("SIGTERM {offset_ms} ms after a tick, {MANY} jobs due: every tick of every job ran once");
+    }
+}
+
+#[test]
+fn ticks_queued_behind_a_caught_up_run_are_delivered_when_their_leader_dies() {
+    let mut world = World::new();
+    let names = vec!["slow".to_string()];
+    let config = world.write_config_running(
+        "jobs.toml",
+        1,
+        TTL,
+        &every_second(&names, "catch_up = \"all\"\noverlap = \"allow\""),
+        &format!("{}; sleep 0.8", world.record_command()),
+    );
+    for id in ["a", "b", "c"] {
+        world.node(id, &config).start();
+    }
+    wait_for(Duration::from_secs(20), "one node leads, two stand by", || {
+        world
+            .status(&config)
+            .shards
+            .first()
+            .is_some_and(|shard| shard.leader.is_some() && shard.standby == 2)
+    });
+    let first = world.leader_of(&config, 0).expect("a leader").0;
+    wait_for(Duration::from_secs(15), "the leader runs", || {
+        world.runs().iter().any(|run| run.node == first)
+    });
+    sleep_to_mid_second();
+    let index = |id: &str| world.nodes.iter().position(|node| node.id == id).expect("ours");
+    world.nodes[index(&first)].signal(libc::SIGKILL);
+    let killed_at = now_secs();
+    step(&format!(
+        "SIGKILL {first}: its successor catches up the missed ticks one after another, 0.8 s each"
+    ));
+    let mut second = None;
+    wait_for(Duration::from_secs(20), "another node runs a caught-up tick", || {
+        second = world
+            .runs()
+            .iter()
+            .find(|run| run.node != first && run.started > killed_at)
+            .map(|run| run.node.clone());
+        second.is_some()
+    });
+    let second = second.expect("a successor");
+    std::thread::sleep(Duration::from_millis(300));
+    world.nodes[index(&second)].signal(libc::SIGKILL);
+    let second_killed = now_secs();
+    step(&format!(
+        "SIGKILL {second} 0.3 s into its catch-up: the ticks it queued are still owed"
+    ));
+    // The third node runs the queued ticks one after another, then the ones it caught up.
+    let until = second_killed as i64 + 3;
+    wait_for(
+        Duration::from_secs(30),
+        "every tick up to 3 s after the second kill ran",
+        || {
+            let runs = world.runs();
+            let ran: std::collections::BTreeSet<i64> = runs.iter().map(|run| run.tick.timestamp()).collect();
+            ran.first()
+                .is_some_and(|first| (*first..=until).all(|tick| ran.contains(&tick)))
+        },
+    );
+    let runs = world.runs();
+    let repeats = assert_every_tick_ran(&runs, &names);
+    eprintln!("queued caught-up ticks after two kills: every tick ran, {repeats} repeats (fenced and flagged)");
+}
+
+#[test]
+fn a_retry_never_starts_after_a_stall_that_outlasted_the_lease() {
+    let mut world = World::new();
+    let names = vec!["failing".to_string()];
+    let config = world.write_config_running(
+        "jobs.toml",
+        1,
+        TTL,
+        &every_second(
+            &names,
+            "catch_up = \"none\"\nretries = 5\nretry_backoff = \"1s\"\noverlap = \"allow\"",
+        ),
+        &format!("{}; exit 1", world.record_command()),
+    );
+    let roles = world.leader_and_standby(&config);
+    let old_term = newest_term(&world.runs());
+    // The attempt of the tick has failed; its retry is waiting out its backoff.
+    let tick = sleep_to_tick_offset(200);
+    world.nodes[roles.leader].signal(libc::SIGSTOP);
+    step(&format!(
+        "SIGSTOP the leader 200 ms after {tick}, during a retry's backoff, for 2×TTL"
+    ));
+    std::thread::sleep(Duration::from_secs(2 * TTL));
+    world.nodes[roles.leader].signal(libc::SIGCONT);
+    let resumed = now_secs();
+    wait_for(Duration::from_secs(15), "runs go on for 3 s after the resume", || {
+        world.runs().iter().any(|run| run.started > resumed + 3.0)
+    });
+    let runs = world.runs();
+    let takeover = first_start_after(&runs, &roles.standby_id, 0.0);
+    assert_no_run_of_term_after(&runs, old_term, takeover);
+    assert!(world.nodes[roles.leader].log_text().contains("no more retries"));
+}
