@@ -47,9 +47,19 @@ pub enum EtcdServerError {
     Io(#[from] std::io::Error),
 }
 
-/// A loopback port that was free a moment ago.
+/// A loopback port that was free a moment ago and that this process has not handed out before:
+/// the kernel may offer a port again as soon as it is released, and tests running side by side
+/// in one process would then start two servers on it.
 pub fn free_port() -> std::io::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let mut given = GIVEN.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if given.insert(port) {
+            return Ok(port);
+        }
+    }
 }
 
 impl EtcdServer {
@@ -236,6 +246,44 @@ impl EtcdServer {
     /// The index of the member that is raft leader now, if any answers so.
     pub fn leader_member(&self) -> Option<usize> {
         (0..self.members.len()).find(|&index| self.metric_of(index, "etcd_server_is_leader") == Some(1.0))
+    }
+
+    #[cfg(feature = "test-support")]
+    /// Members whose process has exited or that do not answer healthy, each with its log's tail:
+    /// what a test checks before it injects a fault of its own.
+    pub fn unwell_members(&mut self) -> Vec<String> {
+        (0..self.members.len())
+            .filter_map(|index| {
+                let exited = self.members[index]
+                    .child
+                    .as_mut()
+                    .is_none_or(|child| !matches!(child.try_wait(), Ok(None)));
+                let healthy = self
+                    .http_get(index, "/health")
+                    .is_some_and(|body| body.contains("\"health\":\"true\""));
+                (exited || !healthy).then(|| self.log_tail(index, exited))
+            })
+            .collect()
+    }
+
+    #[cfg(feature = "test-support")]
+    /// Every member's log tail, for a failing test's output.
+    pub fn log_tails(&self) -> Vec<String> {
+        (0..self.members.len())
+            .map(|index| self.log_tail(index, false))
+            .collect()
+    }
+
+    #[cfg(feature = "test-support")]
+    fn log_tail(&self, index: usize, exited: bool) -> String {
+        let log = std::fs::read_to_string(self.log_path_of(index)).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        let tail = lines[lines.len().saturating_sub(15)..].join("\n");
+        format!(
+            "{}{}:\n{tail}",
+            self.members[index].name,
+            if exited { " (exited)" } else { "" }
+        )
     }
 
     fn wait_healthy(&mut self, index: usize, limit: Duration) -> Result<(), EtcdServerError> {

@@ -21,6 +21,8 @@ fn largest_start_gap(runs: &[Run], job: &str, after: f64) -> f64 {
 fn killing_the_etcd_leader_member_doubles_nothing_and_catches_up_delayed_ticks() {
     let mut world = World::with_etcd_members(3);
     let names = two_nodes_running(&mut world, 4, 3);
+    let unwell = world.etcd.unwell_members();
+    assert!(unwell.is_empty(), "etcd members down before the fault: {unwell:#?}");
     let member = world.etcd.leader_member().expect("etcd has a leader");
     step(&format!("kill etcd member {member}, the raft leader"));
     let killed_at = now_secs();

@@ -226,6 +226,9 @@ impl World {
             eprintln!("===== log of node {} =====", node.id);
             eprintln!("{}", std::fs::read_to_string(&node.log).unwrap_or_default());
         }
+        for tail in self.etcd.log_tails() {
+            eprintln!("===== end of the log of etcd {tail}");
+        }
     }
 }
 
