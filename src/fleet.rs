@@ -10,7 +10,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use etcd_client::{EventType, GetOptions, PutOptions, WatchOptions};
+use std::time::Duration;
+
+use etcd_client::{EventType, GetOptions, KeyValue, PutOptions, WatchOptions};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
@@ -26,28 +28,30 @@ use crate::session::Session;
 /// What a node knows of the fleet at one moment.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FleetView {
-    pub members: BTreeMap<String, Member>,
+    pub members: Arc<BTreeMap<String, Member>>,
+    /// Target owner of each of this node's shards, worked out once per change of the members.
+    pub targets: Arc<Vec<Option<String>>>,
     /// Node ids campaigning in each of this node's shard elections.
     pub candidates: Vec<BTreeSet<String>>,
+    /// The leader of each election: its node id and fence.
+    pub leaders: Vec<Option<(String, i64)>>,
+}
+
+/// Target owner of every shard, among the members that share `shards`.
+pub fn targets(members: &BTreeMap<String, Member>, shards: u32) -> Vec<Option<String>> {
+    let peers: Vec<&str> = members
+        .iter()
+        .filter(|(_, member)| member.shards == shards)
+        .map(|(id, _)| id.as_str())
+        .collect();
+    assign(shards, &peers)
 }
 
 impl FleetView {
-    /// Target owner of every shard, among the members that share `shards`.
-    pub fn targets(&self, shards: u32) -> Vec<Option<String>> {
-        let peers: Vec<&str> = self
-            .members
-            .iter()
-            .filter(|(_, member)| member.shards == shards)
-            .map(|(id, _)| id.as_str())
-            .collect();
-        assign(shards, &peers)
-    }
-
     /// Whether `me`, leading `shard`, should hand it over now: it is not the shard's target and
     /// the target is already campaigning for it, so the handoff leaves no gap.
-    pub fn should_hand_over(&self, shards: u32, shard: u32, me: &str) -> bool {
-        let targets = self.targets(shards);
-        match targets.get(shard as usize).cloned().flatten() {
+    pub fn should_hand_over(&self, shard: u32, me: &str) -> bool {
+        match self.targets.get(shard as usize).cloned().flatten() {
             Some(target) => {
                 target != me
                     && self
@@ -57,6 +61,16 @@ impl FleetView {
             }
             None => false,
         }
+    }
+
+    /// Whether the candidate of `node` with `fence` leads `shard` in this view. The view is etcd's
+    /// state at one revision, and no key can be created later with a lower create revision: once
+    /// no candidate precedes this one it leads, as etcd's own election decides.
+    pub fn leads(&self, shard: u32, node: &str, fence: i64) -> bool {
+        self.leaders
+            .get(shard as usize)
+            .and_then(Option::as_ref)
+            .is_some_and(|(leader, leader_fence)| leader == node && *leader_fence == fence)
     }
 }
 
@@ -68,29 +82,65 @@ pub async fn register(session: &Session, keys: &Keys, node_id: &str, member: &Me
     Ok(())
 }
 
+/// Keys per page of a prefix read: far below etcd-client's 4 MiB answer limit.
+const PAGE: i64 = 2000;
+
+/// How often at most the fleet view is published while watch events keep coming: thousands of
+/// election keys put at once (a fleet of many shards starting) make one view, not thousands.
+const PUBLISH_EVERY: Duration = Duration::from_millis(20);
+
+/// Every key under `prefix` at one revision, read in pages, and that revision.
+async fn read_prefix(client: &etcd_client::Client, prefix: &str) -> Result<(Vec<KeyValue>, i64), CoordError> {
+    let mut end = prefix.as_bytes().to_vec();
+    if let Some(last) = end.last_mut() {
+        *last += 1;
+    }
+    let mut from = prefix.as_bytes().to_vec();
+    let mut revision = 0;
+    let mut read = Vec::new();
+    loop {
+        let mut options = GetOptions::new().with_range(end.clone()).with_limit(PAGE);
+        if revision > 0 {
+            options = options.with_revision(revision);
+        }
+        let mut response = etcd::call(client.clone().get(from.clone(), Some(options))).await?;
+        if revision == 0 {
+            revision = response.header().map_or(0, |header| header.revision());
+        }
+        let more = response.more();
+        let page = response.take_kvs();
+        let Some(last) = page.last() else { break };
+        from = last.key().to_vec();
+        from.push(0);
+        read.extend(page);
+        if !more {
+            break;
+        }
+    }
+    Ok((read, revision))
+}
+
 /// Every live member, by node id, and the revision of the read.
 pub async fn read_members(
     client: &etcd_client::Client,
     keys: &Keys,
 ) -> Result<(BTreeMap<String, Member>, i64), CoordError> {
-    let prefix = keys.nodes_prefix();
-    let response = etcd::call(client.clone().get(prefix, Some(GetOptions::new().with_prefix()))).await?;
+    let (read, revision) = read_prefix(client, &keys.nodes_prefix()).await?;
     let mut members = BTreeMap::new();
-    for kv in response.kvs() {
+    for kv in &read {
         apply_member(&mut members, keys, kv.key(), Some(kv.value()));
     }
-    Ok((members, response.header().map_or(0, |header| header.revision())))
+    Ok((members, revision))
 }
 
 /// Every candidate of the elections of `shards` shards, and the revision of the read.
 pub async fn read_ballot(client: &etcd_client::Client, keys: &Keys, shards: u32) -> Result<(Ballot, i64), CoordError> {
-    let prefix = keys.shards_prefix();
-    let response = etcd::call(client.clone().get(prefix, Some(GetOptions::new().with_prefix()))).await?;
+    let (read, revision) = read_prefix(client, &keys.shards_prefix()).await?;
     let mut ballot = Ballot::new(shards);
-    for kv in response.kvs() {
+    for kv in &read {
         ballot.apply(keys, kv.key(), Some((kv.value(), kv.create_revision())));
     }
-    Ok((ballot, response.header().map_or(0, |header| header.revision())))
+    Ok((ballot, revision))
 }
 
 /// Keeps a [`FleetView`] current from etcd until the session ends. Returns when a watch fails;
@@ -100,7 +150,12 @@ async fn watch(session: &Session, keys: &Keys, shards: u32, view: &watch::Sender
     let (mut members, members_read) = read_members(&client, keys).await?;
     let (mut ballot, ballot_read) = read_ballot(&client, keys, shards).await?;
     let from = members_read.min(ballot_read) + 1;
-    publish(view, &members, &ballot, shards);
+    let mut targets = Arc::new(self::targets(&members, shards));
+    publish(view, &members, &targets, &ballot, shards);
+    let mut members_changed = false;
+    let mut dirty = false;
+    let mut publishing = tokio::time::interval(PUBLISH_EVERY);
+    publishing.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
     let mut node_watch = etcd::call(client.clone().watch(
         keys.nodes_prefix(),
@@ -124,6 +179,8 @@ async fn watch(session: &Session, keys: &Keys, shards: u32, view: &watch::Sender
                     let value = (event.event_type() == EventType::Put).then(|| kv.value());
                     apply_member(&mut members, keys, kv.key(), value);
                 }
+                members_changed = true;
+                dirty = true;
             }
             message = election_watch.message() => {
                 let Some(response) = message? else { return Ok(()) };
@@ -135,9 +192,17 @@ async fn watch(session: &Session, keys: &Keys, shards: u32, view: &watch::Sender
                     let put = (event.event_type() == EventType::Put).then(|| (kv.value(), kv.create_revision()));
                     ballot.apply(keys, kv.key(), put);
                 }
+                dirty = true;
+            }
+            _ = publishing.tick(), if dirty => {
+                if members_changed {
+                    targets = Arc::new(self::targets(&members, shards));
+                    members_changed = false;
+                }
+                publish(view, &members, &targets, &ballot, shards);
+                dirty = false;
             }
         }
-        publish(view, &members, &ballot, shards);
     }
 }
 
@@ -156,7 +221,13 @@ fn apply_member(members: &mut BTreeMap<String, Member>, keys: &Keys, key: &[u8],
     }
 }
 
-fn publish(view: &watch::Sender<FleetView>, members: &BTreeMap<String, Member>, ballot: &Ballot, shards: u32) {
+fn publish(
+    view: &watch::Sender<FleetView>,
+    members: &BTreeMap<String, Member>,
+    targets: &Arc<Vec<Option<String>>>,
+    ballot: &Ballot,
+    shards: u32,
+) {
     let candidates = (0..shards)
         .map(|shard| {
             ballot
@@ -166,9 +237,14 @@ fn publish(view: &watch::Sender<FleetView>, members: &BTreeMap<String, Member>, 
                 .collect()
         })
         .collect();
+    let leaders = (0..shards)
+        .map(|shard| ballot.leader(shard).map(|leader| (leader.node.clone(), leader.fence)))
+        .collect();
     let next = FleetView {
-        members: members.clone(),
+        members: Arc::new(members.clone()),
+        targets: Arc::clone(targets),
         candidates,
+        leaders,
     };
     view.send_if_modified(|current| {
         if *current == next {
@@ -200,6 +276,14 @@ pub(crate) fn spawn_tasks(
     tasks.spawn(keep_view(session.clone(), node.keys.clone(), node.shards, view_sender));
     tasks.spawn(register_reloads(Arc::clone(node), session.clone(), member));
     tasks.spawn(warn_on_drift(Arc::clone(node), session.clone(), view.clone()));
+    view
+}
+
+/// A fleet view of the `shards` elections kept current for `session` by a task of its own.
+#[cfg(test)]
+pub(crate) fn watch_view(session: &Session, keys: &Keys, shards: u32) -> watch::Receiver<FleetView> {
+    let (sender, view) = watch::channel(FleetView::default());
+    tokio::spawn(keep_view(session.clone(), keys.clone(), shards, sender));
     view
 }
 
@@ -255,5 +339,48 @@ async fn register_reloads(node: Arc<NodeContext>, session: Session, mut member: 
         if let Err(err) = register(&session, &node.keys, &node.node_id, &member).await {
             tracing::warn!(error = %err, "cannot update this node's registration after a reload; others see the old digest until the next session");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use etcd_client::{Txn, TxnOp};
+
+    use super::*;
+    use crate::etcd_server::EtcdServer;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_paged_read_of_a_prefix_equals_one_read_of_it() {
+        let etcd = EtcdServer::start(Path::new("etcd")).expect("etcd");
+        let client = etcd_client::Client::connect([etcd.client_url()], None)
+            .await
+            .expect("client");
+        let keys = 2 * PAGE as usize + 500;
+        for chunk in (0..keys).collect::<Vec<_>>().chunks(100) {
+            let puts: Vec<TxnOp> = chunk
+                .iter()
+                .map(|index| TxnOp::put(format!("/p/{index:05}"), format!("node{index}"), None))
+                .collect();
+            client.clone().txn(Txn::new().and_then(puts)).await.expect("put");
+        }
+        // Keys just outside the prefix on either side stay out.
+        client.clone().put("/o", "out", None).await.expect("put");
+        client.clone().put("/q", "out", None).await.expect("put");
+        let (paged, revision) = read_prefix(&client, "/p/").await.expect("paged read");
+        let whole = client
+            .clone()
+            .get("/p/", Some(GetOptions::new().with_prefix()))
+            .await
+            .expect("one read");
+        let pairs = |kvs: &[KeyValue]| -> Vec<(Vec<u8>, Vec<u8>, i64)> {
+            kvs.iter()
+                .map(|kv| (kv.key().to_vec(), kv.value().to_vec(), kv.create_revision()))
+                .collect()
+        };
+        assert_eq!(paged.len(), keys);
+        assert_eq!(pairs(&paged), pairs(whole.kvs()));
+        assert_eq!(revision, whole.header().map_or(0, |header| header.revision()));
     }
 }

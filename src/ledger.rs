@@ -184,14 +184,18 @@ mod tests {
         let session_a = Session::open(&client, Duration::from_secs(5), &CancellationToken::new())
             .await
             .expect("session a");
-        let leader_a = election::campaign(&session_a, &keys, 1, 0, "a").await.expect("a leads");
+        let mut view_a = crate::fleet::watch_view(&session_a, &keys, 1);
+        let leader_a = election::campaign(&session_a, &keys, 1, 0, "a", &mut view_a)
+            .await
+            .expect("a leads");
         step("node b campaigns behind a");
         let session_b = Session::open(&client, Duration::from_secs(5), &CancellationToken::new())
             .await
             .expect("session b");
         let campaign_b = {
             let (session_b, keys) = (session_b.clone(), keys.clone());
-            tokio::spawn(async move { election::campaign(&session_b, &keys, 1, 0, "b").await })
+            let mut view_b = crate::fleet::watch_view(&session_b, &keys, 1);
+            tokio::spawn(async move { election::campaign(&session_b, &keys, 1, 0, "b", &mut view_b).await })
         };
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert!(!campaign_b.is_finished(), "b waits while a leads");

@@ -17,6 +17,8 @@ use crate::backoff::{sleep_or_cancel, Backoff};
 use crate::claims::ClaimLead;
 use crate::config::{Cluster, Config, Etcd};
 use crate::context::{Loaded, NodeContext};
+use crate::election;
+use crate::etcd::CoordError;
 use crate::fleet;
 use crate::keys::Keys;
 use crate::leader;
@@ -130,20 +132,33 @@ pub async fn run(
         if let Err(err) = fleet::register(&session, &node.keys, &node.node_id, &member).await {
             let wait = backoff.next_delay();
             tracing::warn!(error = %err, retry_in = ?wait, "cannot register this node in etcd; retrying with a new session");
-            if !session.close().await {
-                unrevoked.push(session.lease());
-            }
+            close(&session, &mut unrevoked).await;
             sleep_or_cancel(wait, &shutdown).await;
             continue;
         }
+        let every_shard: Vec<u32> = (0..cluster.shards).collect();
+        let entered = tokio::select! {
+            entered = election::enter_all(&session, &node.keys, cluster.shards, &every_shard, &node.node_id) => entered,
+            _ = session.ended().cancelled() => Err(CoordError::Protocol("the session ended".into())),
+        };
+        let candidacies = match entered {
+            Ok(candidacies) => candidacies,
+            Err(err) => {
+                let wait = backoff.next_delay();
+                tracing::warn!(error = %err, retry_in = ?wait, "cannot enter the shard elections; retrying with a new session");
+                close(&session, &mut unrevoked).await;
+                sleep_or_cancel(wait, &shutdown).await;
+                continue;
+            }
+        };
         let mut tasks = JoinSet::new();
         let view = fleet::spawn_tasks(&mut tasks, &node, &session, member);
-        for shard in 0..cluster.shards {
+        for candidacy in candidacies {
             tasks.spawn(leader::run_shard(
                 Arc::clone(&node),
                 session.clone(),
                 view.clone(),
-                shard,
+                candidacy,
             ));
         }
         loop {
@@ -155,9 +170,7 @@ pub async fn run(
         // Every task ends with the session's token; waiting for them guarantees no claim is in
         // flight when the lease is revoked.
         while tasks.join_next().await.is_some() {}
-        if !session.close().await {
-            unrevoked.push(session.lease());
-        }
+        close(&session, &mut unrevoked).await;
         if !shutdown.is_cancelled() {
             let wait = backoff.next_delay();
             tracing::warn!(retry_in = ?wait, "campaigning again with a new session after a backoff");
@@ -174,6 +187,14 @@ pub async fn run(
         tracing::warn!(error = %err, "result writer ended abnormally");
     }
     tracing::info!("node stopped");
+}
+
+/// Ends `session`, revoking its lease; a lease etcd could not be told about is kept in
+/// `unrevoked`, to revoke once etcd answers.
+async fn close(session: &Session, unrevoked: &mut Vec<i64>) {
+    if !session.close().await {
+        unrevoked.push(session.lease());
+    }
 }
 
 /// Swaps in a reloaded config's jobs. A changed `[cluster]` (jobs sharded for another count) or

@@ -71,13 +71,28 @@ impl From<Halt> for TermEnd {
     }
 }
 
-/// Campaigns for `shard` and leads it whenever elected, until the session ends.
-pub(crate) async fn run_shard(node: Arc<NodeContext>, session: Session, fleet: watch::Receiver<FleetView>, shard: u32) {
+/// Waits for `entered` (this node's candidacy in `shard`'s election) to lead, leads the shard
+/// whenever elected and campaigns again after each term, until the session ends.
+pub(crate) async fn run_shard(
+    node: Arc<NodeContext>,
+    session: Session,
+    fleet: watch::Receiver<FleetView>,
+    entered: Leadership,
+) {
+    let shard = entered.shard;
+    let mut entered = Some(entered);
     let mut jobs = node.jobs.clone();
     let mut backoff = Backoff::coordination();
+    let mut view = fleet.clone();
     loop {
+        let campaign = async {
+            match entered.take() {
+                Some(candidacy) => election::elected(candidacy, &node.node_id, &mut view).await,
+                None => election::campaign(&session, &node.keys, node.shards, shard, &node.node_id, &mut view).await,
+            }
+        };
         let campaign = tokio::select! {
-            result = election::campaign(&session, &node.keys, node.shards, shard, &node.node_id) => result,
+            result = campaign => result,
             _ = session.ended().cancelled() => return,
         };
         let leadership = match campaign {
@@ -419,10 +434,9 @@ impl Term {
     }
 
     fn should_hand_over(&self, fleet: &mut watch::Receiver<FleetView>) -> bool {
-        let hand_over =
-            fleet
-                .borrow_and_update()
-                .should_hand_over(self.node.shards, self.leadership.shard, &self.node.node_id);
+        let hand_over = fleet
+            .borrow_and_update()
+            .should_hand_over(self.leadership.shard, &self.node.node_id);
         if hand_over {
             tracing::info!(
                 shard = self.leadership.shard,
