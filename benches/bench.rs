@@ -8,7 +8,8 @@
 //! cargo bench --bench bench -- failover     # SIGKILL / SIGSTOP / SIGTERM of a leader
 //! cargo bench --bench bench -- etcd-cost    # etcd writes per run, per delivery mode
 //! cargo bench --bench bench -- kills        # ticks lost and doubled per 100 SIGKILLs around ticks
-//! cargo bench --bench bench -- scale        # 100,000 jobs on an idle node; 1,024 shards led
+//! cargo bench --bench bench -- scale        # 100,000 jobs on an idle node, and the shards section
+//! cargo bench --bench bench -- shards       # 1,024 and 4,096 shards over 3 and 10 nodes, a rolling restart
 //! cargo bench --bench bench -- timeline     # a chaos run drawn as benches/timeline.svg
 //! ```
 
@@ -48,7 +49,11 @@ fn main() {
     }
     if wants("scale") {
         bench_idle_node(100_000);
+    }
+    if wants("scale") || wants("shards") {
         bench_many_shards(1024, 3);
+        bench_many_shards(4096, 3);
+        bench_many_shards(4096, 10);
     }
     if wants("timeline") {
         bench_timeline(
@@ -534,34 +539,24 @@ fn bench_idle_node(jobs: usize) {
 
 /// `nodes` nodes start together on `shards` shards: time until every shard has a leader, and
 /// until each node leads its fair share.
-fn bench_many_shards(shards: u32, nodes: usize) {
-    let mut world = World::new();
-    let names: Vec<String> = (0..8).map(|i| format!("job{i}")).collect();
-    let jobs: Vec<(&str, &str, &str)> = names.iter().map(|name| (name.as_str(), YEARLY[0], "")).collect();
-    let config = world.write_config("jobs.toml", shards, 10, &jobs);
+/// Every shard of `config` led, and each of `ids` leading its share; how long until then.
+fn wait_led_and_balanced(world: &World, config: &Path, shards: u32, ids: &[String], limit: Duration) -> (f64, f64) {
     let started = Instant::now();
-    for index in 0..nodes {
-        world.node(&format!("n{index}"), &config).start();
-    }
-    let leaders = |world: &World| -> Vec<Option<String>> {
-        world
-            .shard_leaders(&config)
+    let mut all_led = None;
+    let low = shards as usize / ids.len();
+    let high = low + usize::from(shards as usize % ids.len() != 0);
+    wait_for(limit, "every shard led and balanced", || {
+        let leaders: Vec<Option<String>> = world
+            .shard_leaders(config)
             .into_iter()
             .map(|(leader, _)| leader)
-            .collect()
-    };
-    let mut all_led = None;
-    let low = shards as usize / nodes;
-    let high = low + usize::from(shards as usize % nodes != 0);
-    wait_for(Duration::from_secs(120), "every shard led and balanced", || {
-        let leaders = leaders(&world);
+            .collect();
         let every = leaders.len() == shards as usize && leaders.iter().all(Option::is_some);
         if every && all_led.is_none() {
             all_led = Some(started.elapsed().as_secs_f64());
         }
         every
-            && (0..nodes).all(|index| {
-                let id = format!("n{index}");
+            && ids.iter().all(|id| {
                 let load = leaders
                     .iter()
                     .filter(|leader| leader.as_deref() == Some(id.as_str()))
@@ -569,15 +564,72 @@ fn bench_many_shards(shards: u32, nodes: usize) {
                 (low..=high).contains(&load)
             })
     });
-    let balanced = started.elapsed().as_secs_f64();
-    println!("\n### {shards} shards over {nodes} nodes started together\n");
+    (all_led.unwrap_or(f64::NAN), started.elapsed().as_secs_f64())
+}
+
+/// Lines of a node log at `level` (`WARN`, `ERROR`).
+fn log_lines(log: &str, level: &str) -> usize {
+    log.lines().filter(|line| line.contains(level)).count()
+}
+
+fn bench_many_shards(shards: u32, nodes: usize) {
+    let mut world = World::new();
+    let names: Vec<String> = (0..8).map(|i| format!("job{i}")).collect();
+    let jobs: Vec<(&str, &str, &str)> = names.iter().map(|name| (name.as_str(), YEARLY[0], "")).collect();
+    let config = world.write_config("jobs.toml", shards, 10, &jobs);
+    let ids: Vec<String> = (0..nodes).map(|index| format!("n{index}")).collect();
+    for id in &ids {
+        world.node(id, &config).start();
+    }
+    let (all_led, balanced) = wait_led_and_balanced(&world, &config, shards, &ids, Duration::from_secs(180));
+    let cpu_before: Vec<f64> = world.nodes.iter().map(|node| node.cpu_seconds()).collect();
+    let idle = Duration::from_secs(10);
+    std::thread::sleep(idle);
+    let idle_cpu: Vec<f64> = world
+        .nodes
+        .iter()
+        .zip(&cpu_before)
+        .map(|(node, before)| 100.0 * (node.cpu_seconds() - before) / idle.as_secs_f64())
+        .collect();
+    let settled = |world: &World, level: &str| -> usize {
+        world.nodes.iter().map(|node| log_lines(&node.log_text(), level)).sum()
+    };
+    let warnings_at_start = settled(&world, "WARN");
+    let losses_at_start = settled(&world, "session lost");
+
+    // A rolling restart: each node stopped (SIGTERM) and started again, one after another, the
+    // next once the fleet is balanced again.
+    let restart_began = Instant::now();
+    for id in &ids {
+        let index = world.nodes.iter().rposition(|node| &node.id == id).expect("ours");
+        world.nodes[index].signal(libc::SIGTERM);
+        world.nodes[index].wait_exit(Duration::from_secs(60));
+        world.node(id, &config).start();
+        wait_led_and_balanced(&world, &config, shards, &ids, Duration::from_secs(180));
+    }
+    let restart = restart_began.elapsed().as_secs_f64();
+    let losses = settled(&world, "session lost");
+    let warnings = settled(&world, "WARN");
+
+    println!("\n### {shards} shards over {nodes} nodes, one etcd on loopback\n");
     println!("| measure | value | target |");
     println!("|---|---|---|");
+    println!("| nodes started together: until every shard has a leader | {all_led:.2} s | ≤ 5 s |");
+    println!("| until each node leads its share | {balanced:.2} s | |");
     println!(
-        "| until every shard has a leader | {:.2} s | ≤ 5 s |",
-        all_led.unwrap_or(f64::NAN)
+        "| idle CPU per node, 10 s after balancing | {} | |",
+        idle_cpu
+            .iter()
+            .map(|cpu| format!("{cpu:.1} %"))
+            .collect::<Vec<_>>()
+            .join(", ")
     );
-    println!("| until each node leads {low}–{high} | {balanced:.2} s | |");
+    println!("| warnings logged until balanced (all nodes) | {warnings_at_start} | |");
+    println!("| rolling restart of every node, each balanced before the next | {restart:.1} s | |");
+    println!(
+        "| session losses: until balanced / in all, rolling restart included | {losses_at_start} / {losses} | 0 |"
+    );
+    println!("| warnings logged in all (all nodes) | {warnings} | |");
 }
 
 /// One chaos run drawn as an SVG: a row per job, a mark per run at its start time coloured by

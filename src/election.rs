@@ -10,7 +10,7 @@
 use etcd_client::{
     Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
-use tokio::sync::watch;
+use tokio::sync::{watch, Semaphore};
 
 use crate::etcd::{self, CoordError};
 use crate::fleet::FleetView;
@@ -133,7 +133,8 @@ fn candidacy(session: &Session, keys: &Keys, shards: u32, shard: u32, fence: i64
     }
 }
 
-/// Enters this node's candidate key in `shard`'s election and waits until it leads.
+/// Enters this node's candidate key in `shard`'s election, holding one of `admission`'s
+/// permits for the request, and waits until it leads.
 pub async fn campaign(
     session: &Session,
     keys: &Keys,
@@ -141,9 +142,13 @@ pub async fn campaign(
     shard: u32,
     node_id: &str,
     view: &mut watch::Receiver<FleetView>,
+    admission: &Semaphore,
 ) -> Result<Leadership, CoordError> {
     let key = keys.candidate(shards, shard, session.lease());
-    let fence = enter(session, &key, node_id).await?;
+    let fence = {
+        let _permit = admission.acquire().await;
+        enter(session, &key, node_id).await?
+    };
     elected(candidacy(session, keys, shards, shard, fence), node_id, view).await
 }
 

@@ -27,6 +27,9 @@ use crate::results::{write_leftovers, ResultQueue};
 use crate::runs::Runs;
 use crate::session::Session;
 
+/// At most this many election requests of single shards in flight per node.
+const ELECTION_REQUESTS: usize = 8;
+
 /// How a node runs, beyond what `jobs.toml` says.
 #[derive(Debug, Clone)]
 pub struct NodeOptions {
@@ -69,6 +72,7 @@ pub async fn run(
         results,
         claim_lead: ClaimLead::new(),
         started_here: Arc::default(),
+        elections: tokio::sync::Semaphore::new(ELECTION_REQUESTS),
         shutdown: shutdown.clone(),
     });
     let killer = {

@@ -88,7 +88,18 @@ pub(crate) async fn run_shard(
         let campaign = async {
             match entered.take() {
                 Some(candidacy) => election::elected(candidacy, &node.node_id, &mut view).await,
-                None => election::campaign(&session, &node.keys, node.shards, shard, &node.node_id, &mut view).await,
+                None => {
+                    election::campaign(
+                        &session,
+                        &node.keys,
+                        node.shards,
+                        shard,
+                        &node.node_id,
+                        &mut view,
+                        &node.elections,
+                    )
+                    .await
+                }
             }
         };
         let campaign = tokio::select! {
@@ -137,7 +148,11 @@ pub(crate) async fn run_shard(
                 TermEnd::JobsReloaded(book) => known = Some(book),
                 TermEnd::Deposed => {}
                 TermEnd::HandedOff => {
-                    if let Err(err) = election::resign(&session, &term.leadership).await {
+                    let resigned = {
+                        let _permit = node.elections.acquire().await;
+                        election::resign(&session, &term.leadership).await
+                    };
+                    if let Err(err) = resigned {
                         tracing::warn!(shard, error = %err, "could not resign; the claims still keep each tick once");
                     }
                 }
