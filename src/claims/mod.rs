@@ -47,7 +47,7 @@ pub(crate) enum Halt {
 }
 
 /// `items` in groups of at most as many as one claim transaction takes.
-pub(crate) fn batches<T>(items: &[T]) -> std::slice::Chunks<'_, T> {
+fn batches<T>(items: &[T]) -> std::slice::Chunks<'_, T> {
     items.chunks(MAX_OPS_PER_TXN)
 }
 

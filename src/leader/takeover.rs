@@ -8,10 +8,15 @@ use chrono::{DateTime, Utc};
 
 use super::{Late, Term};
 use crate::catch_up::{missed_ticks, Missed, MAX_CATCH_UP};
-use crate::claims::{self, Book, Claimer, Halt, Want};
+use crate::claims::{Book, Claimer, Halt, Want};
 use crate::clock;
 use crate::config::{Delivery, Job};
+use crate::ledger::MAX_OPS_PER_TXN;
 use crate::record::{Claim, Outcome, RunRecord};
+
+/// Per job (by index in the book): the pending ticks of an earlier leader this one records lost,
+/// with that leader's record and the revision it was read at.
+type Lost = HashMap<usize, (Claim, i64, Vec<DateTime<Utc>>)>;
 
 impl Term {
     /// Settles what earlier leaders left: ticks they claimed and never started are delivered
@@ -23,9 +28,26 @@ impl Term {
         book: &mut Book,
         now: DateTime<Utc>,
     ) -> Result<(), Halt> {
+        // Job by job, a transaction's worth at a time, yielding between them: a shard of 100,000
+        // jobs with missed ticks never holds every job's ticks at once, nor a worker for long.
+        let jobs = book.entries().len();
+        for first in (0..jobs).step_by(MAX_OPS_PER_TXN) {
+            let (wants, lost) = self.wants(book, first..jobs.min(first + MAX_OPS_PER_TXN), now);
+            if !wants.is_empty() {
+                self.deliver(claimer, book, &wants, lost, now).await?;
+            }
+            tokio::task::yield_now().await;
+        }
+        Ok(())
+    }
+
+    /// What to claim for the jobs of `range`: missed ticks as each job's `catch_up` says, and the
+    /// pending ticks earlier leaders left, to run again or (returned apart) to record lost.
+    fn wants(&self, book: &Book, range: std::ops::Range<usize>, now: DateTime<Utc>) -> (Vec<Want>, Lost) {
         let mut wants = Vec::new();
-        let mut lost: HashMap<usize, (Claim, i64, Vec<DateTime<Utc>>)> = HashMap::new();
-        for (index, entry) in book.entries().iter().enumerate() {
+        let mut lost = Lost::new();
+        for index in range {
+            let entry = &book.entries()[index];
             let label = entry.job.schedule.label();
             let was = entry
                 .record()
@@ -65,40 +87,49 @@ impl Term {
                 wants.push(Want::catch_up(index, missed.ticks, adopt, left.is_some()));
             }
         }
-        // A batch's runs start as soon as it is claimed, before the next batch's claim.
-        for batch in claims::batches(&wants) {
-            for won in claimer.claim(book, batch).await? {
-                let job = book.job(won.index);
-                if let Some((claim, listed_at, ticks)) = lost.remove(&won.index) {
-                    self.record_lost(job, &claim, listed_at, &ticks);
-                }
-                // An earlier leader's tick that is not due yet was claimed ahead and never
-                // started: it is owed now and fires on time from the queue.
-                let adopted: Vec<DateTime<Utc>> = won.adopt.iter().copied().filter(|tick| *tick <= now).collect();
-                if won.fresh.is_empty() && adopted.is_empty() {
-                    continue;
-                }
-                let mut ticks: Vec<(DateTime<Utc>, Late)> = adopted
-                    .iter()
-                    .map(|tick| (*tick, Late::Redelivered))
-                    .chain(won.fresh.iter().map(|tick| (*tick, Late::CaughtUp)))
-                    .collect();
-                ticks.sort();
-                ticks.dedup_by_key(|(tick, _)| *tick);
-                if let Some(first) = adopted.first() {
-                    tracing::warn!(job = %job.name, ticks = adopted.len(), first = %first, "delivering again ticks that an earlier leader claimed and whose start it never recorded");
-                }
-                if !won.fresh.is_empty() {
-                    tracing::info!(job = %job.name, ticks = won.fresh.len(), first = %won.fresh[0], policy = ?job.catch_up, "catching up missed ticks");
-                    crate::metrics::get().catch_up_runs.inc_by(won.fresh.len() as u64);
-                }
-                self.node.runs.start(
-                    ticks
-                        .into_iter()
-                        .map(|(tick, late)| self.tick(job, tick, won.fence, late))
-                        .collect(),
-                );
+        (wants, lost)
+    }
+
+    /// Claims `wants` (one transaction's worth) and starts what they won.
+    async fn deliver(
+        &self,
+        claimer: &Claimer<'_>,
+        book: &mut Book,
+        wants: &[Want],
+        mut lost: Lost,
+        now: DateTime<Utc>,
+    ) -> Result<(), Halt> {
+        for won in claimer.claim(book, wants).await? {
+            let job = book.job(won.index);
+            if let Some((claim, listed_at, ticks)) = lost.remove(&won.index) {
+                self.record_lost(job, &claim, listed_at, &ticks);
             }
+            // An earlier leader's tick that is not due yet was claimed ahead and never
+            // started: it is owed now and fires on time from the queue.
+            let adopted: Vec<DateTime<Utc>> = won.adopt.iter().copied().filter(|tick| *tick <= now).collect();
+            if won.fresh.is_empty() && adopted.is_empty() {
+                continue;
+            }
+            let mut ticks: Vec<(DateTime<Utc>, Late)> = adopted
+                .iter()
+                .map(|tick| (*tick, Late::Redelivered))
+                .chain(won.fresh.iter().map(|tick| (*tick, Late::CaughtUp)))
+                .collect();
+            ticks.sort();
+            ticks.dedup_by_key(|(tick, _)| *tick);
+            if let Some(first) = adopted.first() {
+                tracing::warn!(job = %job.name, ticks = adopted.len(), first = %first, "delivering again ticks that an earlier leader claimed and whose start it never recorded");
+            }
+            if !won.fresh.is_empty() {
+                tracing::info!(job = %job.name, ticks = won.fresh.len(), first = %won.fresh[0], policy = ?job.catch_up, "catching up missed ticks");
+                crate::metrics::get().catch_up_runs.inc_by(won.fresh.len() as u64);
+            }
+            self.node.runs.start(
+                ticks
+                    .into_iter()
+                    .map(|(tick, late)| self.tick(job, tick, won.fence, late))
+                    .collect(),
+            );
         }
         Ok(())
     }
