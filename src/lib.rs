@@ -58,6 +58,7 @@ mod ledger;
 pub mod metrics;
 pub mod node;
 pub mod record;
+mod repeats;
 mod results;
 mod runner;
 mod runs;

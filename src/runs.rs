@@ -228,7 +228,9 @@ fn not_starting(tick: &Tick) {
         Delivery::AtLeastOnce => "the next leader runs it",
         Delivery::AtMostOnce => "the next leader records it lost",
     };
-    tracing::warn!(job = %tick.job.name, tick = %tick.scheduled_at_text(), fence = tick.fence, next, "not starting a claimed tick: this node no longer leads the shard, or its lease may have expired");
+    if let Some(left_out) = crate::repeats::log_now("not starting a claimed tick") {
+        tracing::warn!(job = %tick.job.name, tick = %tick.scheduled_at_text(), fence = tick.fence, next, left_out, "not starting a claimed tick: this node no longer leads the shard, or its lease may have expired (left_out: lines like this one not logged since the last)");
+    }
 }
 
 /// Whether `running` overlaps the tick at `scheduled_at`, so that `overlap = "skip"` skips it:

@@ -22,6 +22,7 @@ use crate::config::{Delivery, Job};
 use crate::context::{Loaded, NodeContext};
 use crate::election::{self, Leadership};
 use crate::fleet::FleetView;
+use crate::repeats;
 use crate::results::RIDE_WINDOW;
 use crate::runner::Tick;
 use crate::session::Session;
@@ -110,7 +111,9 @@ pub(crate) async fn run_shard(
             Ok(leadership) => leadership,
             Err(err) => {
                 let wait = backoff.next_delay();
-                tracing::warn!(shard, error = %err, retry_in = ?wait, "campaign failed; retrying");
+                if let Some(left_out) = repeats::log_now("campaign failed") {
+                    tracing::warn!(shard, error = %err, retry_in = ?wait, left_out, "campaign failed; retrying (left_out: lines like this one not logged since the last)");
+                }
                 if !sleep_or_cancel(wait, session.ended()).await {
                     return;
                 }
