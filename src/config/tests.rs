@@ -86,7 +86,7 @@ type ErrorCase = (
 #[test]
 fn error_table() {
     let cases: Vec<ErrorCase> = vec![
-        ("[cluster\nname=".to_string(), Some(1), None, None, "invalid"),
+        ("[cluster\nname=".to_string(), Some(1), None, None, "unclosed table"),
         (
             with_job("schedule = \"* * * * *\"\ncomand = \"true\""),
             Some(12),
