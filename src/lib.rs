@@ -12,14 +12,17 @@
 //! - [`record`]: the values etcd holds: claims, run records (with their [`record::Outcome`]),
 //!   members.
 //! - [`backoff`]: the one retry backoff and sleep-or-cancel.
+//! - `repeats`: warnings every shard can raise at once, folded into one line per cause.
 //! - `clock`: the wall clock, read in one place.
 //!
 //! etcd plumbing:
 //! - [`etcd`]: connecting, call timeouts, coordination errors.
 //! - `session`: the node's lease and its keep-alive; the session's cancellation token.
-//! - `election`: one leader election per shard, its term, and who leads each shard.
+//! - `election`: one leader election per shard, entered in batches and decided on the fleet
+//!   view; its term, and who leads each shard.
 //! - `ledger`: the raw transactions on job records.
-//! - `starts`: the claimed ticks a leadership still owes, and its starts not yet written.
+//! - `starts`: the claimed ticks a leadership still owes, its starts not yet written, and the
+//!   ticks the node started that no record holds yet.
 //! - `claims`: the claim protocol: batching, riding results and starts, re-read and resolution,
 //!   the confirming read before an instant claimed ahead; `claims::book` holds what a leader
 //!   knows of its jobs and the pure rules for the record it writes; `claims::lead` how far ahead
