@@ -215,18 +215,16 @@ impl Ballot {
     }
 
     /// Takes in a candidate key that was put (`Some((node id, create revision))`) or deleted
-    /// (`None`). Keys of elections with another shard count are not this ballot's and are
-    /// ignored.
-    pub fn apply(&mut self, keys: &Keys, key: &[u8], put: Option<(&[u8], i64)>) {
-        let Some((shard, of)) = std::str::from_utf8(key).ok().and_then(|key| keys.parse_candidate(key)) else {
-            return;
-        };
+    /// (`None`), and returns the shard whose election it is. Keys of elections with another
+    /// shard count are not this ballot's and are ignored.
+    pub fn apply(&mut self, keys: &Keys, key: &[u8], put: Option<(&[u8], i64)>) -> Option<u32> {
+        let (shard, of) = std::str::from_utf8(key)
+            .ok()
+            .and_then(|key| keys.parse_candidate(key))?;
         if of as usize != self.shards.len() {
-            return;
+            return None;
         }
-        let Some(candidates) = self.shards.get_mut(shard as usize) else {
-            return;
-        };
+        let candidates = self.shards.get_mut(shard as usize)?;
         candidates.retain(|candidate| candidate.key != key);
         if let Some((node, fence)) = put {
             let at = candidates.partition_point(|candidate| candidate.fence < fence);
@@ -239,6 +237,7 @@ impl Ballot {
                 },
             );
         }
+        Some(shard)
     }
 
     /// The candidates of `shard`, leader first.

@@ -151,8 +151,10 @@ async fn watch(session: &Session, keys: &Keys, shards: u32, view: &watch::Sender
     let (mut ballot, ballot_read) = read_ballot(&client, keys, shards).await?;
     let from = members_read.min(ballot_read) + 1;
     let mut targets = Arc::new(self::targets(&members, shards));
-    publish(view, &members, &targets, &ballot, shards);
+    publish(view, &members, &targets, &ballot, (0..shards).collect());
     let mut members_changed = false;
+    // Shards whose election changed since the view was last published.
+    let mut changed_shards = BTreeSet::new();
     let mut dirty = false;
     let mut publishing = tokio::time::interval(PUBLISH_EVERY);
     publishing.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -190,7 +192,7 @@ async fn watch(session: &Session, keys: &Keys, shards: u32, view: &watch::Sender
                 for event in response.events() {
                     let Some(kv) = event.kv() else { continue };
                     let put = (event.event_type() == EventType::Put).then(|| (kv.value(), kv.create_revision()));
-                    ballot.apply(keys, kv.key(), put);
+                    changed_shards.extend(ballot.apply(keys, kv.key(), put));
                 }
                 dirty = true;
             }
@@ -199,7 +201,7 @@ async fn watch(session: &Session, keys: &Keys, shards: u32, view: &watch::Sender
                     targets = Arc::new(self::targets(&members, shards));
                     members_changed = false;
                 }
-                publish(view, &members, &targets, &ballot, shards);
+                publish(view, &members, &targets, &ballot, std::mem::take(&mut changed_shards));
                 dirty = false;
             }
         }
@@ -221,37 +223,49 @@ fn apply_member(members: &mut BTreeMap<String, Member>, keys: &Keys, key: &[u8],
     }
 }
 
+/// Brings the published view up to date: the members and targets, and the elections of
+/// `changed` shards. The view is changed in place, shard by shard, so a burst of election
+/// events costs what it touched, not a copy of every shard's candidates.
 fn publish(
     view: &watch::Sender<FleetView>,
     members: &BTreeMap<String, Member>,
     targets: &Arc<Vec<Option<String>>>,
     ballot: &Ballot,
-    shards: u32,
+    changed: BTreeSet<u32>,
 ) {
-    let candidates = (0..shards)
-        .map(|shard| {
-            ballot
+    view.send_if_modified(|current| {
+        let mut modified = false;
+        if *current.members != *members {
+            current.members = Arc::new(members.clone());
+            modified = true;
+        }
+        if !Arc::ptr_eq(&current.targets, targets) {
+            current.targets = Arc::clone(targets);
+            modified = true;
+        }
+        let shards = targets.len();
+        current.candidates.resize(shards, BTreeSet::new());
+        current.leaders.resize(shards, None);
+        for shard in changed {
+            let candidates: BTreeSet<String> = ballot
                 .candidates(shard)
                 .iter()
                 .map(|candidate| candidate.node.clone())
-                .collect()
-        })
-        .collect();
-    let leaders = (0..shards)
-        .map(|shard| ballot.leader(shard).map(|leader| (leader.node.clone(), leader.fence)))
-        .collect();
-    let next = FleetView {
-        members: Arc::new(members.clone()),
-        targets: Arc::clone(targets),
-        candidates,
-        leaders,
-    };
-    view.send_if_modified(|current| {
-        if *current == next {
-            return false;
+                .collect();
+            let leader = ballot.leader(shard).map(|leader| (leader.node.clone(), leader.fence));
+            let (Some(held), Some(held_leader)) = (
+                current.candidates.get_mut(shard as usize),
+                current.leaders.get_mut(shard as usize),
+            ) else {
+                continue;
+            };
+            if *held != candidates || *held_leader != leader {
+                *held = candidates;
+                *held_leader = leader;
+                modified = true;
+            }
         }
-        *current = next;
-        true
+        modified
     });
 }
 

@@ -277,6 +277,22 @@ impl Starts {
         .await;
     }
 
+    /// Resolves once no ticket is between its last check and its spawn. Called after the
+    /// leadership ended: a ticket that has not passed [`StartTicket::may_spawn`] gives its tick
+    /// back, one that has is spawning and records its start, so the last write of starts then
+    /// lists as pending exactly the ticks that never started.
+    pub(crate) async fn spawns_settled(&self) {
+        loop {
+            let settled = self.started.notified();
+            tokio::pin!(settled);
+            settled.as_mut().enable();
+            if self.lock().starting.values().all(BTreeSet::is_empty) {
+                return;
+            }
+            settled.await;
+        }
+    }
+
     async fn until(&self, done: impl Fn(&State) -> bool) {
         loop {
             // Registered before the check, so a start between the two is not missed.

@@ -46,6 +46,10 @@ type WonTicks = Vec<(usize, i64)>;
 /// election or a loaded machine delays a claim.
 const OVERDUE_LIMIT: chrono::Duration = chrono::Duration::seconds(2);
 
+/// At most how long a leadership that hands over or stops waits for the runs it was spawning,
+/// so that its last write of starts includes theirs.
+const SPAWNS_SETTLE: Duration = Duration::from_secs(2);
+
 /// Why a term ended; the shard task decides what comes next.
 #[derive(Debug)]
 enum TermEnd {
@@ -194,6 +198,15 @@ impl Term {
             // before the lease is revoked or the shard resigned, so the next leader delivers
             // exactly the claimed ticks that never started.
             self.starts.leading().cancel();
+            if tokio::time::timeout(SPAWNS_SETTLE, self.starts.spawns_settled())
+                .await
+                .is_err()
+            {
+                tracing::warn!(
+                    shard = self.leadership.shard,
+                    "runs still spawning after the leadership ended: the next leader may run them again"
+                );
+            }
             if let Err(halt) = claimer.claim(&mut book, &[]).await {
                 tracing::warn!(shard = self.leadership.shard, reason = ?halt, "could not write the last starts: the next leader runs those ticks again");
             }
