@@ -249,17 +249,10 @@ mod tests {
     }
 
     fn result(second: i64, fence: i64) -> RunRecord {
-        let at = chrono::DateTime::<Utc>::from_timestamp(1_800_000_000 + second, 0).unwrap();
-        RunRecord {
-            scheduled_at: at,
+        RunRecord::for_tests(
+            chrono::DateTime::<Utc>::from_timestamp(1_800_000_000 + second, 0).unwrap(),
             fence,
-            node: "n".into(),
-            outcome: crate::record::Outcome::Exited,
-            exit_code: Some(0),
-            duration_ms: 1,
-            finished_at: at,
-            attempts: 1,
-        }
+        )
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

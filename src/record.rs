@@ -52,6 +52,23 @@ fn one() -> u32 {
     1
 }
 
+#[cfg(test)]
+impl RunRecord {
+    /// A successful one-attempt run of the tick at `at`, finished then, for unit tests.
+    pub(crate) fn for_tests(at: DateTime<Utc>, fence: i64) -> RunRecord {
+        RunRecord {
+            scheduled_at: at,
+            fence,
+            node: "n".into(),
+            outcome: Outcome::Exited,
+            exit_code: Some(0),
+            duration_ms: 1,
+            finished_at: at,
+            attempts: 1,
+        }
+    }
+}
+
 /// How a claimed tick ended on the node that claimed it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -200,17 +200,7 @@ mod tests {
     use chrono::{DateTime, Utc};
 
     fn record(second: i64) -> RunRecord {
-        let at = DateTime::<Utc>::from_timestamp(second, 0).unwrap();
-        RunRecord {
-            scheduled_at: at,
-            fence: 1,
-            node: "n".into(),
-            outcome: crate::record::Outcome::Exited,
-            exit_code: Some(0),
-            duration_ms: 1,
-            finished_at: at,
-            attempts: 1,
-        }
+        RunRecord::for_tests(DateTime::<Utc>::from_timestamp(second, 0).unwrap(), 1)
     }
 
     #[test]
