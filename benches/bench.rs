@@ -432,7 +432,11 @@ fn bench_kills(kills: usize) {
         random ^= random << 17;
         (random % 151) as i64 - 50
     };
+    let only = std::env::var("SHARDCRON_BENCH_DELIVERY").ok();
     for delivery in ["at-least-once", "at-most-once"] {
+        if only.as_deref().is_some_and(|only| only != delivery) {
+            continue;
+        }
         let mut world = World::new();
         let names = job_names(8, 1);
         let extra = format!("catch_up = \"none\"\ndelivery = \"{delivery}\"");
@@ -493,6 +497,22 @@ fn bench_kills(kills: usize) {
                         recorded_lost += 1;
                     } else {
                         lost += 1;
+                        // What the nodes said of that instant, for whoever reads the table.
+                        let seconds: Vec<String> = [-2, -1, 0]
+                            .iter()
+                            .map(|delta| {
+                                (*tick + chrono::Duration::seconds(*delta))
+                                    .format("%Y-%m-%dT%H:%M:%S")
+                                    .to_string()
+                            })
+                            .collect();
+                        eprintln!("{name}: tick {tick} never ran and was not recorded lost; the nodes' lines of the 2 s before it:");
+                        for line in logs
+                            .lines()
+                            .filter(|line| seconds.iter().any(|second| line.starts_with(second.as_str())))
+                        {
+                            eprintln!("  {line}");
+                        }
                     }
                 }
                 for pair in ran.windows(2) {
