@@ -155,7 +155,6 @@ async fn watch(session: &Session, keys: &Keys, shards: u32, view: &watch::Sender
     let mut members_changed = false;
     // Shards whose election changed since the view was last published.
     let mut changed_shards = BTreeSet::new();
-    let mut dirty = false;
     let mut publishing = tokio::time::interval(PUBLISH_EVERY);
     publishing.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
@@ -182,7 +181,6 @@ async fn watch(session: &Session, keys: &Keys, shards: u32, view: &watch::Sender
                     apply_member(&mut members, keys, kv.key(), value);
                 }
                 members_changed = true;
-                dirty = true;
             }
             message = election_watch.message() => {
                 let Some(response) = message? else { return Ok(()) };
@@ -194,15 +192,13 @@ async fn watch(session: &Session, keys: &Keys, shards: u32, view: &watch::Sender
                     let put = (event.event_type() == EventType::Put).then(|| (kv.value(), kv.create_revision()));
                     changed_shards.extend(ballot.apply(keys, kv.key(), put));
                 }
-                dirty = true;
             }
-            _ = publishing.tick(), if dirty => {
+            _ = publishing.tick(), if members_changed || !changed_shards.is_empty() => {
                 if members_changed {
                     targets = Arc::new(self::targets(&members, shards));
                     members_changed = false;
                 }
                 publish(view, &members, &targets, &ballot, std::mem::take(&mut changed_shards));
-                dirty = false;
             }
         }
     }

@@ -18,6 +18,8 @@ pub struct Schedule {
     expression: String,
     zone: Tz,
     cron: Cron,
+    /// The expression and zone as job records name them, made once: every claim writes it.
+    label: String,
 }
 
 /// Why an expression cannot be used as a schedule.
@@ -65,6 +67,7 @@ impl Schedule {
             expression: trimmed.to_string(),
             zone,
             cron,
+            label: format!("{trimmed} in {zone}"),
         };
         // A reference instant in the past keeps the check independent of today's date; a
         // pattern that matches nothing fails from any start.
@@ -131,8 +134,8 @@ impl Schedule {
     }
 
     /// The expression and zone, as job records name the schedule that claimed a tick.
-    pub fn label(&self) -> String {
-        format!("{} in {}", self.expression, self.zone)
+    pub fn label(&self) -> &str {
+        &self.label
     }
 }
 

@@ -189,7 +189,7 @@ impl Claimer<'_> {
                 .map(|want| {
                     let entry = &book.entries[want.index];
                     let owed = self.starts.owed(&entry.job.name);
-                    next_record(entry.record.as_ref(), want, &owed, &writer, &entry.job.schedule.label())
+                    next_record(entry.record.as_ref(), want, &owed, &writer, entry.job.schedule.label())
                 })
                 .collect();
             match self.commit(book, wants, &intended).await {
