@@ -16,10 +16,13 @@ fn main() -> ExitCode {
     let result = match &cli.command {
         Command::Check(args) => cli::check(args),
         Command::Next(args) => cli::next(args),
-        Command::Run(args) => load_for_node(&args.config.config).and_then(|config| with_runtime(run(config, args.node.clone(), None))),
+        Command::Run(args) => load_for_node(&args.config.config).and_then(|config| {
+            let _log_written_out = init_logging(args.node.log_format);
+            with_runtime(run(config, args.node.clone(), None))
+        }),
         Command::Status(args) => args.config.load().and_then(|config| with_runtime(show_status(config, args.endpoints.clone(), args.json))),
         Command::Dev(args) => load_for_node(&args.config.config).and_then(|config| {
-            init_logging(args.node.log_format);
+            let _log_written_out = init_logging(args.node.log_format);
             let server = EtcdServer::start(&args.etcd_bin)?;
             tracing::info!(endpoint = %server.client_url(), log = %server.log_path().display(), "throwaway etcd started; Ctrl-C stops the node and removes it");
             let endpoints = vec![server.client_url()];
@@ -45,18 +48,30 @@ fn with_runtime<F: std::future::Future<Output = Result<()>>>(future: F) -> Resul
         .block_on(future)
 }
 
-fn init_logging(format: LogFormat) {
+/// Lines buffered for a slow log destination before new ones are dropped (and counted).
+const LOG_BUFFER_LINES: usize = 10_000;
+
+/// Logs go through a writer thread: a slow destination (a full pipe, a stalled journald) must
+/// not hold up the runtime threads that spawn runs and renew the lease. Past the buffer, lines
+/// are dropped and counted in `shardcron_log_lines_dropped_total` rather than block them. The
+/// returned guard writes out what is buffered when it is dropped.
+fn init_logging(format: LogFormat) -> tracing_appender::non_blocking::WorkerGuard {
     let filter = tracing_subscriber::EnvFilter::try_from_env("SHARDCRON_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .lossy(true)
+        .buffered_lines_limit(LOG_BUFFER_LINES)
+        .thread_name("shardcron-log")
+        .finish(std::io::stderr());
+    shardcron::metrics::count_log_drops(writer.error_counter());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(writer);
     let _ = match format {
         LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).try_init(),
         // One object per line: the event's fields (job, tick, stream, fence...) are keys of
         // `fields`, the message is `fields.message`.
         LogFormat::Json => builder.json().with_current_span(false).try_init(),
     };
+    guard
 }
 
 fn endpoints(config: &Config, flag: Vec<String>) -> Vec<String> {
@@ -72,7 +87,6 @@ fn endpoints(config: &Config, flag: Vec<String>) -> Vec<String> {
 }
 
 async fn run(config: Config, args: NodeArgs, dev_endpoints: Option<Vec<String>>) -> Result<()> {
-    init_logging(args.log_format);
     let endpoints = dev_endpoints.unwrap_or_else(|| endpoints(&config, args.endpoints.clone()));
     let node_id = match args.node_id {
         Some(id) => id,

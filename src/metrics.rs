@@ -51,6 +51,8 @@ pub(crate) struct Metrics {
     pub skipped_overlaps: Counter,
     pub session_losses: Counter,
     pub etcd_errors: Counter,
+    /// Follows the log writer's own count, read when the page is rendered.
+    log_lines_dropped: Counter,
 }
 
 impl Metrics {
@@ -69,6 +71,7 @@ impl Metrics {
             skipped_overlaps: Counter::default(),
             session_losses: Counter::default(),
             etcd_errors: Counter::default(),
+            log_lines_dropped: Counter::default(),
             registry: Registry::default(),
         };
         registry.register("runs", "Finished runs by job and result", metrics.runs.clone());
@@ -109,6 +112,11 @@ impl Metrics {
             "etcd calls that failed or timed out",
             metrics.etcd_errors.clone(),
         );
+        registry.register(
+            "log_lines_dropped",
+            "Log lines dropped because the log's destination did not keep up",
+            metrics.log_lines_dropped.clone(),
+        );
         Metrics { registry, ..metrics }
     }
 
@@ -132,12 +140,26 @@ impl Metrics {
 
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
+        if let Some(drops) = LOG_DROPS.get() {
+            let dropped = drops.dropped_lines() as u64;
+            let counted = self.log_lines_dropped.get();
+            if dropped > counted {
+                self.log_lines_dropped.inc_by(dropped - counted);
+            }
+        }
         let mut text = String::new();
         if let Err(err) = prometheus_client::encoding::text::encode(&mut text, &self.registry) {
             tracing::warn!(error = %err, "cannot encode metrics");
         }
         text
     }
+}
+
+static LOG_DROPS: OnceLock<tracing_appender::non_blocking::ErrorCounter> = OnceLock::new();
+
+/// Makes `shardcron_log_lines_dropped_total` follow the log writer's count of dropped lines.
+pub fn count_log_drops(drops: tracing_appender::non_blocking::ErrorCounter) {
+    let _ = LOG_DROPS.set(drops);
 }
 
 /// The node's metrics.

@@ -278,3 +278,60 @@ fn sighup_reloads_jobs_without_giving_up_shards_and_rejects_bad_files() {
     assert_eq!(terms(&world), before, "no reload gave up a shard");
     assert_each_tick_once(&world.runs(), "second", 1);
 }
+
+#[test]
+fn a_log_destination_that_stops_reading_holds_up_neither_runs_nor_the_lease() {
+    let mut world = World::new();
+    let names = job_names(4, 1);
+    // Each run prints 2,000 lines, more than a pipe holds once logged: the node's log write would block
+    // within the first second if it wrote on the runtime's threads.
+    let noisy = format!("seq 1 2000; {}", world.record_command());
+    let jobs: Vec<(&str, &str, &str)> = names.iter().map(|name| (name.as_str(), "* * * * * *", "")).collect();
+    let config = world.write_config_running("jobs.toml", 1, 2, &jobs, &noisy);
+    let port = shardcron::etcd_server::free_port().expect("free port");
+    // Its log goes to a pipe this test holds and never reads.
+    let child = std::process::Command::new(SHARDCRON)
+        .args([
+            "run",
+            "--node-id",
+            "a",
+            "--metrics-addr",
+            &format!("127.0.0.1:{port}"),
+            "--config",
+        ])
+        .arg(&config)
+        .env("SHARDCRON_LOG", "info,shardcron=debug")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start shardcron run");
+    world.nodes.push(Node {
+        id: "a".into(),
+        child,
+        log: world.dir.path().join("unread.log"),
+    });
+    wait_for(Duration::from_secs(30), "every job runs", || {
+        every_job_ran_since(&world.runs(), &names, 0.0, 1)
+    });
+    let first = now_secs().ceil();
+    wait_for(Duration::from_secs(30), "8 more seconds of ticks", || {
+        every_job_ran_a_tick_after(&world.runs(), &names, first + 8.0)
+    });
+    let runs = world.runs();
+    for name in &names {
+        for second in 0..8 {
+            let tick = first as i64 + second;
+            assert!(
+                runs.iter().any(|run| &run.job == name && run.tick.timestamp() == tick),
+                "{name} did not run its tick {tick} while the log pipe was full"
+            );
+        }
+    }
+    let page = http_get(port, "/metrics").1;
+    assert!(
+        sample(&page, "shardcron_log_lines_dropped_total").is_some_and(|dropped| dropped > 0.0),
+        "the lines that did not fit are counted:\n{page}"
+    );
+    assert_eq!(sample(&page, "shardcron_session_losses_total"), Some(0.0), "{page}");
+}
