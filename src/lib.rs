@@ -31,6 +31,8 @@
 //!
 //! Running jobs:
 //! - `runner`: one tick's command in its own process group, with retries.
+//! - `gate`: the child's own lease check right before its command, which keeps the spawn a
+//!   `posix_spawn`.
 //! - `runs`: this node's runs: overlap policies, shutdown grace.
 //! - `results`: run results riding on claims, the rest written after a short window.
 //!
@@ -55,6 +57,7 @@ mod election;
 pub mod etcd;
 pub mod etcd_server;
 mod fleet;
+mod gate;
 pub mod keys;
 mod leader;
 mod ledger;

@@ -16,11 +16,9 @@ use tokio_util::sync::CancellationToken;
 use crate::backoff::Backoff;
 use crate::clock;
 use crate::config::{Job, MAX_RETRY_BACKOFF};
+use crate::gate;
 use crate::record::{Outcome, RunRecord};
 use crate::starts::{StartTicket, Starts};
-
-/// The error the child reports when the lease expired before it could execute the command.
-const LEASE_EXPIRED_ERRNO: i32 = libc::ETIME;
 
 /// Longer output lines are cut, so a job printing without newlines cannot grow the node's memory.
 pub const MAX_LINE: usize = 8 * 1024;
@@ -117,10 +115,17 @@ async fn run_once(tick: &Tick, attempt: u32, stops: &Stops<'_>, ticket: Option<S
         finished_at: clock::now(),
         attempts: attempt,
     };
+    let may_spawn = match &ticket {
+        Some(ticket) => ticket.may_spawn(),
+        None => tick.starts.may_retry(),
+    };
+    if !may_spawn {
+        return None;
+    }
     let mut command = Command::new("sh");
     command
         .arg("-c")
-        .arg(&job.command)
+        .arg(gate::script(&job.command, tick.starts.lease_deadline()))
         .envs(&job.env)
         .env("CRON_FENCE", tick.fence.to_string())
         .env("CRON_TERM", tick.term.to_string())
@@ -142,51 +147,36 @@ async fn run_once(tick: &Tick, attempt: u32, stops: &Stops<'_>, ticket: Option<S
     if let Some(dir) = &job.working_dir {
         command.current_dir(dir);
     }
-    let may_spawn = match &ticket {
-        Some(ticket) => ticket.may_spawn(),
-        None => tick.starts.may_retry(),
-    };
-    if !may_spawn {
-        return None;
-    }
-    // The node may be stopped (SIGSTOP) between the check above and the exec: the child checks
-    // the lease once more by the same monotonic clock right before it executes the command.
-    let deadline = tick.starts.lease_deadline();
-    // SAFETY: the closure runs in the forked child before exec; it only reads the monotonic
-    // clock (clock_gettime, async-signal-safe) and builds an error from an errno, allocating
-    // nothing and taking no lock.
-    unsafe {
-        command.pre_exec(move || {
-            if std::time::Instant::now() < deadline {
-                Ok(())
-            } else {
-                Err(std::io::Error::from_raw_os_error(LEASE_EXPIRED_ERRNO))
-            }
-        });
-    }
-    let spawned = command.spawn();
-    if spawned
-        .as_ref()
-        .is_err_and(|err| err.raw_os_error() == Some(LEASE_EXPIRED_ERRNO))
-    {
-        return None;
-    }
-    if let Some(ticket) = ticket {
-        ticket.started();
-    }
-    let mut child = match spawned {
+    let mut child = match command.spawn() {
         Ok(child) => child,
         Err(err) => {
+            if let Some(ticket) = ticket {
+                ticket.started();
+            }
             tracing::error!(job = %job.name, tick = %tick.scheduled_at_text(), attempt, error = %err, "could not start the command");
             return Some(record(Outcome::SpawnFailed, None));
         }
     };
     let pid = child.id();
+    let mut stdout = child.stdout.take().map(BufReader::new);
+    if !passed_gate(stdout.as_mut()).await {
+        let status = child.wait().await;
+        if status.as_ref().is_ok_and(|status| status.code() == Some(gate::REFUSED)) {
+            tracing::warn!(job = %job.name, tick = %tick.scheduled_at_text(), attempt, "the lease may have expired before the command could run: not run");
+            return None;
+        }
+        // The shell could not even read the line the gate shares with the command.
+        if let Some(ticket) = ticket {
+            ticket.started();
+        }
+        tracing::warn!(job = %job.name, tick = %tick.scheduled_at_text(), attempt, status = ?status, "the shell ended before running the command; check its first line");
+        return Some(record(Outcome::Exited, status.ok().and_then(|status| status.code())));
+    }
+    if let Some(ticket) = ticket {
+        ticket.started();
+    }
     tracing::info!(job = %job.name, tick = %tick.scheduled_at_text(), fence = tick.fence, attempt, pid, "run started");
-    let stdout = child
-        .stdout
-        .take()
-        .map(|out| tokio::spawn(forward_lines(out, tick.clone(), "stdout")));
+    let stdout = stdout.map(|out| tokio::spawn(forward_lines(out, tick.clone(), "stdout")));
     let stderr = child
         .stderr
         .take()
@@ -305,6 +295,13 @@ fn signal_group(pid: Option<u32>, signal: libc::c_int) {
             libc::kill(-(pid as libc::pid_t), signal);
         }
     }
+}
+
+/// Reads the child's first line: whether it is the gate's, which says the command runs now.
+async fn passed_gate<R: AsyncRead + Unpin>(stdout: Option<&mut BufReader<R>>) -> bool {
+    let Some(stdout) = stdout else { return false };
+    let mut line = Vec::with_capacity(gate::PASSED.len() + 1);
+    read_bounded_line(stdout, &mut line).await.is_ok() && line.strip_suffix(b"\n") == Some(gate::PASSED.as_bytes())
 }
 
 async fn forward_lines(stream: impl AsyncRead + Unpin, tick: Tick, name: &'static str) {
