@@ -17,6 +17,13 @@ pub(super) struct RawFile {
     pub(super) jobs: BTreeMap<Spanned<String>, Spanned<RawJob>>,
 }
 
+/// A piece of the file holding only jobs' tables.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawJobs {
+    pub(super) jobs: BTreeMap<Spanned<String>, Spanned<RawJob>>,
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawCluster {

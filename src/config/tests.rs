@@ -333,3 +333,93 @@ fn schedules_are_parsed_once_per_expression_and_zone() {
         config.jobs.iter().map(|job| Arc::as_ptr(&job.schedule)).collect();
     assert_eq!(distinct.len(), 2);
 }
+
+/// A file that exercises what the piece reader must get right: sub-tables, quoted names,
+/// comments and strings holding `[jobs.x]`, arrays over several lines, a table between jobs.
+const MANY_SHAPES: &str = r#"# [jobs.not_a_header] in a comment
+[cluster]
+name = "prod"
+shards = 16
+
+[jobs.a]
+schedule = "* * * * *"
+command = """
+echo one
+[jobs.inside_a_string]
+"""
+
+[jobs.a.env]
+K = "v"
+
+[jobs."b.dotted"]
+schedule = "0 * * * *"
+command = 'echo [jobs.c]'
+
+[etcd]
+endpoints = [
+  "http://127.0.0.1:2379",
+  "http://127.0.0.1:2380",
+]
+
+[ jobs . 'c' ]
+schedule = "*/5 * * * *"
+command = "true"
+env = { A = "[x]", B = "{" }
+
+[jobs.d]
+schedule = "@daily"
+command = "true"
+timezone = "Europe/Berlin"
+"#;
+
+#[test]
+fn reading_in_pieces_gives_what_reading_whole_gives() {
+    let source = Source {
+        path: Path::new("jobs.toml"),
+        text: MANY_SHAPES,
+    };
+    let whole = parse_whole(&source).unwrap();
+    for per_piece in [1, 2, 3, 1000] {
+        let pieces = parse_in_pieces(&source, per_piece).expect("read in pieces");
+        assert_eq!(pieces.cluster, whole.cluster);
+        assert_eq!(pieces.etcd, whole.etcd);
+        assert_eq!(
+            format!("{:?}", pieces.jobs),
+            format!("{:?}", whole.jobs),
+            "{per_piece} per piece"
+        );
+    }
+    let names: Vec<&str> = whole.jobs.iter().map(|job| job.name.as_str()).collect();
+    assert_eq!(names, ["a", "b.dotted", "c", "d"]);
+    assert_eq!(whole.jobs[0].command, "echo one\n[jobs.inside_a_string]\n");
+}
+
+#[test]
+fn files_the_piece_reader_does_not_take_are_read_whole() {
+    let read_whole = |jobs: &str| {
+        let text = format!("{HEAD}\n{jobs}");
+        let source = Source {
+            path: Path::new("jobs.toml"),
+            text: &text,
+        };
+        let in_pieces = parse_in_pieces(&source, 2).is_none();
+        let whole = parse_whole(&source).map(|parts| parts.jobs.len());
+        (in_pieces, whole)
+    };
+    // A [jobs] table with inline tables.
+    assert_eq!(
+        read_whole("[jobs]\na = { schedule = \"@daily\", command = \"true\" }\n"),
+        (true, Ok(1))
+    );
+    // A job's tables apart, with another job's between.
+    let apart = "[jobs.a]\nschedule = \"@daily\"\ncommand = \"true\"\n[jobs.b]\nschedule = \"@daily\"\ncommand = \"true\"\n[jobs.a.env]\nK = \"v\"\n";
+    assert_eq!(read_whole(apart), (true, Ok(2)));
+    // Any error: the whole-document reader gives the message.
+    let (declined, whole) = read_whole("[jobs.a]\nschedule = \"@daily\"\n");
+    assert!(declined);
+    assert!(whole.unwrap_err().to_string().contains("missing command"));
+    let (declined, whole) =
+        read_whole("[jobs.a]\nschedule = \"@daily\"\ncommand = \"true\"\n[jobs.a]\ncommand = \"x\"\n");
+    assert!(declined);
+    assert!(whole.is_err());
+}
