@@ -420,4 +420,69 @@ mod tests {
         let (ticks, _) = schedule.newest_ticks_between(at("2027-01-01T00:00:30Z"), at("2027-01-01T00:00:30Z"), 5);
         assert!(ticks.is_empty());
     }
+    /// Catch-up walks backwards from now, firing walks forwards from the last tick: on every
+    /// schedule, zone and DST day of the table both must find the same instants.
+    #[test]
+    fn catching_up_backwards_finds_what_firing_finds_forwards() {
+        let expressions = [
+            "30 2 * * *",
+            "30 1 * * *",
+            "15 2 * * *",
+            "45 1 * * *",
+            "30 * * * *",
+            "*/15 * * * *",
+            "0 */2 * * *",
+            "0 0 * * 0",
+            "@hourly",
+            "*/20 * * * * *",
+            "* * * * * *",
+        ];
+        // Three days around each zone's DST changes of 2027, and a quiet week in UTC.
+        let windows = [
+            ("America/New_York", "2027-03-13T00:00:00Z", "2027-03-16T00:00:00Z"),
+            ("America/New_York", "2027-11-06T00:00:00Z", "2027-11-09T00:00:00Z"),
+            ("Europe/Berlin", "2027-03-27T00:00:00Z", "2027-03-30T00:00:00Z"),
+            ("Europe/Berlin", "2027-10-30T00:00:00Z", "2027-11-02T00:00:00Z"),
+            ("Australia/Lord_Howe", "2027-04-03T00:00:00Z", "2027-04-06T00:00:00Z"),
+            ("Australia/Lord_Howe", "2027-10-02T00:00:00Z", "2027-10-05T00:00:00Z"),
+            ("UTC", "2027-01-01T00:00:00Z", "2027-01-08T00:00:00Z"),
+        ];
+        for expression in expressions {
+            for (zone, after, until) in windows {
+                let schedule = Schedule::parse(expression, zone.parse().unwrap()).unwrap();
+                let (after, until) = (at(after), at(until));
+                // The per-second schedule over a whole window is a quarter million ticks: an hour of it.
+                let until = if expression.split_whitespace().count() == 6 {
+                    after + chrono::Duration::hours(1)
+                } else {
+                    until
+                };
+                let mut forwards = Vec::new();
+                let mut cursor = schedule.next_after(after);
+                while let Some(tick) = cursor.filter(|tick| *tick <= until) {
+                    forwards.push(tick);
+                    cursor = schedule.next_after(tick);
+                }
+                assert!(
+                    forwards.windows(2).all(|pair| pair[0] < pair[1]),
+                    "{expression} in {zone}: two fires at one instant"
+                );
+                let (backwards, more) = schedule.newest_ticks_between(after, until, usize::MAX);
+                let differs = backwards.iter().zip(&forwards).position(|(back, forth)| back != forth);
+                assert!(
+                    backwards.len() == forwards.len() && differs.is_none(),
+                    "{expression} in {zone} from {after} to {until}: {} ticks backwards, {} forwards, first difference at {differs:?}",
+                    backwards.len(),
+                    forwards.len()
+                );
+                assert!(!more);
+                for limit in [1, 3] {
+                    let (newest, more) = schedule.newest_ticks_between(after, until, limit);
+                    let start = forwards.len().saturating_sub(limit);
+                    assert_eq!(newest, forwards[start..], "{expression} in {zone}, newest {limit}");
+                    assert_eq!(more, forwards.len() > limit, "{expression} in {zone}, newest {limit}");
+                }
+            }
+        }
+    }
 }
