@@ -15,11 +15,18 @@ use crate::record::{Outcome, RunRecord};
 use crate::results::ResultQueue;
 use crate::runner::{self, Tick};
 
+/// Caught-up and redelivered runs that may go at once on a node, per core: a takeover after a
+/// long outage may owe a backlog to every one of 100,000 jobs, and starting them all together
+/// would bury the machine (and the node's lease renewals) under processes. Live ticks never wait.
+const LATE_RUNS_PER_CORE: usize = 4;
+
 /// Runs started on this node. Cheap to clone.
 #[derive(Clone)]
 pub struct Runs {
     tracker: TaskTracker,
     jobs: Arc<Mutex<HashMap<String, JobRuns>>>,
+    /// Permits for caught-up and redelivered runs (see [`LATE_RUNS_PER_CORE`]).
+    late: Arc<tokio::sync::Semaphore>,
     /// Cancelled when the shutdown grace is over: running commands are killed.
     kill: CancellationToken,
     results: Arc<ResultQueue>,
@@ -52,9 +59,11 @@ struct JobRuns {
 impl Runs {
     /// Runs whose results go to `results`.
     pub fn new(results: Arc<ResultQueue>) -> Runs {
+        let cores = std::thread::available_parallelism().map_or(2, usize::from);
         Runs {
             tracker: TaskTracker::new(),
             jobs: Arc::default(),
+            late: Arc::new(tokio::sync::Semaphore::new(cores * LATE_RUNS_PER_CORE)),
             kill: CancellationToken::new(),
             results,
         }
@@ -126,6 +135,12 @@ impl Runs {
                     }
                     continue;
                 }
+                // Held for the run; the semaphore is never closed.
+                let _late = if tick.caught_up {
+                    Arc::clone(&runs.late).acquire_owned().await.ok()
+                } else {
+                    None
+                };
                 let Some(ticket) = tick.starts.begin(&tick.job.name, tick.scheduled_at).await else {
                     not_starting(&tick);
                     continue;

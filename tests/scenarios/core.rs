@@ -262,6 +262,75 @@ fn a_skip_job_longer_than_its_period_drains_a_caught_up_backlog() {
 }
 
 #[test]
+fn a_takeover_runs_a_large_backlog_a_few_at_a_time_and_all_of_it() {
+    let mut world = World::new();
+    // The node lets 4 late runs per core go at once; more jobs than that owe a backlog.
+    let limit = 4 * std::thread::available_parallelism().map_or(2, usize::from);
+    let names = job_names(limit + 16, 2);
+    let config = world.write_config_running(
+        "jobs.toml",
+        1,
+        2,
+        &every_second(&names, "catch_up = \"all\"\noverlap = \"allow\""),
+        &format!("{}; sleep 0.5", world.record_command()),
+    );
+    world.node("a", &config).start();
+    wait_for(Duration::from_secs(30), "every job ran", || {
+        every_job_ran_since(&world.runs(), &names, 0.0, 1)
+    });
+    world.nodes[0].signal(libc::SIGTERM);
+    assert_eq!(world.nodes[0].wait_exit(Duration::from_secs(15)), Some(0));
+    std::thread::sleep(Duration::from_secs(4));
+    let restarted = now_secs();
+    world.node("b", &config).start();
+    let last_on_a = |runs: &[Run], name: &str| {
+        runs.iter()
+            .filter(|run| run.job == name && run.node == "a")
+            .map(|run| run.tick.timestamp())
+            .max()
+            .expect("a ran it")
+    };
+    let missed = |runs: &[Run], name: &str| (last_on_a(runs, name) + 1..=restarted as i64).collect::<Vec<i64>>();
+    wait_for(Duration::from_secs(60), "every missed tick ran on b", || {
+        let runs = world.runs();
+        names.iter().all(|name| {
+            missed(&runs, name)
+                .iter()
+                .all(|tick| runs.iter().any(|run| &run.job == name && run.tick.timestamp() == *tick))
+        })
+    });
+    let runs = world.runs();
+    let mut late: Vec<f64> = runs
+        .iter()
+        .filter(|run| run.node == "b" && (run.tick.timestamp() as f64) < restarted)
+        .map(|run| run.started)
+        .collect();
+    late.sort_by(f64::total_cmp);
+    assert!(late.len() > limit, "{} late runs", late.len());
+    // Each run holds its permit for at least 0.5 s, so no more than `limit` start within any
+    // shorter window.
+    let most = late
+        .iter()
+        .enumerate()
+        .map(|(index, start)| late[index..].iter().take_while(|other| **other < start + 0.45).count())
+        .max()
+        .unwrap_or(0);
+    assert!(
+        most <= limit,
+        "{most} late runs started within 0.45 s; at most {limit} may run at once"
+    );
+    for name in &names {
+        for tick in missed(&runs, name) {
+            let ran = runs
+                .iter()
+                .filter(|run| &run.job == name && run.tick.timestamp() == tick)
+                .count();
+            assert_eq!(ran, 1, "{name} ran its tick {tick} {ran} times");
+        }
+    }
+}
+
+#[test]
 fn a_leader_stalled_within_its_lease_catches_up_by_policy_instead_of_firing_every_passed_tick() {
     let mut world = World::new();
     // The lease outlasts the stall, so the leader goes on leading: to its firing loop the stall
