@@ -45,6 +45,55 @@ impl Backoff {
     }
 }
 
+/// One pause for the whole node, started when etcd pushes back ("too many requests", or no
+/// answer in time): every campaign waits it out before its request, so thousands of shards
+/// slow down together instead of each retrying on its own schedule. It grows while etcd keeps
+/// pushing back and starts small again after a request goes through.
+#[derive(Debug)]
+pub struct Pushback {
+    state: std::sync::Mutex<(Backoff, Option<tokio::time::Instant>)>,
+}
+
+impl Pushback {
+    pub fn new() -> Pushback {
+        Pushback {
+            state: std::sync::Mutex::new((Backoff::coordination(), None)),
+        }
+    }
+
+    /// etcd pushed back: the pause is extended by the next delay. Returns that delay.
+    pub fn hit(&self) -> Duration {
+        let mut state = self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let delay = state.0.next_delay();
+        let until = tokio::time::Instant::now() + delay;
+        state.1 = Some(state.1.map_or(until, |was| was.max(until)));
+        delay
+    }
+
+    /// A request went through: the next pushback pauses briefly again.
+    pub fn eased(&self) {
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .0
+            .reset();
+    }
+
+    /// Waits until the pause is over.
+    pub async fn wait(&self) {
+        let until = self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).1;
+        if let Some(until) = until {
+            tokio::time::sleep_until(until).await;
+        }
+    }
+}
+
+impl Default for Pushback {
+    fn default() -> Self {
+        Pushback::new()
+    }
+}
+
 /// Sleeps for `duration` unless `cancel` fires first. Returns whether the whole sleep passed.
 pub async fn sleep_or_cancel(duration: Duration, cancel: &CancellationToken) -> bool {
     tokio::select! {
@@ -56,6 +105,22 @@ pub async fn sleep_or_cancel(duration: Duration, cancel: &CancellationToken) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pushback_pauses_every_waiter_and_grows_until_eased() {
+        let pushback = Pushback::new();
+        let started = tokio::time::Instant::now();
+        pushback.wait().await;
+        assert_eq!(started.elapsed(), Duration::ZERO, "no pause before any pushback");
+        let first = pushback.hit();
+        let second = pushback.hit();
+        assert!(second >= Duration::from_millis(200), "{second:?}");
+        // Two waiters, one pause: both end when the longer delay does.
+        tokio::join!(pushback.wait(), pushback.wait());
+        assert_eq!(started.elapsed(), first.max(second));
+        pushback.eased();
+        assert!(pushback.hit() <= Duration::from_millis(200));
+    }
 
     #[test]
     fn delays_double_in_their_upper_half_up_to_the_cap() {

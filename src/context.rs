@@ -27,9 +27,9 @@ pub(crate) struct NodeContext {
     pub(crate) claim_lead: ClaimLead,
     /// Ticks the node started that a record may still list as pending, across leaderships.
     pub(crate) started_here: Arc<StartedHere>,
-    /// Permits for the election requests of single shards (campaigns after a handoff, resigns):
-    /// a rebalance that moves a thousand shards sends them a few at a time, not all at once.
-    pub(crate) elections: tokio::sync::Semaphore,
+    /// The election requests of single shards (campaigns after a handoff, resigns) go through
+    /// it: a few at a time, paused while etcd pushes back.
+    pub(crate) elections: crate::election::Admission,
     /// The root of the cancellation tree: signals cancel it.
     pub(crate) shutdown: CancellationToken,
 }

@@ -7,15 +7,19 @@
 //! node. The term is the leader key's create revision: etcd revisions only grow, so a later
 //! leader always has a larger one.
 
+use std::future::Future;
+
 use etcd_client::{
     Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
 use tokio::sync::{watch, Semaphore};
 
+use crate::backoff::Pushback;
 use crate::etcd::{self, CoordError};
 use crate::fleet::FleetView;
 use crate::keys::Keys;
 use crate::ledger::MAX_OPS_PER_TXN;
+use crate::repeats;
 use crate::session::Session;
 
 /// This node leads a shard. Everything the term writes is guarded by `fence`.
@@ -133,8 +137,46 @@ fn candidacy(session: &Session, keys: &Keys, shards: u32, shard: u32, fence: i64
     }
 }
 
-/// Enters this node's candidate key in `shard`'s election, holding one of `admission`'s
-/// permits for the request, and waits until it leads.
+/// What each single-shard election request of a node goes through (a campaign after a handoff,
+/// a resign): a few at a time, and none while etcd pushes back, so that a rebalance that moves
+/// a thousand shards neither floods etcd nor retries shard by shard when etcd says "too many
+/// requests".
+pub struct Admission {
+    permits: Semaphore,
+    pushback: Pushback,
+}
+
+impl Admission {
+    /// `permits` requests at a time.
+    pub fn new(permits: usize) -> Admission {
+        Admission {
+            permits: Semaphore::new(permits),
+            pushback: Pushback::new(),
+        }
+    }
+
+    /// Sends `request` with a permit once any pause is over; pushback in its answer pauses
+    /// every request of the node.
+    pub async fn request<T>(&self, request: impl Future<Output = Result<T, CoordError>>) -> Result<T, CoordError> {
+        let _permit = self.permits.acquire().await;
+        self.pushback.wait().await;
+        let result = request.await;
+        match &result {
+            Ok(_) => self.pushback.eased(),
+            Err(err) if err.is_pushback() => {
+                let pause = self.pushback.hit();
+                if let Some(left_out) = repeats::log_now("etcd pushback") {
+                    tracing::warn!(error = %err, pause = ?pause, left_out, "etcd pushed back: every election request of this node pauses (left_out: lines like this one not logged since the last)");
+                }
+            }
+            Err(_) => {}
+        }
+        result
+    }
+}
+
+/// Enters this node's candidate key in `shard`'s election through `admission`, and waits until
+/// it leads.
 pub async fn campaign(
     session: &Session,
     keys: &Keys,
@@ -142,13 +184,10 @@ pub async fn campaign(
     shard: u32,
     node_id: &str,
     view: &mut watch::Receiver<FleetView>,
-    admission: &Semaphore,
+    admission: &Admission,
 ) -> Result<Leadership, CoordError> {
     let key = keys.candidate(shards, shard, session.lease());
-    let fence = {
-        let _permit = admission.acquire().await;
-        enter(session, &key, node_id).await?
-    };
+    let fence = admission.request(enter(session, &key, node_id)).await?;
     elected(candidacy(session, keys, shards, shard, fence), node_id, view).await
 }
 

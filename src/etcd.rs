@@ -28,6 +28,18 @@ impl From<etcd_client::Error> for CoordError {
 }
 
 impl CoordError {
+    /// Whether etcd pushed back: it answered "too many requests", or did not answer in time.
+    /// Every request of the node should slow down, not just the one that failed.
+    pub fn is_pushback(&self) -> bool {
+        match self {
+            CoordError::Timeout(_) => true,
+            CoordError::Etcd(etcd_client::Error::GRpcStatus(status)) => {
+                status.code() == tonic::Code::ResourceExhausted || status.message().contains("too many requests")
+            }
+            _ => false,
+        }
+    }
+
     /// Whether etcd, or the TLS handshake with it, refused this client's credentials: a wrong
     /// password, an unknown user, a certificate from another authority. Retrying cannot help
     /// until the operator fixes the config, unlike an etcd that is down or out of reach.

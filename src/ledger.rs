@@ -185,7 +185,7 @@ mod tests {
             .await
             .expect("session a");
         let mut view_a = crate::fleet::watch_view(&session_a, &keys, 1);
-        let admission = tokio::sync::Semaphore::new(1);
+        let admission = election::Admission::new(1);
         let leader_a = election::campaign(&session_a, &keys, 1, 0, "a", &mut view_a, &admission)
             .await
             .expect("a leads");
@@ -196,7 +196,7 @@ mod tests {
         let campaign_b = {
             let (session_b, keys) = (session_b.clone(), keys.clone());
             let mut view_b = crate::fleet::watch_view(&session_b, &keys, 1);
-            let admission = tokio::sync::Semaphore::new(1);
+            let admission = election::Admission::new(1);
             tokio::spawn(async move { election::campaign(&session_b, &keys, 1, 0, "b", &mut view_b, &admission).await })
         };
         tokio::time::sleep(Duration::from_millis(300)).await;

@@ -72,7 +72,7 @@ pub async fn run(
         results,
         claim_lead: ClaimLead::new(),
         started_here: Arc::default(),
-        elections: tokio::sync::Semaphore::new(ELECTION_REQUESTS),
+        elections: election::Admission::new(ELECTION_REQUESTS),
         shutdown: shutdown.clone(),
     });
     let killer = {

@@ -155,10 +155,10 @@ pub(crate) async fn run_shard(
                 TermEnd::JobsReloaded(book) => known = Some(book),
                 TermEnd::Deposed => {}
                 TermEnd::HandedOff => {
-                    let resigned = {
-                        let _permit = node.elections.acquire().await;
-                        election::resign(&session, &term.leadership).await
-                    };
+                    let resigned = node
+                        .elections
+                        .request(election::resign(&session, &term.leadership))
+                        .await;
                     if let Err(err) = resigned {
                         tracing::warn!(shard, error = %err, "could not resign; the claims still keep each tick once");
                     }
