@@ -10,6 +10,7 @@
 //! cargo bench --bench bench -- kills        # ticks lost and doubled per 100 SIGKILLs around ticks
 //! cargo bench --bench bench -- scale        # 100,000 jobs on an idle node, and the shards section
 //! cargo bench --bench bench -- shards       # 1,024 and 4,096 shards over 3 and 10 nodes, a rolling restart
+//! cargo bench --bench bench -- catch-up     # 100,000 per-minute jobs taking over records 2 h old
 //! cargo bench --bench bench -- timeline     # a chaos run drawn as benches/timeline.svg
 //! ```
 
@@ -51,6 +52,9 @@ fn main() {
     if wants("scale") {
         bench_idle_node(100_000);
         bench_idle_node(1_000_000);
+    }
+    if wants("catch-up") {
+        bench_catch_up(100_000, 2, Duration::from_secs(120));
     }
     if wants("scale") || wants("shards") {
         bench_many_shards(1024, 3);
@@ -190,6 +194,7 @@ fn direct_spawn_lateness(world: &World, count: usize, seconds: usize) -> Vec<f64
                                 .env("CRON_JOB", format!("direct{i}"))
                                 .env("CRON_SCHEDULED_AT", scheduled_at)
                                 .env("CRON_FENCE", "0")
+                                .env("CRON_TERM", "0")
                                 .env("CRON_NODE", "direct")
                                 .env("CRON_SHARD", "0")
                                 .stdin(Stdio::null())
@@ -910,4 +915,115 @@ fn render_timeline(runs: &[Run], names: &[String], origin: f64, end: f64, events
     }
     svg.push_str("</svg>\n");
     svg
+}
+
+/// `GET /metrics` of a node on `port`, or an empty page.
+fn metrics_page(port: u16) -> String {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return String::new();
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+    let _ = write!(stream, "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    let mut page = String::new();
+    let _ = stream.read_to_string(&mut page);
+    page
+}
+
+/// The value of the unlabelled sample `name` in a metrics page.
+fn metric(page: &str, name: &str) -> f64 {
+    page.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// `jobs` per-minute jobs over 64 shards whose records are `hours` old, `catch_up = "all"`, on
+/// one node: how soon it claims, how fast it drains the backlog, what that costs.
+fn bench_catch_up(jobs: usize, hours: i64, watch: Duration) {
+    let mut world = World::new();
+    let names: Vec<String> = (0..jobs).map(|i| format!("job-{i:06}")).collect();
+    let mut text = format!(
+        "[cluster]\nname = \"catchup\"\nshards = 64\nlease_ttl = \"10s\"\n\n[etcd]\nendpoints = [\"{}\"]\n\n",
+        world.etcd.client_url()
+    );
+    for name in &names {
+        text.push_str(&format!(
+            "[jobs.{name}]\nschedule = \"* * * * *\"\ncommand = \":\"\ncatch_up = \"all\"\n\n"
+        ));
+    }
+    let path = world.dir.path().join("catchup.toml");
+    std::fs::write(&path, text).expect("write the jobs file");
+    let now = Utc::now();
+    let last =
+        DateTime::<Utc>::from_timestamp(now.timestamp() - now.timestamp() % 60 - hours * 3600, 0).expect("instant");
+    world.seed_job_records("catchup", &names, last);
+    let owed = jobs * ((hours * 60) as usize).min(100);
+
+    let port = shardcron::etcd_server::free_port().expect("port");
+    let started = Instant::now();
+    world
+        .node("a", &path)
+        .args(&["--metrics-addr", &format!("127.0.0.1:{port}")])
+        .env(&[("SHARDCRON_LOG", "info")])
+        .start();
+    let mut first_claim = None;
+    let mut samples = Vec::new();
+    let mut next_sample = Duration::from_secs(10);
+    let mut page = String::new();
+    while started.elapsed() < watch {
+        std::thread::sleep(Duration::from_millis(100));
+        page = metrics_page(port);
+        if first_claim.is_none() && metric(&page, "shardcron_catch_up_runs_total") > 0.0 {
+            first_claim = Some(started.elapsed().as_secs_f64());
+        }
+        if started.elapsed() >= next_sample {
+            samples.push((
+                started.elapsed().as_secs_f64(),
+                metric(&page, "shardcron_catch_up_runs_total"),
+                metric(&page, "shardcron_run_duration_seconds_count"),
+                world.nodes[0].rss_mib(),
+            ));
+            next_sample += Duration::from_secs(10);
+        }
+    }
+    let node = &world.nodes[0];
+    println!(
+        "\n### Catch-up: {jobs} per-minute jobs over 64 shards, records {hours} h old, catch_up = \"all\", one node\n"
+    );
+    println!(
+        "{owed} ticks are owed (at most 100 per job). Watched for {} s.\n",
+        watch.as_secs()
+    );
+    println!("| after | missed ticks claimed | runs finished | resident memory |");
+    println!("|---|---|---|---|");
+    for (at, claimed, finished, rss) in &samples {
+        println!("| {at:.0} s | {claimed:.0} | {finished:.0} | {rss:.0} MiB |");
+    }
+    let finished = metric(&page, "shardcron_run_duration_seconds_count");
+    let elapsed = started.elapsed().as_secs_f64();
+    let rate = samples
+        .first()
+        .map(|(at, _, done, _)| (finished - done) / (elapsed - at))
+        .unwrap_or(0.0);
+    println!("\n| measure | value | target |");
+    println!("|---|---|---|");
+    match first_claim {
+        Some(at) => println!("| first missed tick claimed, after the node started | {at:.2} s | ≤ 1 s |"),
+        None => println!(
+            "| first missed tick claimed, after the node started | not within {} s | ≤ 1 s |",
+            watch.as_secs()
+        ),
+    }
+    println!("| runs finished per second, after the first sample | {rate:.0} | |");
+    if rate > 0.0 {
+        println!(
+            "| time to drain every owed tick at that rate | {:.0} min | |",
+            owed as f64 / rate / 60.0
+        );
+    }
+    println!("| peak resident memory | {:.0} MiB | bounded |", node.peak_rss_mib());
+    println!(
+        "| session losses | {} | 0 |",
+        metric(&page, "shardcron_session_losses_total")
+    );
 }

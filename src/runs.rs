@@ -2,6 +2,7 @@
 //! shutdown, and handing their results to the [`crate::results`] queue.
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -20,6 +21,11 @@ use crate::runner::{self, Tick};
 /// would bury the machine (and the node's lease renewals) under processes. Live ticks never wait.
 const LATE_RUNS_PER_CORE: usize = 4;
 
+/// How many caught-up and redelivered ticks may wait for a permit on a node before a leader
+/// claims more of its backlog: a takeover that owes 100 ticks to each of 100,000 jobs claims and
+/// holds them a part at a time, not ten million at once.
+pub const LATE_ROOM: usize = 10_000;
+
 /// Runs started on this node. Cheap to clone.
 #[derive(Clone)]
 pub struct Runs {
@@ -27,6 +33,10 @@ pub struct Runs {
     jobs: Arc<Mutex<HashMap<String, JobRuns>>>,
     /// Permits for caught-up and redelivered runs (see [`LATE_RUNS_PER_CORE`]).
     late: Arc<tokio::sync::Semaphore>,
+    /// Caught-up and redelivered ticks handed over and not taken up yet (see [`LATE_ROOM`]).
+    late_waiting: Arc<std::sync::atomic::AtomicUsize>,
+    /// Told when `late_waiting` drops below [`LATE_ROOM`].
+    late_room: Arc<tokio::sync::Notify>,
     /// Cancelled when the shutdown grace is over: running commands are killed.
     kill: CancellationToken,
     results: Arc<ResultQueue>,
@@ -64,6 +74,8 @@ impl Runs {
             tracker: TaskTracker::new(),
             jobs: Arc::default(),
             late: Arc::new(tokio::sync::Semaphore::new(cores * LATE_RUNS_PER_CORE)),
+            late_waiting: Arc::default(),
+            late_room: Arc::default(),
             kill: CancellationToken::new(),
             results,
         }
@@ -108,6 +120,8 @@ impl Runs {
             let ticket = runs.newest;
             (job.overlap != Overlap::Allow).then(|| (Arc::clone(&runs.turn), ticket))
         };
+        let late = ticks.iter().filter(|tick| tick.caught_up).count();
+        self.late_waiting.fetch_add(late, Ordering::SeqCst);
         let runs = self.clone();
         self.tracker.spawn(async move {
             let (_turn, replace, waited) = match &turn {
@@ -121,6 +135,15 @@ impl Runs {
                 None => (None, CancellationToken::new(), false),
             };
             for tick in ticks {
+                // Held for the run; the semaphore is never closed. A late tick waits for room
+                // until it holds a permit.
+                let _late = if tick.caught_up {
+                    let permit = Arc::clone(&runs.late).acquire_owned().await.ok();
+                    runs.late_taken_up();
+                    permit
+                } else {
+                    None
+                };
                 if replace.is_cancelled() {
                     if settle(&tick) {
                         runs.report(&tick, not_run(&tick, Outcome::Replaced));
@@ -135,12 +158,6 @@ impl Runs {
                     }
                     continue;
                 }
-                // Held for the run; the semaphore is never closed.
-                let _late = if tick.caught_up {
-                    Arc::clone(&runs.late).acquire_owned().await.ok()
-                } else {
-                    None
-                };
                 let Some(ticket) = tick.starts.begin(&tick.job.name, tick.scheduled_at).await else {
                     not_starting(&tick);
                     continue;
@@ -171,6 +188,30 @@ impl Runs {
                 }
             }
         });
+    }
+
+    /// Whether fewer than [`LATE_ROOM`] late ticks wait on this node.
+    pub fn has_late_room(&self) -> bool {
+        self.late_waiting.load(Ordering::SeqCst) < LATE_ROOM
+    }
+
+    /// Waits until [`Runs::has_late_room`].
+    pub async fn late_room(&self) {
+        loop {
+            let notified = self.late_room.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.has_late_room() {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    fn late_taken_up(&self) {
+        if self.late_waiting.fetch_sub(1, Ordering::SeqCst) == LATE_ROOM {
+            self.late_room.notify_waiters();
+        }
     }
 
     /// Called by a sequence once it holds the job's turn: the token that stops it, stored so a

@@ -6,7 +6,7 @@
 //! its lease may have expired, so a stalled leader that wakes up late does nothing.
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -234,10 +234,11 @@ impl Term {
         // One instant for both: a tick due while the catch-up's claims are in flight is after
         // it, so the queue takes it, however long the claims take.
         let now = clock::now();
-        if let Err(halt) = self.catch_up(claimer, book, now).await {
-            return halt.into();
-        }
-        let mut queue = self.queue(book, now);
+        let mut behind: VecDeque<usize> = (0..book.entries().len()).collect();
+        let mut queue = match self.catch_up(claimer, book, &mut behind, now).await {
+            Ok(settled) => self.queue(book, &settled, now),
+            Err(halt) => return halt.into(),
+        };
         // When the last instant fired, and its tick.
         let mut last_fired: Option<(DateTime<Utc>, DateTime<Utc>)> = None;
         // The next instant once claimed, and the jobs whose tick it won with their fences.
@@ -308,6 +309,16 @@ impl Term {
                     continue;
                 }
                 Ok(()) = reloads.changed() => return TermEnd::JobsReloaded(std::mem::take(book)),
+                // Jobs whose backlogs waited for room: claimed between instants, never while an
+                // instant claimed ahead waits to fire.
+                _ = self.node.runs.late_room(), if !behind.is_empty() && claimed.is_none() => {
+                    let now = clock::now();
+                    match self.catch_up(claimer, book, &mut behind, now).await {
+                        Ok(settled) => queue.extend(self.queue(book, &settled, now)),
+                        Err(halt) => return halt.into(),
+                    }
+                    continue;
+                }
                 _ = self.session.ended().cancelled() => return self.cancelled(),
             }
             let (due, won) = match claimed.take() {
@@ -325,10 +336,11 @@ impl Term {
                         // Fired one by one, the instants passed would all run, whatever each
                         // job's catch_up, starting_deadline and cap say.
                         tracing::warn!(shard = self.leadership.shard, tick = %due, behind_ms = (now - due).num_milliseconds(), "the wall clock jumped forward or this leader stalled: the ticks passed meanwhile are caught up as each job's catch_up says");
-                        if let Err(halt) = self.catch_up(claimer, book, now).await {
-                            return halt.into();
-                        }
-                        queue = self.queue(book, now);
+                        behind = (0..book.entries().len()).collect();
+                        queue = match self.catch_up(claimer, book, &mut behind, now).await {
+                            Ok(settled) => self.queue(book, &settled, now),
+                            Err(halt) => return halt.into(),
+                        };
                         continue;
                     }
                     let won = match self.claim_instant(claimer, book, &mut queue, due).await {
@@ -358,12 +370,12 @@ impl Term {
         }
     }
 
-    /// Each job's next tick after `now`, a tick this leadership claimed ahead and owes first.
-    fn queue(&self, book: &Book, now: DateTime<Utc>) -> BinaryHeap<Reverse<(DateTime<Utc>, usize)>> {
-        book.entries()
-            .iter()
-            .enumerate()
-            .filter_map(|(index, entry)| {
+    /// Each of `jobs`' next tick after `now`, a tick this leadership claimed ahead and owes
+    /// first.
+    fn queue(&self, book: &Book, jobs: &[usize], now: DateTime<Utc>) -> BinaryHeap<Reverse<(DateTime<Utc>, usize)>> {
+        jobs.iter()
+            .filter_map(|&index| {
+                let entry = &book.entries()[index];
                 let owed = self.starts.next_owed_after(&entry.job.name, now);
                 let from = entry.last().map_or(now, |last| last.max(now));
                 owed.or_else(|| entry.job.schedule.next_after(from))

@@ -1,7 +1,7 @@
 //! What a new leader does first: the ticks its predecessor claimed and never started, and the
 //! ticks missed while the shard had no leader.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
@@ -19,34 +19,51 @@ use crate::record::{Claim, Outcome, RunRecord};
 type Lost = HashMap<usize, (Claim, i64, Vec<DateTime<Utc>>)>;
 
 impl Term {
-    /// Settles what earlier leaders left: ticks they claimed and never started are delivered
-    /// again or recorded lost, as each job's `delivery` says, and the ticks missed while the
-    /// shard had no leader run as each job's `catch_up` says.
+    /// Settles, for the jobs of `behind` (front first), what earlier leaders left: ticks they
+    /// claimed and never started are delivered again or recorded lost, as each job's `delivery`
+    /// says, and the ticks missed while the shard had no leader run as each job's `catch_up`
+    /// says. Returns the jobs settled, which fire from now on. A job that owes late runs while
+    /// the node has no room for more of them (see [`crate::runs::LATE_ROOM`]) stays in
+    /// `behind`, its live ticks joining its backlog, until the leader has room to claim it.
     pub(super) async fn catch_up(
         &self,
         claimer: &Claimer<'_>,
         book: &mut Book,
+        behind: &mut VecDeque<usize>,
         now: DateTime<Utc>,
-    ) -> Result<(), Halt> {
-        // Job by job, a transaction's worth at a time, yielding between them: a shard of 100,000
+    ) -> Result<Vec<usize>, Halt> {
+        // A transaction's worth of jobs at a time, yielding between them: a shard of 100,000
         // jobs with missed ticks never holds every job's ticks at once, nor a worker for long.
-        let jobs = book.entries().len();
-        for first in (0..jobs).step_by(MAX_OPS_PER_TXN) {
-            let (wants, lost) = self.wants(book, first..jobs.min(first + MAX_OPS_PER_TXN), now);
+        let mut settled = Vec::new();
+        let mut waiting = VecDeque::new();
+        while !behind.is_empty() {
+            let chunk: Vec<usize> = behind.drain(..behind.len().min(MAX_OPS_PER_TXN)).collect();
+            let (wants, lost) = self.wants(book, &chunk, now);
+            if !wants.is_empty() && !self.node.runs.has_late_room() {
+                let owing: Vec<usize> = wants.iter().map(|want| want.index).collect();
+                settled.extend(chunk.iter().filter(|index| !owing.contains(index)));
+                waiting.extend(owing);
+                continue;
+            }
             if !wants.is_empty() {
                 self.deliver(claimer, book, &wants, lost, now).await?;
             }
+            settled.extend(chunk);
             tokio::task::yield_now().await;
         }
-        Ok(())
+        if !waiting.is_empty() {
+            tracing::info!(shard = self.leadership.shard, jobs = waiting.len(), "the node has no room for more late runs: these jobs' backlogs are claimed once earlier ones have started");
+        }
+        *behind = waiting;
+        Ok(settled)
     }
 
-    /// What to claim for the jobs of `range`: missed ticks as each job's `catch_up` says, and the
-    /// pending ticks earlier leaders left, to run again or (returned apart) to record lost.
-    fn wants(&self, book: &Book, range: std::ops::Range<usize>, now: DateTime<Utc>) -> (Vec<Want>, Lost) {
+    /// What to claim for `jobs`: missed ticks as each job's `catch_up` says, and the pending
+    /// ticks earlier leaders left, to run again or (returned apart) to record lost.
+    fn wants(&self, book: &Book, jobs: &[usize], now: DateTime<Utc>) -> (Vec<Want>, Lost) {
         let mut wants = Vec::new();
         let mut lost = Lost::new();
-        for index in range {
+        for &index in jobs {
             let entry = &book.entries()[index];
             let label = entry.job.schedule.label();
             let was = entry

@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
+
 use crate::support::*;
 use shardcron::shard::shard_of;
 
@@ -327,6 +329,89 @@ fn a_takeover_runs_a_large_backlog_a_few_at_a_time_and_all_of_it() {
                 .count();
             assert_eq!(ran, 1, "{name} ran its tick {tick} {ran} times");
         }
+    }
+}
+
+#[test]
+fn a_backlog_larger_than_the_nodes_room_is_claimed_in_parts_while_other_jobs_fire_on_time() {
+    let mut world = World::new();
+    // 250 jobs owing 100 ticks each: more late ticks than a node lets wait at once (10,000), so
+    // the third part of 100 jobs finds no room. A builtin echo keeps 25,000 runs cheap.
+    let behind = job_names(250, 3);
+    let fresh: Vec<String> = (0..4).map(|index| format!("fresh{index}")).collect();
+    // "allow": live ticks run beside the backlog rather than being skipped behind it.
+    let mut jobs = every_second(&behind, "catch_up = \"all\"\noverlap = \"allow\"");
+    jobs.extend(every_second(&fresh, ""));
+    let file = world.dir.path().join("ticks.log");
+    let command = format!("echo \"$CRON_JOB $CRON_SCHEDULED_AT\" >> {}", file.display());
+    let config = world.write_config_running("jobs.toml", 1, 3, &jobs, &command);
+    let seeded = Utc::now().timestamp() - 150;
+    world.seed_job_records("test", &behind, DateTime::from_timestamp(seeded, 0).expect("instant"));
+    let started = Utc::now().timestamp();
+    world.node("a", &config).start();
+    let ticks_of = |text: &str| -> std::collections::HashMap<String, Vec<i64>> {
+        let mut ticks: std::collections::HashMap<String, Vec<i64>> = Default::default();
+        for line in text.lines() {
+            if let Some((job, tick)) = line.split_once(' ') {
+                if let Ok(tick) = DateTime::parse_from_rfc3339(tick) {
+                    ticks.entry(job.to_string()).or_default().push(tick.timestamp());
+                }
+            }
+        }
+        ticks
+    };
+    // Each job's backlog runs in order while its live ticks run beside it: drained once its
+    // ticks have no gap.
+    let contiguous = |ticks: &[i64]| {
+        let mut ticks = ticks.to_vec();
+        ticks.sort();
+        ticks.windows(2).all(|pair| pair[1] == pair[0] + 1)
+    };
+    let mut ran = Default::default();
+    wait_for(
+        Duration::from_secs(300),
+        "every backlog drained: 100 caught up, no gap, a live tick each",
+        || {
+            ran = ticks_of(&std::fs::read_to_string(&file).unwrap_or_default());
+            behind.iter().all(|name| {
+                ran.get(name)
+                    .is_some_and(|ticks| ticks.len() >= 101 && contiguous(ticks))
+            })
+        },
+    );
+    assert!(
+        world.nodes[0].log_text().contains("no room for more late runs"),
+        "the backlog was claimed in parts"
+    );
+    for name in &behind {
+        let mut ticks = ran[name].clone();
+        ticks.sort();
+        assert!(
+            ticks.windows(2).all(|pair| pair[1] == pair[0] + 1),
+            "{name}: from its first caught-up tick on, every tick runs once: {ticks:?}"
+        );
+        assert!(ticks[0] > seeded, "{name} ran {} before its record", ticks[0]);
+        // However late its part was claimed, the newest 100 ticks reach back before the start.
+        assert!(
+            ticks[0] < started - 50,
+            "{name} caught up nothing from before the start: first tick {}",
+            ticks[0]
+        );
+    }
+    // The jobs that owed nothing fired every second from the start, backlogs or not.
+    let now = Utc::now().timestamp();
+    for name in &fresh {
+        let mut ticks = ran.get(name).cloned().unwrap_or_default();
+        ticks.sort();
+        ticks.retain(|tick| *tick < now - 2);
+        let first = *ticks.first().expect("it ran");
+        assert!(first < started + 10, "{name} first ran at {first}, started {started}");
+        let expected: Vec<i64> = (first..first + ticks.len() as i64).collect();
+        assert_eq!(
+            ticks, expected,
+            "{name} ran every second once while the backlogs drained"
+        );
+        assert_eq!(*ticks.last().expect("ran"), now - 3, "{name} kept firing to the end");
     }
 }
 

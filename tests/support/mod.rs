@@ -132,6 +132,36 @@ impl World {
         path
     }
 
+    /// Writes, for each of `names` in `cluster`, the record a leader of long ago would have left:
+    /// `last` claimed, nothing pending.
+    pub fn seed_job_records(&self, cluster: &str, names: &[String], last: DateTime<Utc>) {
+        use etcd_client::{Client, Txn, TxnOp};
+        let record = shardcron::record::Claim {
+            scheduled_at: last,
+            fence: 1,
+            node: "gone".into(),
+            pending: Vec::new(),
+            shards: None,
+            schedule: None,
+        };
+        let value = serde_json::to_string(&record).expect("record");
+        let runtime = tokio::runtime::Runtime::new().expect("runtime");
+        runtime.block_on(async {
+            let client = Client::connect([self.etcd.client_url()], None).await.expect("etcd");
+            for chunk in names.chunks(100) {
+                let puts: Vec<TxnOp> = chunk
+                    .iter()
+                    .map(|name| TxnOp::put(format!("/shardcron/{cluster}/jobs/{name}/last"), value.clone(), None))
+                    .collect();
+                client
+                    .clone()
+                    .txn(Txn::new().and_then(puts))
+                    .await
+                    .expect("seed records");
+            }
+        });
+    }
+
     /// Starts nodes `a` and `b` on a one-shard `config` and returns their roles once the shard's
     /// target leads and runs ticks and the other node stands by.
     pub fn leader_and_standby(&mut self, config: &Path) -> Roles {
