@@ -10,7 +10,8 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use clap::{Args, Parser, Subcommand};
 
 use crate::config::{self, Config};
-use crate::schedule::{parse_zone, Schedule};
+use crate::plan;
+use crate::schedule::{parse_zone, Schedule, ScheduleError};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -29,6 +30,9 @@ pub enum Command {
     Check(ConfigArg),
     /// Print the next fire instants of a schedule expression.
     Next(NextArgs),
+    /// Print every fire instant of the config's jobs in a window (default: the next 24 h), in
+    /// time order, with a note where a DST rule decided the instant.
+    Plan(PlanArgs),
     /// Run a node: campaign for shards and fire their jobs.
     Run(RunArgs),
     /// Show shard leaders, nodes and each job's last and next run.
@@ -63,6 +67,33 @@ pub struct NextArgs {
     /// How many instants to print.
     #[arg(short = 'n', default_value_t = 5)]
     pub count: usize,
+    /// The job whose name gives the values of `H` items (hash-spread schedules).
+    #[arg(long, value_name = "NAME")]
+    pub job: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct PlanArgs {
+    #[command(flatten)]
+    pub config: ConfigArg,
+    /// Start of the window (RFC 3339), included. Default: now.
+    #[arg(long)]
+    pub from: Option<String>,
+    /// End of the window (RFC 3339), excluded. Default: 24 h after --from.
+    #[arg(long, conflicts_with = "for_")]
+    pub to: Option<String>,
+    /// Length of the window instead of --to, such as 90m or 7d.
+    #[arg(long = "for", id = "for_", value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub for_: Option<Duration>,
+    /// Only this job; repeat for several. Default: every job.
+    #[arg(long = "job", value_name = "NAME")]
+    pub jobs: Vec<String>,
+    /// Print a JSON array of objects instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Print at most this many instants; a longer plan is cut, with an error.
+    #[arg(long, default_value_t = 100_000)]
+    pub limit: usize,
 }
 
 #[derive(Debug, Args)]
@@ -139,7 +170,15 @@ pub fn check(args: &ConfigArg) -> Result<()> {
             .or_insert_with(|| job.schedule.next_after(now));
         let zone = job.schedule.zone();
         let next = next.map_or_else(|| "never".to_string(), |next| format_instant(next, zone));
-        writeln!(out, "{} shard={} zone={} next={}", job.name, job.shard, zone, next)?;
+        writeln!(
+            out,
+            "{} shard={} zone={} next={} schedule=\"{}\"",
+            job.name,
+            job.shard,
+            zone,
+            next,
+            job.schedule.expanded()
+        )?;
     }
     out.flush()?;
     eprintln!(
@@ -154,13 +193,12 @@ pub fn check(args: &ConfigArg) -> Result<()> {
 
 pub fn next(args: &NextArgs) -> Result<()> {
     let zone = parse_zone(&args.tz).map_err(anyhow::Error::msg).context("--tz")?;
-    let schedule = Schedule::parse(&args.expression, zone)?;
-    let mut cursor = match &args.from {
-        Some(from) => DateTime::parse_from_rfc3339(from)
-            .with_context(|| format!("--from {from:?} is not an RFC 3339 instant such as 2027-03-14T01:00:00-05:00"))?
-            .with_timezone(&Utc),
-        None => Utc::now(),
-    };
+    let schedule =
+        Schedule::parse_for_job(&[&args.expression], zone, args.job.as_deref()).map_err(|err| match err {
+            ScheduleError::NeedsJob { .. } => anyhow::anyhow!("{err} with --job NAME"),
+            err => err.into(),
+        })?;
+    let mut cursor = parse_instant("--from", args.from.as_deref())?.unwrap_or_else(Utc::now);
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     for _ in 0..args.count {
@@ -169,6 +207,98 @@ pub fn next(args: &NextArgs) -> Result<()> {
         };
         writeln!(out, "{}", format_instant(next, zone))?;
         cursor = next;
+    }
+    Ok(())
+}
+
+fn parse_instant(flag: &str, value: Option<&str>) -> Result<Option<DateTime<Utc>>> {
+    value
+        .map(|value| {
+            DateTime::parse_from_rfc3339(value)
+                .map(|instant| instant.with_timezone(&Utc))
+                .with_context(|| {
+                    format!("{flag} {value:?} is not an RFC 3339 instant such as 2027-03-14T01:00:00-05:00")
+                })
+        })
+        .transpose()
+}
+
+/// One line of `plan --json`; the keys are a contract.
+#[derive(serde::Serialize)]
+struct PlannedFire<'a> {
+    at: String,
+    at_utc: String,
+    job: &'a str,
+    shard: u32,
+    zone: &'a str,
+    note: Option<&'static str>,
+}
+
+pub fn plan(args: &PlanArgs) -> Result<()> {
+    let config = args.config.load()?;
+    let from = parse_instant("--from", args.from.as_deref())?.unwrap_or_else(Utc::now);
+    let to = match (parse_instant("--to", args.to.as_deref())?, args.for_) {
+        (Some(to), _) => to,
+        (None, Some(length)) => from + chrono::Duration::from_std(length).context("--for is too long")?,
+        (None, None) => from + chrono::Duration::hours(24),
+    };
+    anyhow::ensure!(to > from, "the window is empty: --to must be after --from");
+    if let Some(unknown) = args
+        .jobs
+        .iter()
+        .find(|name| !config.jobs.iter().any(|job| job.name == **name))
+    {
+        anyhow::bail!("--job {unknown:?}: no such job in {}", config.path.display());
+    }
+    // In the config's order whatever the order of --job, so jobs due at one instant are listed
+    // alike by every call.
+    let jobs: Vec<&config::Job> = config
+        .jobs
+        .iter()
+        .filter(|job| args.jobs.is_empty() || args.jobs.contains(&job.name))
+        .collect();
+    let (fires, cut) = plan::fires(&jobs, from, to, args.limit);
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    if args.json {
+        let fires: Vec<PlannedFire> = fires
+            .iter()
+            .map(|fire| PlannedFire {
+                at: format_instant(fire.at, fire.job.schedule.zone()),
+                at_utc: fire.at.to_rfc3339_opts(SecondsFormat::Secs, true),
+                job: &fire.job.name,
+                shard: fire.job.shard,
+                zone: fire.job.schedule.zone().name(),
+                note: fire.dst.map(plan::DstRule::note),
+            })
+            .collect();
+        serde_json::to_writer_pretty(&mut out, &fires)?;
+        writeln!(out)?;
+    } else {
+        for fire in &fires {
+            let zone = fire.job.schedule.zone();
+            write!(
+                out,
+                "{} {} shard={} zone={}",
+                format_instant(fire.at, zone),
+                fire.job.name,
+                fire.job.shard,
+                zone
+            )?;
+            match fire.dst {
+                Some(rule) => writeln!(out, " note=\"{}\"", rule.note())?,
+                None => writeln!(out)?,
+            }
+        }
+    }
+    out.flush()?;
+    if cut {
+        let last = fires.last().map_or(from, |fire| fire.at);
+        anyhow::bail!(
+            "the plan was cut after {} instants (the last at {}): narrow the window (--for, --to), pick jobs (--job) or raise --limit",
+            fires.len(),
+            last.to_rfc3339_opts(SecondsFormat::Secs, true)
+        );
     }
     Ok(())
 }

@@ -16,6 +16,7 @@ fn main() -> ExitCode {
     let result = match &cli.command {
         Command::Check(args) => cli::check(args),
         Command::Next(args) => cli::next(args),
+        Command::Plan(args) => cli::plan(args),
         Command::Run(args) => load_for_node(&args.config.config).and_then(|config| {
             let _log_written_out = init_logging(args.node.log_format);
             with_runtime(run(config, args.node.clone(), None))

@@ -12,15 +12,23 @@ use chrono_tz::Tz;
 use croner::parser::{CronParser, Seconds, Year};
 use croner::Cron;
 
-/// A parsed crontab expression and the zone its wall-clock fields are read in.
+use crate::spread;
+
+/// One or more parsed crontab expressions and the zone their wall-clock fields are read in. A
+/// job with several expressions fires at every instant any of them matches, once per instant.
 #[derive(Clone)]
 pub struct Schedule {
-    expression: String,
+    /// The expressions as they fire (nicknames and `H` expanded), joined by `" | "`.
+    expanded: String,
     zone: Tz,
-    cron: Cron,
-    /// The expression and zone as job records name them, made once: every claim writes it.
+    crons: Vec<Cron>,
+    /// The expanded expressions and zone as job records name them, made once: every claim
+    /// writes it.
     label: String,
 }
+
+/// Separates the expressions of a schedule list wherever they are shown as one string.
+const LIST_SEPARATOR: &str = " | ";
 
 /// Why an expression cannot be used as a schedule.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -29,6 +37,10 @@ pub enum ScheduleError {
     Invalid { expression: String, reason: String },
     #[error("schedule {expression:?} never fires (no matching date within the search limit)")]
     NeverFires { expression: String },
+    #[error("schedule {expression:?} uses H, whose values come from a job's name: name the job")]
+    NeedsJob { expression: String },
+    #[error("the schedule list is empty: give at least one expression")]
+    Empty,
 }
 
 impl Schedule {
@@ -38,45 +50,29 @@ impl Schedule {
     /// expression that parses but can never fire (`0 0 31 2 *`) is an error here, so a job
     /// that would silently never run is refused at load time.
     pub fn parse(expression: &str, zone: Tz) -> Result<Self, ScheduleError> {
-        let trimmed = expression.trim();
-        let expanded = expand_nickname(trimmed).map_err(|reason| ScheduleError::Invalid {
-            expression: expression.to_string(),
-            reason,
-        })?;
-        let fields = expanded.split_whitespace().count();
-        if fields != 5 && fields != 6 {
-            return Err(ScheduleError::Invalid {
-                expression: expression.to_string(),
-                reason: format!(
-                    "expected 5 fields (minute hour day-of-month month day-of-week) \
-                     or 6 with leading seconds, found {fields}"
-                ),
-            });
+        Self::parse_for_job(&[expression], zone, None)
+    }
+
+    /// Parses a list of expressions for `job`, whose name gives the values of any `H` item (see
+    /// [`crate::spread`]); without a job, an `H` is an error.
+    pub fn parse_for_job(expressions: &[&str], zone: Tz, job: Option<&str>) -> Result<Self, ScheduleError> {
+        if expressions.is_empty() {
+            return Err(ScheduleError::Empty);
         }
-        let cron = CronParser::builder()
-            .seconds(Seconds::Optional)
-            .year(Year::Disallowed)
-            .dom_and_dow(false)
-            .build()
-            .parse(expanded)
-            .map_err(|err| ScheduleError::Invalid {
-                expression: expression.to_string(),
-                reason: err.to_string(),
-            })?;
+        let mut crons = Vec::with_capacity(expressions.len());
+        let mut expanded = Vec::with_capacity(expressions.len());
+        for expression in expressions {
+            let (cron, fires_as) = parse_one(expression, job)?;
+            crons.push(cron);
+            expanded.push(fires_as);
+        }
+        let expanded = expanded.join(LIST_SEPARATOR);
         let schedule = Schedule {
-            expression: trimmed.to_string(),
+            label: format!("{expanded} in {zone}"),
+            expanded,
             zone,
-            cron,
-            label: format!("{trimmed} in {zone}"),
+            crons,
         };
-        // A reference instant in the past keeps the check independent of today's date; a
-        // pattern that matches nothing fails from any start.
-        let reference = DateTime::<Utc>::from_timestamp(0, 0).unwrap_or_default();
-        if schedule.next_after(reference).is_none() {
-            return Err(ScheduleError::NeverFires {
-                expression: expression.to_string(),
-            });
-        }
         Ok(schedule)
     }
 
@@ -87,19 +83,30 @@ impl Schedule {
     /// a job with a wildcard or step in its time fields fires by elapsed time.
     pub fn next_after(&self, after: DateTime<Utc>) -> Option<DateTime<Utc>> {
         let local = after.with_timezone(&self.zone);
-        self.cron
-            .find_next_occurrence(&local, false)
-            .ok()
+        self.crons
+            .iter()
+            .filter_map(|cron| cron.find_next_occurrence(&local, false).ok())
             .map(|next| next.with_timezone(&Utc))
+            .min()
     }
 
     /// The last fire instant at or before `at`, or `None` if there is none.
     pub fn latest_at_or_before(&self, at: DateTime<Utc>) -> Option<DateTime<Utc>> {
         let local = at.with_timezone(&self.zone);
-        self.cron
-            .find_previous_occurrence(&local, true)
-            .ok()
+        self.crons
+            .iter()
+            .filter_map(|cron| cron.find_previous_occurrence(&local, true).ok())
             .map(|previous| previous.with_timezone(&Utc))
+            .max()
+    }
+
+    /// Whether some expression's wall-clock fields match `at` read in the zone. False for an
+    /// instant the schedule fires at only because its wall time fell in a DST gap.
+    pub fn matches_wall_time(&self, at: DateTime<Utc>) -> bool {
+        let local = at.with_timezone(&self.zone);
+        self.crons
+            .iter()
+            .any(|cron| cron.is_time_matching(&local).unwrap_or(false))
     }
 
     /// The newest fire instants in `(after, until]`, oldest first, at most `limit` of them, and
@@ -125,8 +132,9 @@ impl Schedule {
         (ticks, false)
     }
 
-    pub fn expression(&self) -> &str {
-        &self.expression
+    /// The expressions as they fire, nicknames and `H` expanded, joined by `" | "`.
+    pub fn expanded(&self) -> &str {
+        &self.expanded
     }
 
     pub fn zone(&self) -> Tz {
@@ -141,8 +149,54 @@ impl Schedule {
 
 impl fmt::Debug for Schedule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Schedule({:?} in {})", self.expression, self.zone)
+        write!(f, "Schedule({:?} in {})", self.expanded, self.zone)
     }
+}
+
+/// One expression parsed, and the expression it fires as (nickname and `H` expanded).
+fn parse_one(expression: &str, job: Option<&str>) -> Result<(Cron, String), ScheduleError> {
+    let invalid = |reason: String| ScheduleError::Invalid {
+        expression: expression.to_string(),
+        reason,
+    };
+    let trimmed = expression.trim();
+    let unnicknamed = expand_nickname(trimmed).map_err(invalid)?;
+    let fires_as = if spread::uses_hash(unnicknamed) {
+        let job = job.ok_or_else(|| ScheduleError::NeedsJob {
+            expression: expression.to_string(),
+        })?;
+        spread::expand(unnicknamed, job).map_err(invalid)?
+    } else {
+        unnicknamed.to_string()
+    };
+    let fields = fires_as.split_whitespace().count();
+    if fields != 5 && fields != 6 {
+        return Err(invalid(format!(
+            "expected 5 fields (minute hour day-of-month month day-of-week) \
+             or 6 with leading seconds, found {fields}"
+        )));
+    }
+    let cron = CronParser::builder()
+        .seconds(Seconds::Optional)
+        .year(Year::Disallowed)
+        .dom_and_dow(false)
+        .build()
+        .parse(&fires_as)
+        .map_err(|err| invalid(err.to_string()))?;
+    // A reference instant in the past keeps the check independent of today's date; a pattern
+    // that matches nothing fails from any start.
+    let reference = DateTime::<Utc>::from_timestamp(0, 0).unwrap_or_default();
+    if cron.find_next_occurrence(&reference, false).is_err() {
+        return Err(ScheduleError::NeverFires {
+            expression: expression.to_string(),
+        });
+    }
+    let fires_as = if trimmed.starts_with('@') {
+        trimmed.to_string()
+    } else {
+        fires_as
+    };
+    Ok((cron, fires_as))
 }
 
 /// Vixie cron's `@` forms. Expanded here rather than by croner, whose expansion adds a year field.
@@ -420,6 +474,54 @@ mod tests {
         let (ticks, _) = schedule.newest_ticks_between(at("2027-01-01T00:00:30Z"), at("2027-01-01T00:00:30Z"), 5);
         assert!(ticks.is_empty());
     }
+
+    #[test]
+    fn a_list_fires_at_the_union_of_its_expressions_once_per_instant() {
+        let zone = parse_zone("UTC").unwrap();
+        let list = Schedule::parse_for_job(&["0 9 * * 1-5", "0 9,12 * * 5-6"], zone, None).unwrap();
+        let mut cursor = at("2027-01-06T12:00:00Z");
+        let fires: Vec<String> = (0..5)
+            .map(|_| {
+                cursor = list.next_after(cursor).unwrap();
+                cursor.to_rfc3339()
+            })
+            .collect();
+        // Wednesday 6 January 2027: Thursday 09:00, Friday 09:00 (named twice, fired once) and
+        // 12:00, Saturday 09:00 and 12:00.
+        assert_eq!(
+            fires,
+            [
+                "2027-01-07T09:00:00+00:00",
+                "2027-01-08T09:00:00+00:00",
+                "2027-01-08T12:00:00+00:00",
+                "2027-01-09T09:00:00+00:00",
+                "2027-01-09T12:00:00+00:00",
+            ]
+        );
+        assert_eq!(list.expanded(), "0 9 * * 1-5 | 0 9,12 * * 5-6");
+        assert_eq!(
+            Schedule::parse_for_job(&[], zone, None).unwrap_err(),
+            ScheduleError::Empty
+        );
+    }
+
+    #[test]
+    fn an_h_needs_a_job_and_day_names_are_not_an_h() {
+        let zone = parse_zone("UTC").unwrap();
+        assert!(matches!(
+            Schedule::parse("H * * * *", zone),
+            Err(ScheduleError::NeedsJob { .. })
+        ));
+        let thursdays = Schedule::parse("0 9 * * THU", zone).unwrap();
+        assert_eq!(thursdays.expanded(), "0 9 * * THU");
+        let spread = Schedule::parse_for_job(&["H 9 * * THU"], zone, Some("report")).unwrap();
+        assert_eq!(
+            spread.expanded(),
+            crate::spread::expand("H 9 * * THU", "report").unwrap()
+        );
+        assert_eq!(Schedule::parse("@daily", zone).unwrap().label(), "@daily in UTC");
+    }
+
     /// Catch-up walks backwards from now, firing walks forwards from the last tick: on every
     /// schedule, zone and DST day of the table both must find the same instants.
     #[test]
@@ -436,6 +538,9 @@ mod tests {
             "@hourly",
             "*/20 * * * * *",
             "* * * * * *",
+            // A list whose expressions name some instants in common, and a hash-spread one.
+            "30 2 * * * | 0 */2 * * * | 30 */3 * * *",
+            "H H(1-3) * * *",
         ];
         // Three days around each zone's DST changes of 2027, and a quiet week in UTC.
         let windows = [
@@ -449,7 +554,8 @@ mod tests {
         ];
         for expression in expressions {
             for (zone, after, until) in windows {
-                let schedule = Schedule::parse(expression, zone.parse().unwrap()).unwrap();
+                let list: Vec<&str> = expression.split(" | ").collect();
+                let schedule = Schedule::parse_for_job(&list, zone.parse().unwrap(), Some("spread")).unwrap();
                 let (after, until) = (at(after), at(until));
                 // The per-second schedule over a whole window is a quarter million ticks: an hour of it.
                 let until = if expression.split_whitespace().count() == 6 {

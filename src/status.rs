@@ -58,6 +58,8 @@ pub struct JobStatus {
     pub name: String,
     pub shard: u32,
     pub timezone: String,
+    /// The schedule as it fires: `H` items expanded, a list joined by `" | "`.
+    pub schedule: String,
     /// The last claimed tick: who claimed it and in which term.
     pub last_claim: Option<Claim>,
     /// The last finished run and how it ended.
@@ -132,6 +134,7 @@ pub async fn read(config: &Config, client: &etcd_client::Client) -> Result<Statu
             name: job.name.clone(),
             shard: job.shard,
             timezone: job.schedule.zone().to_string(),
+            schedule: job.schedule.expanded().to_string(),
             last_claim: claims.remove(&job.name),
             last_run: results.remove(&job.name),
             next: job.schedule.next_after(now),

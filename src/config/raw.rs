@@ -53,7 +53,7 @@ pub(super) struct RawTls {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawJob {
-    pub(super) schedule: Option<Spanned<String>>,
+    pub(super) schedule: Option<Spanned<RawSchedule>>,
     pub(super) command: Option<Spanned<String>>,
     pub(super) timezone: Option<Spanned<String>>,
     pub(super) timeout: Option<Spanned<String>>,
@@ -66,4 +66,33 @@ pub(super) struct RawJob {
     pub(super) delivery: Option<Spanned<Delivery>>,
     pub(super) working_dir: Option<Spanned<PathBuf>>,
     pub(super) env: Option<Spanned<BTreeMap<String, String>>>,
+}
+
+/// `schedule`: one expression, or an array of them that the job fires on together.
+pub(super) struct RawSchedule(pub(super) Vec<String>);
+
+impl<'de> Deserialize<'de> for RawSchedule {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Expressions;
+        impl<'de> serde::de::Visitor<'de> for Expressions {
+            type Value = RawSchedule;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a crontab expression or an array of them")
+            }
+
+            fn visit_str<E: serde::de::Error>(self, expression: &str) -> Result<RawSchedule, E> {
+                Ok(RawSchedule(vec![expression.to_string()]))
+            }
+
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut items: A) -> Result<RawSchedule, A::Error> {
+                let mut expressions = Vec::new();
+                while let Some(expression) = items.next_element::<String>()? {
+                    expressions.push(expression);
+                }
+                Ok(RawSchedule(expressions))
+            }
+        }
+        deserializer.deserialize_any(Expressions)
+    }
 }

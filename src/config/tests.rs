@@ -144,6 +144,34 @@ fn error_table() {
             "missing schedule",
         ),
         (
+            with_job("schedule = []\ncommand = \"true\""),
+            Some(11),
+            Some("backup"),
+            Some("schedule"),
+            "the schedule list is empty",
+        ),
+        (
+            with_job("schedule = [\"0 9 * * *\", \"0 61 * * *\"]\ncommand = \"true\""),
+            Some(11),
+            Some("backup"),
+            Some("schedule"),
+            "invalid schedule \"0 61 * * *\"",
+        ),
+        (
+            with_job("schedule = 5\ncommand = \"true\""),
+            Some(11),
+            Some("backup"),
+            Some("schedule"),
+            "a crontab expression or an array of them",
+        ),
+        (
+            with_job("schedule = \"H(50-70) * * * *\"\ncommand = \"true\""),
+            Some(11),
+            Some("backup"),
+            Some("schedule"),
+            "must lie within 0-59",
+        ),
+        (
             with_job("schedule = \"* * * * *\"\ncommand = \"true\"\ntimeout = \"soon\""),
             Some(13),
             Some("backup"),
@@ -422,4 +450,24 @@ fn files_the_piece_reader_does_not_take_are_read_whole() {
         read_whole("[jobs.a]\nschedule = \"@daily\"\ncommand = \"true\"\n[jobs.a]\ncommand = \"x\"\n");
     assert!(declined);
     assert!(whole.is_err());
+}
+
+#[test]
+fn a_schedule_list_and_hash_spread_items_validate() {
+    let config = parse_str(&format!(
+        "{HEAD}\n[jobs.listed]\nschedule = [\"0 9 * * 1-5\", \"0 12 * * SAT\"]\ncommand = \"true\"\n\
+         [jobs.spread-a]\nschedule = \"H H * * *\"\ncommand = \"true\"\n\
+         [jobs.spread-b]\nschedule = \"H H * * *\"\ncommand = \"true\"\n"
+    ))
+    .unwrap();
+    let schedule = |name: &str| &config.jobs.iter().find(|job| job.name == name).unwrap().schedule;
+    assert_eq!(schedule("listed").expanded(), "0 9 * * 1-5 | 0 12 * * SAT");
+    assert_eq!(schedule("listed").label(), "0 9 * * 1-5 | 0 12 * * SAT in UTC");
+    // Jobs that write the same `H` schedule do not share one parsed schedule: each gets its own.
+    for name in ["spread-a", "spread-b"] {
+        assert_eq!(
+            schedule(name).expanded(),
+            crate::spread::expand("H H * * *", name).unwrap()
+        );
+    }
 }

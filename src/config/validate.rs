@@ -10,8 +10,9 @@ use toml::Spanned;
 use super::error::{ConfigError, Source};
 use super::model::*;
 use super::raw::*;
-use crate::schedule::{parse_zone, Schedule};
+use crate::schedule::{parse_zone, Schedule, ScheduleError};
 use crate::shard::shard_of;
+use crate::spread;
 
 fn parse_duration(
     source: &Source,
@@ -171,14 +172,26 @@ pub(super) fn validate_job(
     let expression = raw
         .schedule
         .ok_or_else(|| source.error(Some(table_span.clone()), job, Some("schedule"), "missing schedule"))?;
-    let key = (expression.get_ref().trim().to_string(), timezone);
-    let schedule = match schedules.get(&key) {
+    let expressions: Vec<&str> = expression.get_ref().0.iter().map(String::as_str).collect();
+    let schedule_error =
+        |err: ScheduleError| source.error(Some(expression.span()), job, Some("schedule"), err.to_string());
+    // Jobs share one parsed schedule per distinct list and zone; an `H` makes the list the job's own.
+    let shared = !expressions.iter().any(|expression| spread::uses_hash(expression));
+    let key = (
+        expressions
+            .iter()
+            .map(|expression| expression.trim())
+            .collect::<Vec<_>>()
+            .join("\n"),
+        timezone,
+    );
+    let schedule = match schedules.get(&key).filter(|_| shared) {
         Some(schedule) => Arc::clone(schedule),
         None => {
-            let parsed = Schedule::parse(expression.get_ref(), timezone)
-                .map_err(|err| source.error(Some(expression.span()), job, Some("schedule"), err.to_string()))?;
-            let parsed = Arc::new(parsed);
-            schedules.insert(key, Arc::clone(&parsed));
+            let parsed = Arc::new(Schedule::parse_for_job(&expressions, timezone, job).map_err(schedule_error)?);
+            if shared {
+                schedules.insert(key, Arc::clone(&parsed));
+            }
             parsed
         }
     };

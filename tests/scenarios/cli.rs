@@ -1,4 +1,4 @@
-//! The `check` and `next` commands, run as the built binary: exit codes, messages and formats
+//! The `check`, `next` and `plan` commands, run as the built binary: exit codes, messages and formats
 //! are a contract that operators' scripts depend on.
 
 use std::process::{Command, Output};
@@ -158,7 +158,7 @@ fn next_rejects_bad_input_cleanly() {
 
 #[test]
 fn every_command_has_help_and_the_binary_a_version() {
-    for command in ["check", "next", "run", "status", "dev"] {
+    for command in ["check", "next", "plan", "run", "status", "dev"] {
         let out = shardcron(&[command, "--help"]);
         assert!(
             out.status.success() && text(&out.stdout).contains("Usage:"),
@@ -167,4 +167,222 @@ fn every_command_has_help_and_the_binary_a_version() {
     }
     let out = shardcron(&["--version"]);
     assert!(text(&out.stdout).starts_with("shardcron "));
+}
+
+/// A config with a fixed-time New York job, a per-hour UTC job, an `H` job and a schedule list.
+fn plan_config(dir: &std::path::Path) -> String {
+    let path = dir.join("jobs.toml");
+    std::fs::write(
+        &path,
+        r#"[cluster]
+name = "t"
+shards = 4
+
+[etcd]
+endpoints = ["http://127.0.0.1:2379"]
+
+[jobs.nightly]
+schedule = "30 2 * * *"
+timezone = "America/New_York"
+command = "true"
+
+[jobs.early]
+schedule = "30 1 * * *"
+timezone = "America/New_York"
+command = "true"
+
+[jobs.hourly]
+schedule = "0 * * * *"
+command = "true"
+
+[jobs.spread]
+schedule = "H H(0-3) * * *"
+command = "true"
+
+[jobs.listed]
+schedule = ["15 6 * * *", "45 6 * * *", "15 6 * * SUN"]
+command = "true"
+"#,
+    )
+    .unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+#[test]
+fn check_prints_each_jobs_schedule_as_it_fires() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = plan_config(dir.path());
+    let out = shardcron(&["check", "--config", &config]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let line = |job: &str| {
+        stdout
+            .lines()
+            .find(|line| line.starts_with(&format!("{job} ")))
+            .unwrap_or_else(|| panic!("no line for {job} in {stdout}"))
+            .to_string()
+    };
+    assert!(line("nightly").ends_with(" schedule=\"30 2 * * *\""), "{stdout}");
+    assert!(
+        line("listed").ends_with(" schedule=\"15 6 * * * | 45 6 * * * | 15 6 * * SUN\""),
+        "{stdout}"
+    );
+    let spread = shardcron(&[
+        "next",
+        "H H(0-3) * * *",
+        "--job",
+        "spread",
+        "--from",
+        "2027-01-01T00:00:00Z",
+        "-n",
+        "1",
+    ]);
+    let first = text(&spread.stdout);
+    let fires_at = chrono::DateTime::parse_from_rfc3339(first.trim()).expect("an instant");
+    assert!(
+        line("spread").ends_with(&format!(
+            " schedule=\"{} {} * * *\"",
+            fires_at.format("%-M"),
+            fires_at.format("%-H")
+        )),
+        "check and next --job expand H alike: {stdout} / {first}"
+    );
+}
+
+#[test]
+fn next_refuses_an_h_without_a_job() {
+    let out = shardcron(&["next", "H * * * *"]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("uses H") && stderr.contains("--job NAME"), "{stderr}");
+    let out = shardcron(&["next", "H * * * *", "--job", "backup", "-n", "2"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).lines().count(), 2);
+}
+
+#[test]
+fn plan_lists_every_instant_in_time_order_with_dst_notes() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = plan_config(dir.path());
+    // 14 March 2027, New York springs forward at 02:00 (07:00 UTC); 06:00–08:00 UTC.
+    let out = shardcron(&[
+        "plan",
+        "--config",
+        &config,
+        "--from",
+        "2027-03-14T06:00:00Z",
+        "--for",
+        "2h",
+        "--job",
+        "nightly",
+        "--job",
+        "hourly",
+        "--job",
+        "listed",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout),
+        "2027-03-14T06:00:00+00:00 hourly shard=1 zone=UTC\n\
+         2027-03-14T06:15:00+00:00 listed shard=2 zone=UTC\n\
+         2027-03-14T06:45:00+00:00 listed shard=2 zone=UTC\n\
+         2027-03-14T07:00:00+00:00 hourly shard=1 zone=UTC\n\
+         2027-03-14T03:00:00-04:00 nightly shard=3 zone=America/New_York note=\"moved forward out of a DST gap\"\n"
+    );
+
+    // 7 November 2027, New York falls back at 02:00 EDT (06:00 UTC): 01:30 happens twice and a
+    // fixed-time job fires at the first only.
+    let out = shardcron(&[
+        "plan",
+        "--config",
+        &config,
+        "--from",
+        "2027-11-07T04:00:00Z",
+        "--for",
+        "4h",
+        "--job",
+        "early",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let fires: serde_json::Value = serde_json::from_slice(&out.stdout).expect("a JSON array");
+    assert_eq!(
+        fires,
+        serde_json::json!([{
+            "at": "2027-11-07T01:30:00-04:00",
+            "at_utc": "2027-11-07T05:30:00Z",
+            "job": "early",
+            "shard": 0,
+            "zone": "America/New_York",
+            "note": "repeated hour, first"
+        }])
+    );
+
+    let out = shardcron(&[
+        "plan",
+        "--config",
+        &config,
+        "--from",
+        "2027-03-14T00:00:00Z",
+        "--for",
+        "1d",
+        "--job",
+        "nightly",
+        "--json",
+    ]);
+    let fires: serde_json::Value = serde_json::from_slice(&out.stdout).expect("a JSON array");
+    assert_eq!(
+        fires,
+        serde_json::json!([{
+            "at": "2027-03-14T03:00:00-04:00",
+            "at_utc": "2027-03-14T07:00:00Z",
+            "job": "nightly",
+            "shard": 3,
+            "zone": "America/New_York",
+            "note": "moved forward out of a DST gap"
+        }])
+    );
+}
+
+#[test]
+fn plan_refuses_bad_windows_and_unknown_jobs_and_says_where_a_long_plan_was_cut() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = plan_config(dir.path());
+    for (args, expected) in [
+        (vec!["--job", "nosuch"], "--job \"nosuch\": no such job in"),
+        (
+            vec!["--from", "2027-01-02T00:00:00Z", "--to", "2027-01-01T00:00:00Z"],
+            "the window is empty",
+        ),
+        (
+            vec!["--from", "tomorrow"],
+            "--from \"tomorrow\" is not an RFC 3339 instant",
+        ),
+        (vec!["--for", "soon"], "invalid value 'soon' for '--for <DURATION>'"),
+        (
+            vec!["--to", "2027-01-02T00:00:00Z", "--for", "1h"],
+            "cannot be used with",
+        ),
+    ] {
+        let out = shardcron(&[&["plan", "--config", &config][..], &args].concat());
+        let stderr = text(&out.stderr);
+        assert_ne!(out.status.code(), Some(0), "{args:?}: {stderr}");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
+    let out = shardcron(&[
+        "plan",
+        "--config",
+        &config,
+        "--from",
+        "2027-01-01T00:00:00Z",
+        "--limit",
+        "3",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(text(&out.stdout).lines().count(), 3);
+    assert!(
+        text(&out.stderr).contains("the plan was cut after 3 instants (the last at 2027-01-01T01:00:00Z)"),
+        "{}",
+        text(&out.stderr)
+    );
 }
