@@ -39,6 +39,11 @@ pub enum Command {
     Status(StatusArgs),
     /// Try shardcron: start a throwaway local etcd and run one node against it.
     Dev(DevArgs),
+    /// Pause jobs: from their next tick, every node claims their ticks and records them
+    /// `paused` instead of running them, until `resume` or the pause's end.
+    Pause(PauseArgs),
+    /// End pauses: the jobs run again from their next tick; paused ticks are never caught up.
+    Resume(ResumeArgs),
 }
 
 #[derive(Debug, Args)]
@@ -143,6 +148,67 @@ pub struct StatusArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct PauseArgs {
+    #[command(flatten)]
+    pub config: ConfigArg,
+    /// etcd endpoints, comma-separated; overrides [etcd] endpoints.
+    #[arg(long, env = "SHARDCRON_ENDPOINTS", value_delimiter = ',')]
+    pub endpoints: Vec<String>,
+    /// The jobs to pause.
+    #[arg(value_name = "JOB", required_unless_present = "all", conflicts_with = "all")]
+    pub jobs: Vec<String>,
+    /// Pause every job, including jobs added to the config later.
+    #[arg(long)]
+    pub all: bool,
+    /// End the pause by itself at this instant (RFC 3339).
+    #[arg(long, conflicts_with = "for_")]
+    pub until: Option<String>,
+    /// End the pause by itself after this long, such as 2h.
+    #[arg(long = "for", id = "for_", value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub for_: Option<Duration>,
+    /// Why: shown by `status` and logged by the nodes.
+    #[arg(long)]
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct ResumeArgs {
+    #[command(flatten)]
+    pub config: ConfigArg,
+    /// etcd endpoints, comma-separated; overrides [etcd] endpoints.
+    #[arg(long, env = "SHARDCRON_ENDPOINTS", value_delimiter = ',')]
+    pub endpoints: Vec<String>,
+    /// The jobs to resume.
+    #[arg(value_name = "JOB", required_unless_present = "all", conflicts_with = "all")]
+    pub jobs: Vec<String>,
+    /// End every pause: each job's and `pause --all`.
+    #[arg(long)]
+    pub all: bool,
+}
+
+impl PauseArgs {
+    /// The pause asked for, made at `now`.
+    pub fn pause(&self, now: DateTime<Utc>) -> Result<crate::pauses::Pause> {
+        let until = match (parse_instant("--until", self.until.as_deref())?, self.for_) {
+            (Some(until), _) => Some(until),
+            (None, Some(length)) => Some(now + chrono::Duration::from_std(length).context("--for is too long")?),
+            (None, None) => None,
+        };
+        if let Some(until) = until {
+            anyhow::ensure!(
+                until > now,
+                "the pause would end before it starts: --until must be in the future"
+            );
+        }
+        Ok(crate::pauses::Pause {
+            since: now,
+            until,
+            reason: self.reason.clone(),
+        })
+    }
+}
+
+#[derive(Debug, Args)]
 pub struct DevArgs {
     #[command(flatten)]
     pub config: ConfigArg,
@@ -211,7 +277,7 @@ pub fn next(args: &NextArgs) -> Result<()> {
     Ok(())
 }
 
-fn parse_instant(flag: &str, value: Option<&str>) -> Result<Option<DateTime<Utc>>> {
+pub fn parse_instant(flag: &str, value: Option<&str>) -> Result<Option<DateTime<Utc>>> {
     value
         .map(|value| {
             DateTime::parse_from_rfc3339(value)

@@ -22,6 +22,8 @@ pub(crate) struct NodeContext {
     /// Changes when a reload replaces the node's jobs.
     pub(crate) jobs: watch::Receiver<Arc<Loaded>>,
     pub(crate) runs: Runs,
+    /// The pauses every node sees, kept current by a watch while the node has a session.
+    pub(crate) pauses: Arc<crate::pauses::Pauses>,
     /// Finished runs' results waiting to be written, for claims of their shard to carry.
     pub(crate) results: Arc<ResultQueue>,
     pub(crate) claim_lead: ClaimLead,

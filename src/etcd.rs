@@ -3,7 +3,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
+use etcd_client::{Certificate, Client, ConnectOptions, GetOptions, Identity, KeyValue, TlsOptions};
 
 use crate::config::Etcd;
 
@@ -154,4 +154,84 @@ pub fn connect_options(etcd: &Etcd) -> Result<ConnectOptions, SetupError> {
 /// URLs; an unreachable etcd shows up as failed calls, which callers retry.
 pub async fn connect(endpoints: &[String], options: ConnectOptions) -> Result<Client, CoordError> {
     within(Duration::from_secs(5), Client::connect(endpoints, Some(options))).await
+}
+
+/// Keys per page of a prefix read: far below etcd-client's 4 MiB answer limit.
+pub(crate) const PAGE: i64 = 2000;
+
+/// Every key under `prefix` at one revision, read in pages, and that revision.
+pub(crate) async fn read_prefix(
+    client: &etcd_client::Client,
+    prefix: &str,
+) -> Result<(Vec<KeyValue>, i64), CoordError> {
+    let mut end = prefix.as_bytes().to_vec();
+    if let Some(last) = end.last_mut() {
+        *last += 1;
+    }
+    let mut from = prefix.as_bytes().to_vec();
+    let mut revision = 0;
+    let mut read = Vec::new();
+    loop {
+        let mut options = GetOptions::new().with_range(end.clone()).with_limit(PAGE);
+        if revision > 0 {
+            options = options.with_revision(revision);
+        }
+        let mut response = call(client.clone().get(from.clone(), Some(options))).await?;
+        if revision == 0 {
+            revision = response.header().map_or(0, |header| header.revision());
+        }
+        let more = response.more();
+        let page = response.take_kvs();
+        let Some(last) = page.last() else { break };
+        from = last.key().to_vec();
+        from.push(0);
+        read.extend(page);
+        if !more {
+            break;
+        }
+    }
+    Ok((read, revision))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use etcd_client::{Txn, TxnOp};
+
+    use super::*;
+    use crate::etcd_server::EtcdServer;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_paged_read_of_a_prefix_equals_one_read_of_it() {
+        let etcd = EtcdServer::start(Path::new("etcd")).expect("etcd");
+        let client = etcd_client::Client::connect([etcd.client_url()], None)
+            .await
+            .expect("client");
+        let keys = 2 * PAGE as usize + 500;
+        for chunk in (0..keys).collect::<Vec<_>>().chunks(100) {
+            let puts: Vec<TxnOp> = chunk
+                .iter()
+                .map(|index| TxnOp::put(format!("/p/{index:05}"), format!("node{index}"), None))
+                .collect();
+            client.clone().txn(Txn::new().and_then(puts)).await.expect("put");
+        }
+        // Keys just outside the prefix on either side stay out.
+        client.clone().put("/o", "out", None).await.expect("put");
+        client.clone().put("/q", "out", None).await.expect("put");
+        let (paged, revision) = read_prefix(&client, "/p/").await.expect("paged read");
+        let whole = client
+            .clone()
+            .get("/p/", Some(GetOptions::new().with_prefix()))
+            .await
+            .expect("one read");
+        let pairs = |kvs: &[KeyValue]| -> Vec<(Vec<u8>, Vec<u8>, i64)> {
+            kvs.iter()
+                .map(|kv| (kv.key().to_vec(), kv.value().to_vec(), kv.create_revision()))
+                .collect()
+        };
+        assert_eq!(paged.len(), keys);
+        assert_eq!(pairs(&paged), pairs(whole.kvs()));
+        assert_eq!(revision, whole.header().map_or(0, |header| header.revision()));
+    }
 }

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use std::time::Duration;
 
-use etcd_client::{EventType, GetOptions, KeyValue, PutOptions, WatchOptions};
+use etcd_client::{EventType, PutOptions, WatchOptions};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
@@ -82,50 +82,16 @@ pub async fn register(session: &Session, keys: &Keys, node_id: &str, member: &Me
     Ok(())
 }
 
-/// Keys per page of a prefix read: far below etcd-client's 4 MiB answer limit.
-const PAGE: i64 = 2000;
-
 /// How often at most the fleet view is published while watch events keep coming: thousands of
 /// election keys put at once (a fleet of many shards starting) make one view, not thousands.
 const PUBLISH_EVERY: Duration = Duration::from_millis(20);
-
-/// Every key under `prefix` at one revision, read in pages, and that revision.
-async fn read_prefix(client: &etcd_client::Client, prefix: &str) -> Result<(Vec<KeyValue>, i64), CoordError> {
-    let mut end = prefix.as_bytes().to_vec();
-    if let Some(last) = end.last_mut() {
-        *last += 1;
-    }
-    let mut from = prefix.as_bytes().to_vec();
-    let mut revision = 0;
-    let mut read = Vec::new();
-    loop {
-        let mut options = GetOptions::new().with_range(end.clone()).with_limit(PAGE);
-        if revision > 0 {
-            options = options.with_revision(revision);
-        }
-        let mut response = etcd::call(client.clone().get(from.clone(), Some(options))).await?;
-        if revision == 0 {
-            revision = response.header().map_or(0, |header| header.revision());
-        }
-        let more = response.more();
-        let page = response.take_kvs();
-        let Some(last) = page.last() else { break };
-        from = last.key().to_vec();
-        from.push(0);
-        read.extend(page);
-        if !more {
-            break;
-        }
-    }
-    Ok((read, revision))
-}
 
 /// Every live member, by node id, and the revision of the read.
 pub async fn read_members(
     client: &etcd_client::Client,
     keys: &Keys,
 ) -> Result<(BTreeMap<String, Member>, i64), CoordError> {
-    let (read, revision) = read_prefix(client, &keys.nodes_prefix()).await?;
+    let (read, revision) = etcd::read_prefix(client, &keys.nodes_prefix()).await?;
     let mut members = BTreeMap::new();
     for kv in &read {
         apply_member(&mut members, keys, kv.key(), Some(kv.value()));
@@ -135,7 +101,7 @@ pub async fn read_members(
 
 /// Every candidate of the elections of `shards` shards, and the revision of the read.
 pub async fn read_ballot(client: &etcd_client::Client, keys: &Keys, shards: u32) -> Result<(Ballot, i64), CoordError> {
-    let (read, revision) = read_prefix(client, &keys.shards_prefix()).await?;
+    let (read, revision) = etcd::read_prefix(client, &keys.shards_prefix()).await?;
     let mut ballot = Ballot::new(shards);
     for kv in &read {
         ballot.apply(keys, kv.key(), Some((kv.value(), kv.create_revision())));
@@ -349,48 +315,5 @@ async fn register_reloads(node: Arc<NodeContext>, session: Session, mut member: 
         if let Err(err) = register(&session, &node.keys, &node.node_id, &member).await {
             tracing::warn!(error = %err, "cannot update this node's registration after a reload; others see the old digest until the next session");
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::path::Path;
-
-    use etcd_client::{Txn, TxnOp};
-
-    use super::*;
-    use crate::etcd_server::EtcdServer;
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_paged_read_of_a_prefix_equals_one_read_of_it() {
-        let etcd = EtcdServer::start(Path::new("etcd")).expect("etcd");
-        let client = etcd_client::Client::connect([etcd.client_url()], None)
-            .await
-            .expect("client");
-        let keys = 2 * PAGE as usize + 500;
-        for chunk in (0..keys).collect::<Vec<_>>().chunks(100) {
-            let puts: Vec<TxnOp> = chunk
-                .iter()
-                .map(|index| TxnOp::put(format!("/p/{index:05}"), format!("node{index}"), None))
-                .collect();
-            client.clone().txn(Txn::new().and_then(puts)).await.expect("put");
-        }
-        // Keys just outside the prefix on either side stay out.
-        client.clone().put("/o", "out", None).await.expect("put");
-        client.clone().put("/q", "out", None).await.expect("put");
-        let (paged, revision) = read_prefix(&client, "/p/").await.expect("paged read");
-        let whole = client
-            .clone()
-            .get("/p/", Some(GetOptions::new().with_prefix()))
-            .await
-            .expect("one read");
-        let pairs = |kvs: &[KeyValue]| -> Vec<(Vec<u8>, Vec<u8>, i64)> {
-            kvs.iter()
-                .map(|kv| (kv.key().to_vec(), kv.value().to_vec(), kv.create_revision()))
-                .collect()
-        };
-        assert_eq!(paged.len(), keys);
-        assert_eq!(pairs(&paged), pairs(whole.kvs()));
-        assert_eq!(revision, whole.header().map_or(0, |header| header.revision()));
     }
 }

@@ -5,6 +5,7 @@
 //! /shardcron/<cluster>/jobs/<job>/last                     the job's last claimed tick
 //! /shardcron/<cluster>/jobs/<job>/result                   the job's last finished run
 //! /shardcron/<cluster>/nodes/<node-id>                     live members
+//! /shardcron/<cluster>/pauses/<job>                        a job's pause (`*`: every job's)
 //! ```
 //! The shard count is part of the election prefix, so nodes whose configs disagree on `shards`
 //! never share an election: shard 3 of 16 and shard 3 of 32 hold different jobs.
@@ -65,6 +66,19 @@ impl Keys {
             (job, "result") => Some((job, JobRecord::Result)),
             _ => None,
         }
+    }
+
+    pub(crate) fn pauses_prefix(&self) -> String {
+        format!("{}pauses/", self.root)
+    }
+
+    pub(crate) fn pause(&self, job: &str) -> String {
+        format!("{}pauses/{job}", self.root)
+    }
+
+    /// The job (or `*`) of a pause key.
+    pub(crate) fn parse_pause<'k>(&self, key: &'k str) -> Option<&'k str> {
+        key.strip_prefix(&self.pauses_prefix())
     }
 
     pub(crate) fn jobs_prefix(&self) -> String {

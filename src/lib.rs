@@ -63,6 +63,7 @@ mod leader;
 mod ledger;
 pub mod metrics;
 pub mod node;
+pub mod pauses;
 pub mod plan;
 pub mod record;
 mod repeats;

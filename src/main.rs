@@ -22,6 +22,8 @@ fn main() -> ExitCode {
             with_runtime(run(config, args.node.clone(), None))
         }),
         Command::Status(args) => args.config.load().and_then(|config| with_runtime(show_status(config, args.endpoints.clone(), args.json))),
+        Command::Pause(args) => args.config.load().and_then(|config| with_runtime(pause(config, args))),
+        Command::Resume(args) => args.config.load().and_then(|config| with_runtime(resume(config, args))),
         Command::Dev(args) => load_for_node(&args.config.config).and_then(|config| {
             let _log_written_out = init_logging(args.node.log_format);
             let server = EtcdServer::start(&args.etcd_bin)?;
@@ -230,6 +232,87 @@ async fn show_status(config: Config, endpoints_flag: Vec<String>, json: bool) ->
         println!("{}", serde_json::to_string_pretty(&status)?);
     } else {
         print!("{}", status::render(&status));
+    }
+    Ok(())
+}
+
+async fn connect_for_command(
+    config: &Config,
+    endpoints_flag: Vec<String>,
+) -> Result<(etcd_client::Client, Vec<String>)> {
+    let endpoints = endpoints(config, endpoints_flag);
+    let client = etcd::connect(&endpoints, etcd::connect_options(&config.etcd)?)
+        .await
+        .with_context(|| format!("cannot connect to etcd at {endpoints:?}"))?;
+    Ok((client, endpoints))
+}
+
+async fn pause(config: Config, args: &cli::PauseArgs) -> Result<()> {
+    let now = chrono::Utc::now();
+    let pause = args.pause(now)?;
+    let names = if args.all {
+        vec![shardcron::pauses::EVERY_JOB.to_string()]
+    } else {
+        if let Some(unknown) = args
+            .jobs
+            .iter()
+            .find(|name| !config.jobs.iter().any(|job| job.name == **name))
+        {
+            anyhow::bail!("no job {unknown:?} in {}", config.path.display());
+        }
+        args.jobs.clone()
+    };
+    let (client, endpoints) = connect_for_command(&config, args.endpoints.clone()).await?;
+    let keys = shardcron::keys::Keys::new(&config.cluster.name);
+    shardcron::pauses::pause(&client, &keys, &names, &pause)
+        .await
+        .with_context(|| format!("cannot store the pause in etcd at {endpoints:?}"))?;
+    let until = pause.until.map_or_else(
+        || "-".to_string(),
+        |until| until.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+    );
+    for name in &names {
+        let name = if name == shardcron::pauses::EVERY_JOB {
+            "--all"
+        } else {
+            name
+        };
+        match &pause.reason {
+            Some(reason) => println!("paused {name} until={until} reason={reason:?}"),
+            None => println!("paused {name} until={until}"),
+        }
+    }
+    Ok(())
+}
+
+async fn resume(config: Config, args: &cli::ResumeArgs) -> Result<()> {
+    let (client, endpoints) = connect_for_command(&config, args.endpoints.clone()).await?;
+    let keys = shardcron::keys::Keys::new(&config.cluster.name);
+    let now = chrono::Utc::now();
+    let wanted = (!args.all).then_some(args.jobs.as_slice());
+    let ended = shardcron::pauses::resume(&client, &keys, wanted, now)
+        .await
+        .with_context(|| format!("cannot end the pauses in etcd at {endpoints:?}"))?;
+    for name in &ended {
+        let name = if name == shardcron::pauses::EVERY_JOB {
+            "--all"
+        } else {
+            name
+        };
+        println!("resumed {name}");
+    }
+    for name in args.jobs.iter().filter(|name| !ended.contains(name)) {
+        if !config.jobs.iter().any(|job| job.name == **name) {
+            anyhow::bail!("no job {name:?} in {}, and no pause of one", config.path.display());
+        }
+        eprintln!("shardcron: {name} was not paused");
+    }
+    if !args.all
+        && shardcron::pauses::in_force(&client, &keys, now)
+            .await?
+            .contains_key(shardcron::pauses::EVERY_JOB)
+    {
+        eprintln!("shardcron: every job stays paused by `pause --all`; `resume --all` ends it");
     }
     Ok(())
 }

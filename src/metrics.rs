@@ -133,7 +133,7 @@ impl Metrics {
                 result: result.to_string(),
             })
             .inc();
-        if record.outcome != Outcome::Skipped {
+        if !matches!(record.outcome, Outcome::Skipped | Outcome::Paused) {
             self.run_duration.observe(record.duration_ms as f64 / 1000.0);
         }
     }

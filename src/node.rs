@@ -22,6 +22,7 @@ use crate::etcd::CoordError;
 use crate::fleet;
 use crate::keys::Keys;
 use crate::leader;
+use crate::pauses::{self, Pauses};
 use crate::record::Member;
 use crate::results::{write_leftovers, ResultQueue};
 use crate::runs::Runs;
@@ -63,12 +64,14 @@ pub async fn run(
     let cluster = config.cluster.clone();
     let etcd = config.etcd.clone();
     let (loaded_sender, loaded) = watch::channel(Arc::new(Loaded::new(config)));
+    let pauses = Arc::new(Pauses::default());
     let node = Arc::new(NodeContext {
         node_id: options.node_id,
         keys,
         shards: cluster.shards,
         jobs: loaded,
-        runs: Runs::new(Arc::clone(&results)),
+        runs: Runs::new(Arc::clone(&results), Arc::clone(&pauses)),
+        pauses,
         results,
         claim_lead: ClaimLead::new(),
         started_here: Arc::default(),
@@ -140,6 +143,18 @@ pub async fn run(
             sleep_or_cancel(wait, &shutdown).await;
             continue;
         }
+        // Read before any shard is led: a node that starts, or campaigns again, while a job is
+        // paused must not run one tick of it.
+        let pauses_read = match pauses::load(&client, &node.keys, &node.pauses).await {
+            Ok(revision) => revision,
+            Err(err) => {
+                let wait = backoff.next_delay();
+                tracing::warn!(error = %err, retry_in = ?wait, "cannot read the pauses; retrying with a new session");
+                close(&session, &mut unrevoked).await;
+                sleep_or_cancel(wait, &shutdown).await;
+                continue;
+            }
+        };
         let every_shard: Vec<u32> = (0..cluster.shards).collect();
         let entered = tokio::select! {
             entered = election::enter_all(&session, &node.keys, cluster.shards, &every_shard, &node.node_id) => entered,
@@ -157,6 +172,12 @@ pub async fn run(
         };
         let mut tasks = JoinSet::new();
         let view = fleet::spawn_tasks(&mut tasks, &node, &session, member);
+        tasks.spawn(pauses::keep(
+            session.clone(),
+            node.keys.clone(),
+            Arc::clone(&node.pauses),
+            pauses_read,
+        ));
         for candidacy in candidacies {
             tasks.spawn(leader::run_shard(
                 Arc::clone(&node),

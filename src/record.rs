@@ -89,6 +89,8 @@ pub enum Outcome {
     /// `at-most-once` job, or a tick past its `starting_deadline`, the next leader records this
     /// instead of running the tick.
     Lost,
+    /// Not run: the job was paused (`shardcron pause`) at the tick or when it was due to start.
+    Paused,
 }
 
 impl Outcome {
@@ -102,6 +104,7 @@ impl Outcome {
             Outcome::SpawnFailed => "spawn_failed",
             Outcome::Skipped => "skipped",
             Outcome::Lost => "lost",
+            Outcome::Paused => "paused",
         }
     }
 }
@@ -136,6 +139,7 @@ mod tests {
             Outcome::SpawnFailed,
             Outcome::Skipped,
             Outcome::Lost,
+            Outcome::Paused,
         ] {
             let json = serde_json::to_string(&outcome).unwrap();
             assert_eq!(json, format!("\"{}\"", outcome.as_str()));

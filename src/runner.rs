@@ -78,7 +78,7 @@ pub async fn run(tick: &Tick, stops: &Stops<'_>, ticket: StartTicket) -> Option<
         let retryable = match record.outcome {
             Outcome::Exited => record.exit_code != Some(0),
             Outcome::Timeout | Outcome::SpawnFailed => true,
-            Outcome::Killed | Outcome::Replaced | Outcome::Skipped | Outcome::Lost => false,
+            Outcome::Killed | Outcome::Replaced | Outcome::Skipped | Outcome::Lost | Outcome::Paused => false,
         };
         if !retryable || attempt > job.retries {
             return Some(record);

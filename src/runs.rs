@@ -12,6 +12,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::clock;
 use crate::config::{Delivery, Job, Overlap};
+use crate::pauses::Pauses;
 use crate::record::{Outcome, RunRecord};
 use crate::results::ResultQueue;
 use crate::runner::{self, Tick};
@@ -40,6 +41,7 @@ pub struct Runs {
     /// Cancelled when the shutdown grace is over: running commands are killed.
     kill: CancellationToken,
     results: Arc<ResultQueue>,
+    pauses: Arc<Pauses>,
 }
 
 /// A run that is going: when it started, by the wall clock, and the tick it runs.
@@ -67,8 +69,8 @@ struct JobRuns {
 }
 
 impl Runs {
-    /// Runs whose results go to `results`.
-    pub fn new(results: Arc<ResultQueue>) -> Runs {
+    /// Runs whose results go to `results`, and which `pauses` may stop.
+    pub(crate) fn new(results: Arc<ResultQueue>, pauses: Arc<Pauses>) -> Runs {
         let cores = std::thread::available_parallelism().map_or(2, usize::from);
         Runs {
             tracker: TaskTracker::new(),
@@ -78,6 +80,7 @@ impl Runs {
             late_room: Arc::default(),
             kill: CancellationToken::new(),
             results,
+            pauses,
         }
     }
 
@@ -87,6 +90,7 @@ impl Runs {
     /// overlaps the first of them; otherwise they wait their turn. With `"replace"` the running
     /// sequence is stopped and the new ticks run once it has exited.
     pub fn start(&self, ticks: Vec<Tick>) {
+        let ticks: Vec<Tick> = ticks.into_iter().filter(|tick| !self.paused(tick)).collect();
         let Some(first) = ticks.first() else { return };
         let job = Arc::clone(&first.job);
         let turn = {
@@ -144,6 +148,10 @@ impl Runs {
                 } else {
                     None
                 };
+                // A pause may have come while the tick waited for its turn or a permit.
+                if runs.paused(&tick) {
+                    continue;
+                }
                 if replace.is_cancelled() {
                     if settle(&tick) {
                         runs.report(&tick, not_run(&tick, Outcome::Replaced));
@@ -236,6 +244,18 @@ impl Runs {
         }
     }
 
+    /// Whether a pause stops `tick`; if one does, the tick is recorded `paused`.
+    fn paused(&self, tick: &Tick) -> bool {
+        let Some(pause) = self.pauses.stopping(&tick.job.name, tick.scheduled_at, clock::now()) else {
+            return false;
+        };
+        if settle(tick) {
+            tracing::info!(job = %tick.job.name, tick = %tick.scheduled_at_text(), until = ?pause.until, reason = ?pause.reason, "paused: not run");
+            self.report(tick, not_run(tick, Outcome::Paused));
+        }
+        true
+    }
+
     fn report(&self, tick: &Tick, record: RunRecord) {
         crate::metrics::get().record_run(&tick.job.name, &record);
         self.results.push(&tick.job.name, tick.job.shard, record);
@@ -320,7 +340,7 @@ fn outrun(tick: &Tick, now: DateTime<Utc>) -> bool {
             .is_some_and(|next| next <= now)
 }
 
-/// The record of a tick that was claimed but not run: `skipped` or `replaced`.
+/// The record of a tick that was claimed but not run: `skipped`, `replaced` or `paused`.
 fn not_run(tick: &Tick, outcome: Outcome) -> RunRecord {
     RunRecord {
         scheduled_at: tick.scheduled_at,

@@ -39,9 +39,11 @@ pub fn expand(expression: &str, job: &str) -> Result<String, String> {
     let kinds = match fields.len() {
         6 => &FIELDS[..],
         5 => &FIELDS[1..],
-        found => return Err(format!(
+        found => {
+            return Err(format!(
             "expected 5 fields (minute hour day-of-month month day-of-week) or 6 with leading seconds, found {found}"
-        )),
+        ))
+        }
     };
     let expanded: Result<Vec<String>, String> = fields
         .iter()

@@ -12,6 +12,7 @@ use crate::config::Config;
 use crate::etcd::{self, CoordError};
 use crate::fleet;
 use crate::keys::{JobRecord, Keys};
+use crate::pauses::{self, Pause};
 use crate::record::{Claim, RunRecord};
 
 /// The JSON document of `status --json`; its keys are documented in the README.
@@ -65,6 +66,8 @@ pub struct JobStatus {
     /// The last finished run and how it ended.
     pub last_run: Option<RunRecord>,
     pub next: Option<DateTime<Utc>>,
+    /// The pause in force (the job's own, or `pause --all`), or `None`.
+    pub paused: Option<Pause>,
 }
 
 /// Reads the cluster's state for `config`'s shards and jobs.
@@ -127,6 +130,8 @@ pub async fn read(config: &Config, client: &etcd_client::Client) -> Result<Statu
         }
     }
     let now = clock::now();
+    let pauses = pauses::in_force(client, &keys, now).await?;
+    let every_job = pauses.get(pauses::EVERY_JOB);
     let jobs = config
         .jobs
         .iter()
@@ -138,6 +143,7 @@ pub async fn read(config: &Config, client: &etcd_client::Client) -> Result<Statu
             last_claim: claims.remove(&job.name),
             last_run: results.remove(&job.name),
             next: job.schedule.next_after(now),
+            paused: pauses.get(&job.name).or(every_job).cloned(),
         })
         .collect();
     Ok(Status {
@@ -211,11 +217,25 @@ pub fn render(status: &Status) -> String {
                     || "never".to_string(),
                     |next| next.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
                 ),
+                job.paused.as_ref().map_or_else(dash, |pause| match pause.until {
+                    Some(until) => format!("until {}", until.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
+                    None => "yes".to_string(),
+                }),
             ]
         })
         .collect();
     out.push_str(&table(
-        &["JOB", "SHARD", "LAST TICK", "NODE", "FENCE", "OUTCOME", "EXIT", "NEXT"],
+        &[
+            "JOB",
+            "SHARD",
+            "LAST TICK",
+            "NODE",
+            "FENCE",
+            "OUTCOME",
+            "EXIT",
+            "NEXT",
+            "PAUSED",
+        ],
         &jobs,
     ));
     out

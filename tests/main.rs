@@ -15,6 +15,7 @@ mod scenarios {
     mod bad_commands;
     mod chaos;
     mod cli;
+    mod control;
     mod core;
     mod delivery;
     mod dev;

@@ -158,7 +158,7 @@ fn next_rejects_bad_input_cleanly() {
 
 #[test]
 fn every_command_has_help_and_the_binary_a_version() {
-    for command in ["check", "next", "plan", "run", "status", "dev"] {
+    for command in ["check", "next", "plan", "run", "status", "dev", "pause", "resume"] {
         let out = shardcron(&[command, "--help"]);
         assert!(
             out.status.success() && text(&out.stdout).contains("Usage:"),
@@ -385,4 +385,25 @@ fn plan_refuses_bad_windows_and_unknown_jobs_and_says_where_a_long_plan_was_cut(
         "{}",
         text(&out.stderr)
     );
+}
+
+#[test]
+fn pause_refuses_what_it_cannot_do_before_it_reaches_etcd() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = plan_config(dir.path());
+    for (args, expected) in [
+        (vec!["pause"], "required"),
+        (vec!["pause", "nosuch"], "no job \"nosuch\" in"),
+        (
+            vec!["pause", "hourly", "--until", "2020-01-01T00:00:00Z"],
+            "--until must be in the future",
+        ),
+        (vec!["pause", "hourly", "--all"], "cannot be used with"),
+        (vec!["resume"], "required"),
+    ] {
+        let out = shardcron(&[&args[..], &["--config", &config]].concat());
+        let stderr = text(&out.stderr);
+        assert_ne!(out.status.code(), Some(0), "{args:?}: {stderr}");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
 }

@@ -1,0 +1,163 @@
+//! Runtime control against a real etcd: `pause` and `resume` seen by the nodes from the next
+//! tick, kept across restarts, and paused ticks never caught up.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use crate::support::*;
+use shardcron::record::Outcome;
+
+fn shardcron(config: &Path, args: &[&str]) -> (String, String, Option<i32>) {
+    let out = Command::new(SHARDCRON)
+        .args(args)
+        .arg("--config")
+        .arg(config)
+        .output()
+        .expect("run shardcron");
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        out.status.code(),
+    )
+}
+
+fn stop(world: &mut World, node: usize) {
+    world.nodes[node].signal(libc::SIGTERM);
+    assert_eq!(
+        world.nodes[node].wait_exit(Duration::from_secs(20)),
+        Some(0),
+        "the node stops cleanly"
+    );
+}
+
+fn ticks_of(runs: &[Run], job: &str) -> Vec<DateTime<Utc>> {
+    let mut ticks: Vec<DateTime<Utc>> = runs.iter().filter(|run| run.job == job).map(|run| run.tick).collect();
+    ticks.sort();
+    ticks
+}
+
+#[test]
+fn a_paused_job_stays_paused_across_restarts_and_its_paused_ticks_are_never_caught_up() {
+    let mut world = World::new();
+    let names = ["held".to_string(), "free".to_string()];
+    let config = world.write_config("jobs.toml", 2, 2, &every_second(&names, "catch_up = \"all\"\n"));
+    world.node("a", &config).start();
+    wait_for(Duration::from_secs(30), "both jobs run", || {
+        every_job_ran_since(&world.runs(), &names, 0.0, 2)
+    });
+
+    step("pause held");
+    let paused_at = Utc::now();
+    let (stdout, stderr, code) = shardcron(&config, &["pause", "held", "--reason", "maintenance"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(stdout, "paused held until=- reason=\"maintenance\"\n");
+    wait_for(Duration::from_secs(10), "a tick of held recorded paused", || {
+        last_run(&world.status(&config), "held").is_some_and(|run| run.outcome == Outcome::Paused)
+    });
+    let status = world.status(&config);
+    let pause_of = |name: &str| status.jobs.iter().find(|job| job.name == name).unwrap().paused.clone();
+    assert_eq!(
+        pause_of("held").and_then(|pause| pause.reason),
+        Some("maintenance".into())
+    );
+    assert_eq!(pause_of("free"), None);
+
+    step("restart the node while held is paused");
+    stop(&mut world, 0);
+    let restarted_at = now_secs();
+    world.node("b", &config).start();
+    wait_for(Duration::from_secs(20), "free runs on the restarted node", || {
+        every_job_ran_a_tick_after(&world.runs(), &names[1..], restarted_at + 1.0)
+    });
+
+    step("stop every node, resume held while none runs, start again: the ticks missed while it was paused are not caught up");
+    stop(&mut world, 1);
+    std::thread::sleep(Duration::from_secs(2));
+    let resumed_at = Utc::now();
+    let (stdout, stderr, code) = shardcron(&config, &["resume", "held"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(stdout, "resumed held\n");
+    std::thread::sleep(Duration::from_secs(2));
+    let started_again = now_secs();
+    world.node("c", &config).start();
+    wait_for(Duration::from_secs(20), "both jobs run live ticks again", || {
+        every_job_ran_a_tick_after(&world.runs(), &names, started_again + 1.0)
+    });
+
+    let runs = world.runs();
+    // `free` never paused: every tick of the whole window once, the downtimes caught up.
+    assert_each_tick_once(&runs, "free", 1);
+    let held = ticks_of(&runs, "held");
+    let mut seen = std::collections::HashSet::new();
+    assert!(
+        held.iter().all(|tick| seen.insert(*tick)),
+        "a tick of held ran twice: {held:?}"
+    );
+    // The tick due as the pause was written may have run; none after it until the resume.
+    let paused_from = paused_at + chrono::Duration::seconds(1);
+    let inside: Vec<_> = held
+        .iter()
+        .filter(|tick| **tick >= paused_from && **tick < resumed_at)
+        .collect();
+    assert!(inside.is_empty(), "held ran paused ticks: {inside:?}");
+    // Before the pause and from the resume on, every tick ran: the ones missed while no node
+    // ran after the resume were caught up.
+    let before: Vec<_> = held.iter().filter(|tick| **tick < paused_from).collect();
+    let after: Vec<_> = held.iter().filter(|tick| **tick >= resumed_at).collect();
+    for part in [&before, &after] {
+        for pair in part.windows(2) {
+            assert_eq!(
+                (*pair[1] - *pair[0]).num_seconds(),
+                1,
+                "a gap in held's ticks: {held:?}"
+            );
+        }
+    }
+    let first_after = after.first().expect("held ran after the resume");
+    assert!(
+        **first_after < resumed_at + chrono::Duration::seconds(1),
+        "the ticks between the resume and the new node's start were caught up: first after the resume {first_after}, resumed at {resumed_at}"
+    );
+    let status = world.status(&config);
+    assert_eq!(status.jobs.iter().find(|job| job.name == "held").unwrap().paused, None);
+}
+
+#[test]
+fn a_pause_of_every_job_for_a_while_ends_by_itself() {
+    let mut world = World::new();
+    let names = ["one".to_string(), "two".to_string()];
+    let config = world.write_config("jobs.toml", 2, 2, &every_second(&names, ""));
+    world.node("a", &config).start();
+    wait_for(Duration::from_secs(30), "both jobs run", || {
+        every_job_ran_since(&world.runs(), &names, 0.0, 1)
+    });
+    let paused_at = Utc::now();
+    let (stdout, stderr, code) = shardcron(&config, &["pause", "--all", "--for", "4s"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stdout.starts_with("paused --all until="), "{stdout}");
+    let until = paused_at + chrono::Duration::seconds(4);
+    let status = world.status(&config);
+    assert!(
+        status
+            .jobs
+            .iter()
+            .all(|job| job.paused.as_ref().is_some_and(|pause| pause.until.is_some())),
+        "every job shows the pause and its end"
+    );
+    wait_for(Duration::from_secs(20), "both jobs run after the pause ended", || {
+        every_job_ran_a_tick_after(&world.runs(), &names, until.timestamp() as f64 + 1.0)
+    });
+    let runs = world.runs();
+    for name in &names {
+        let inside: Vec<_> = ticks_of(&runs, name)
+            .into_iter()
+            .filter(|tick| {
+                *tick >= paused_at + chrono::Duration::seconds(1) && *tick < until - chrono::Duration::seconds(1)
+            })
+            .collect();
+        assert!(inside.is_empty(), "{name} ran while every job was paused: {inside:?}");
+    }
+}
