@@ -39,6 +39,8 @@ pub enum Command {
     Status(StatusArgs),
     /// Try shardcron: start a throwaway local etcd and run one node against it.
     Dev(DevArgs),
+    /// Show a job's last runs, newest first, as kept in etcd (`[cluster] history`).
+    History(HistoryArgs),
     /// Pause jobs: from their next tick, every node claims their ticks and records them
     /// `paused` instead of running them, until `resume` or the pause's end.
     Pause(PauseArgs),
@@ -143,6 +145,23 @@ pub struct StatusArgs {
     #[arg(long, env = "SHARDCRON_ENDPOINTS", value_delimiter = ',')]
     pub endpoints: Vec<String>,
     /// Print one JSON document instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct HistoryArgs {
+    #[command(flatten)]
+    pub config: ConfigArg,
+    /// etcd endpoints, comma-separated; overrides [etcd] endpoints.
+    #[arg(long, env = "SHARDCRON_ENDPOINTS", value_delimiter = ',')]
+    pub endpoints: Vec<String>,
+    /// The job.
+    pub job: String,
+    /// How many runs to show.
+    #[arg(short = 'n', default_value_t = 20)]
+    pub count: usize,
+    /// Print a JSON array of run records instead of a table.
     #[arg(long)]
     pub json: bool,
 }

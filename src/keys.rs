@@ -6,6 +6,7 @@
 //! /shardcron/<cluster>/jobs/<job>/result                   the job's last finished run
 //! /shardcron/<cluster>/nodes/<node-id>                     live members
 //! /shardcron/<cluster>/pauses/<job>                        a job's pause (`*`: every job's)
+//! /shardcron/<cluster>/runs/<job>/<tick>                   the job's last runs (`history`)
 //! ```
 //! The shard count is part of the election prefix, so nodes whose configs disagree on `shards`
 //! never share an election: shard 3 of 16 and shard 3 of 32 hold different jobs.
@@ -66,6 +67,11 @@ impl Keys {
             (job, "result") => Some((job, JobRecord::Result)),
             _ => None,
         }
+    }
+
+    /// A job's history: its last runs, by tick.
+    pub(crate) fn job_runs_prefix(&self, job: &str) -> String {
+        format!("{}runs/{job}/", self.root)
     }
 
     pub(crate) fn pauses_prefix(&self) -> String {

@@ -8,6 +8,7 @@ use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
 
 use crate::election::Leadership;
 use crate::etcd::{self, CoordError};
+use crate::history;
 use crate::keys::Keys;
 use crate::record::{Claim, RunRecord};
 use crate::session::Session;
@@ -66,7 +67,7 @@ pub async fn read_claims(session: &Session, keys: &Keys, jobs: &[&str]) -> Resul
 }
 
 /// Claims ticks in one guarded transaction, which also writes `results` of earlier runs of the
-/// shard's jobs. `Ok(Some(revision))` is the new mod revision of every claimed record; `Ok(None)`
+/// shard's jobs and adds `history` entries to their jobs' histories. `Ok(Some(revision))` is the new mod revision of every claimed record; `Ok(None)`
 /// means a guard failed and nothing was written.
 pub async fn claim(
     session: &Session,
@@ -74,10 +75,12 @@ pub async fn claim(
     leadership: &Leadership,
     requests: &[ClaimRequest],
     results: &[(&str, &RunRecord)],
+    history: &[history::Entry],
 ) -> Result<Option<i64>, CoordError> {
-    debug_assert!(requests.len() + results.len() <= MAX_OPS_PER_TXN);
+    debug_assert!(requests.len() + results.len() + history.len() * history::OPS_PER_ENTRY <= MAX_OPS_PER_TXN);
     let mut compares = vec![leadership.guard()];
-    let mut puts = Vec::with_capacity(requests.len() + results.len());
+    let mut puts = history::ops(keys, history)?;
+    puts.reserve(requests.len() + results.len());
     for (job, record) in results {
         let value = serde_json::to_vec(record).map_err(|err| CoordError::Protocol(err.to_string()))?;
         puts.push(TxnOp::put(keys.job_result(job), value, None));
@@ -230,18 +233,39 @@ mod tests {
         );
 
         step("a's late claim is rejected; b's succeeds");
-        let stale = claim(&session_b, &keys, &leader_a, &[request("a", leader_a.fence, 0)], &[])
-            .await
-            .unwrap();
+        let stale = claim(
+            &session_b,
+            &keys,
+            &leader_a,
+            &[request("a", leader_a.fence, 0)],
+            &[],
+            &[],
+        )
+        .await
+        .unwrap();
         assert_eq!(stale, None, "a claim guarded by the old leader key must fail");
-        let fresh = claim(&session_b, &keys, &leader_b, &[request("b", leader_b.fence, 0)], &[])
-            .await
-            .unwrap();
+        let fresh = claim(
+            &session_b,
+            &keys,
+            &leader_b,
+            &[request("b", leader_b.fence, 0)],
+            &[],
+            &[],
+        )
+        .await
+        .unwrap();
         assert!(fresh.is_some());
         step("a second claim from the same read is rejected too");
-        let again = claim(&session_b, &keys, &leader_b, &[request("b", leader_b.fence, 0)], &[])
-            .await
-            .unwrap();
+        let again = claim(
+            &session_b,
+            &keys,
+            &leader_b,
+            &[request("b", leader_b.fence, 0)],
+            &[],
+            &[],
+        )
+        .await
+        .unwrap();
         assert_eq!(again, None, "the record changed since it was read");
         let seen = read_claims(&session_b, &keys, &["j"]).await.unwrap();
         assert_eq!(seen[0].claim.as_ref().map(|claim| claim.node.as_str()), Some("b"));

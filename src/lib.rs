@@ -58,6 +58,7 @@ pub mod etcd;
 pub mod etcd_server;
 mod fleet;
 mod gate;
+pub mod history;
 pub mod keys;
 mod leader;
 mod ledger;

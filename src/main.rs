@@ -22,6 +22,7 @@ fn main() -> ExitCode {
             with_runtime(run(config, args.node.clone(), None))
         }),
         Command::Status(args) => args.config.load().and_then(|config| with_runtime(show_status(config, args.endpoints.clone(), args.json))),
+        Command::History(args) => args.config.load().and_then(|config| with_runtime(history(config, args))),
         Command::Pause(args) => args.config.load().and_then(|config| with_runtime(pause(config, args))),
         Command::Resume(args) => args.config.load().and_then(|config| with_runtime(resume(config, args))),
         Command::Dev(args) => load_for_node(&args.config.config).and_then(|config| {
@@ -245,6 +246,34 @@ async fn connect_for_command(
         .await
         .with_context(|| format!("cannot connect to etcd at {endpoints:?}"))?;
     Ok((client, endpoints))
+}
+
+async fn history(config: Config, args: &cli::HistoryArgs) -> Result<()> {
+    anyhow::ensure!(
+        config.cluster.history > 0,
+        "{} keeps no history ([cluster] history = 0)",
+        config.path.display()
+    );
+    let (client, endpoints) = connect_for_command(&config, args.endpoints.clone()).await?;
+    let keys = shardcron::keys::Keys::new(&config.cluster.name);
+    // A history may hold a run past its trim for a moment: show no more than it keeps.
+    let count = args.count.min(config.cluster.history as usize);
+    let records = shardcron::history::read(&client, &keys, &args.job, count)
+        .await
+        .with_context(|| format!("cannot read the history from etcd at {endpoints:?}"))?;
+    if records.is_empty() && !config.jobs.iter().any(|job| job.name == args.job) {
+        anyhow::bail!(
+            "no job {:?} in {}, and no history of one",
+            args.job,
+            config.path.display()
+        );
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&records)?);
+    } else {
+        print!("{}", shardcron::history::render(&records));
+    }
+    Ok(())
 }
 
 async fn pause(config: Config, args: &cli::PauseArgs) -> Result<()> {

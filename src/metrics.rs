@@ -261,6 +261,7 @@ mod tests {
             duration_ms: 20,
             finished_at: chrono::DateTime::UNIX_EPOCH,
             attempts: 1,
+            trigger: crate::record::Trigger::Schedule,
         };
         let metrics = Metrics::new();
         metrics.record_run("metrics-test", &record(Outcome::Exited, Some(0)));

@@ -52,7 +52,7 @@ pub async fn run(
     mut reloads: mpsc::UnboundedReceiver<Config>,
 ) {
     let keys = Keys::new(&config.cluster.name);
-    let results = Arc::new(ResultQueue::default());
+    let results = Arc::new(ResultQueue::new(config.cluster.history));
     let results_closed = CancellationToken::new();
     let result_writer = tokio::spawn(write_leftovers(
         Arc::clone(&results),

@@ -46,6 +46,31 @@ pub struct RunRecord {
     /// How many times the command was started for this tick (1 + retries used; 0 if skipped).
     #[serde(default = "one")]
     pub attempts: u32,
+    /// What made the run: its schedule, or `shardcron trigger`. Records written before this
+    /// field are schedule runs.
+    #[serde(default)]
+    pub trigger: Trigger,
+}
+
+/// What made a run (`CRON_TRIGGER`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Trigger {
+    /// A tick of the job's schedule.
+    #[default]
+    Schedule,
+    /// A run asked for with `shardcron trigger`.
+    Manual,
+}
+
+impl Trigger {
+    /// The name in records and `CRON_TRIGGER`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Trigger::Schedule => "schedule",
+            Trigger::Manual => "manual",
+        }
+    }
 }
 
 fn one() -> u32 {
@@ -65,6 +90,7 @@ impl RunRecord {
             duration_ms: 1,
             finished_at: at,
             attempts: 1,
+            trigger: Trigger::Schedule,
         }
     }
 }
@@ -159,10 +185,11 @@ mod tests {
             duration_ms: 3,
             finished_at: at,
             attempts: 2,
+            trigger: Trigger::Manual,
         };
         assert_eq!(
             serde_json::to_string(&record).unwrap(),
-            r#"{"scheduled_at":"2027-01-15T08:00:00Z","fence":7,"node":"a","outcome":"spawn_failed","exit_code":null,"duration_ms":3,"finished_at":"2027-01-15T08:00:00Z","attempts":2}"#
+            r#"{"scheduled_at":"2027-01-15T08:00:00Z","fence":7,"node":"a","outcome":"spawn_failed","exit_code":null,"duration_ms":3,"finished_at":"2027-01-15T08:00:00Z","attempts":2,"trigger":"manual"}"#
         );
     }
 }

@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::config::Job;
+use crate::history::{self, HistoryQueue};
 use crate::keys::Keys;
 use crate::ledger;
 use crate::record::RunRecord;
@@ -32,10 +34,11 @@ pub struct Pending {
     riding: bool,
 }
 
-/// The newest unwritten result of each job.
+/// The newest unwritten result of each job, and every run on its way to the history.
 #[derive(Default)]
 pub struct ResultQueue {
     pending: Mutex<HashMap<String, Pending>>,
+    pub history: HistoryQueue,
     arrived: Notify,
 }
 
@@ -43,6 +46,20 @@ pub struct ResultQueue {
 const RETRY_PAUSE: Duration = Duration::from_secs(1);
 
 impl ResultQueue {
+    /// A queue whose runs also go to their jobs' histories, `keep` runs per job.
+    pub fn new(keep: u32) -> ResultQueue {
+        ResultQueue {
+            history: HistoryQueue::new(keep),
+            ..ResultQueue::default()
+        }
+    }
+
+    /// A finished (or settled) run of `job`: its result, and its entry in the job's history.
+    pub fn push_run(&self, job: &Job, record: RunRecord) {
+        self.history.push(job, &record);
+        self.push(&job.name, job.shard, record);
+    }
+
     pub fn push(&self, job: &str, shard: u32, record: RunRecord) {
         let mut pending = self.lock();
         let since = Instant::now();
@@ -110,13 +127,18 @@ impl ResultQueue {
         self.arrived.notify_one();
     }
 
-    /// When the oldest result that no claim carries began to wait.
+    /// When the oldest result (or history entry) that no claim carries began to wait.
     fn oldest(&self) -> Option<Instant> {
-        self.lock()
+        let result = self
+            .lock()
             .values()
             .filter(|entry| !entry.riding)
             .map(|entry| entry.since)
-            .min()
+            .min();
+        match (result, self.history.oldest()) {
+            (Some(result), Some(entry)) => Some(result.min(entry)),
+            (result, entry) => result.or(entry),
+        }
     }
 
     /// Takes the results no claim carries that have waited at least `age`.
@@ -170,7 +192,9 @@ pub async fn write_leftovers(
             },
         }
         let closing = closed.is_cancelled();
-        let batch = queue.take_older_than(if closing { Duration::ZERO } else { RIDE_WINDOW });
+        let age = if closing { Duration::ZERO } else { RIDE_WINDOW };
+        let mut failed = false;
+        let batch = queue.take_older_than(age);
         if !batch.is_empty() {
             let records: Vec<(String, RunRecord)> = batch
                 .iter()
@@ -178,14 +202,22 @@ pub async fn write_leftovers(
                 .collect();
             if let Err(err) = ledger::record_runs(&client, &keys, &records).await {
                 tracing::warn!(error = %err, runs = records.len(), "could not record run results in etcd (the runs themselves happened and were logged); will retry");
-                if closing {
-                    return;
-                }
                 queue.put_back(batch);
-                tokio::select! {
-                    _ = tokio::time::sleep(RETRY_PAUSE) => {}
-                    _ = closed.cancelled() => {}
-                }
+                failed = true;
+            }
+        }
+        let entries = queue.history.take_older_than(age);
+        if !entries.is_empty() {
+            if let Err(err) = history::write(&client, &keys, &entries).await {
+                tracing::warn!(error = %err, runs = entries.len(), "could not add runs to their jobs' history in etcd; will retry");
+                queue.history.put_back(entries);
+                failed = true;
+            }
+        }
+        if failed && !closing {
+            tokio::select! {
+                _ = tokio::time::sleep(RETRY_PAUSE) => {}
+                _ = closed.cancelled() => {}
             }
         }
         if closing {

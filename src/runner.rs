@@ -17,7 +17,7 @@ use crate::backoff::Backoff;
 use crate::clock;
 use crate::config::{Job, MAX_RETRY_BACKOFF};
 use crate::gate;
-use crate::record::{Outcome, RunRecord};
+use crate::record::{Outcome, RunRecord, Trigger};
 use crate::starts::{StartTicket, Starts};
 
 /// Longer output lines are cut, so a job printing without newlines cannot grow the node's memory.
@@ -41,6 +41,8 @@ pub struct Tick {
     pub caught_up: bool,
     /// An earlier leader claimed this tick and never started it.
     pub redelivered: bool,
+    /// `CRON_TRIGGER`: a tick of the schedule, or a run asked for by `shardcron trigger`.
+    pub trigger: Trigger,
 }
 
 impl Tick {
@@ -114,6 +116,7 @@ async fn run_once(tick: &Tick, attempt: u32, stops: &Stops<'_>, ticket: Option<S
         duration_ms: started.elapsed().as_millis() as u64,
         finished_at: clock::now(),
         attempts: attempt,
+        trigger: tick.trigger,
     };
     let may_spawn = match &ticket {
         Some(ticket) => ticket.may_spawn(),
@@ -134,6 +137,7 @@ async fn run_once(tick: &Tick, attempt: u32, stops: &Stops<'_>, ticket: Option<S
         .env("CRON_SCHEDULED_AT", tick.scheduled_at_text())
         .env("CRON_NODE", &tick.node)
         .env("CRON_ATTEMPT", attempt.to_string())
+        .env("CRON_TRIGGER", tick.trigger.as_str())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -258,7 +258,7 @@ impl Runs {
 
     fn report(&self, tick: &Tick, record: RunRecord) {
         crate::metrics::get().record_run(&tick.job.name, &record);
-        self.results.push(&tick.job.name, tick.job.shard, record);
+        self.results.push_run(&tick.job, record);
     }
 
     /// Kills every running command's process group now.
@@ -351,6 +351,7 @@ fn not_run(tick: &Tick, outcome: Outcome) -> RunRecord {
         duration_ms: 0,
         finished_at: clock::now(),
         attempts: 0,
+        trigger: tick.trigger,
     }
 }
 

@@ -100,6 +100,16 @@ impl Schedule {
             .max()
     }
 
+    /// The `n`-th newest fire instant at or before `at` (`n` = 1: the newest), or `None` if
+    /// there are fewer.
+    pub fn nth_newest_at_or_before(&self, at: DateTime<Utc>, n: usize) -> Option<DateTime<Utc>> {
+        let mut cursor = self.latest_at_or_before(at)?;
+        for _ in 1..n {
+            cursor = self.latest_at_or_before(cursor - chrono::Duration::seconds(1))?;
+        }
+        Some(cursor)
+    }
+
     /// Whether some expression's wall-clock fields match `at` read in the zone. False for an
     /// instant the schedule fires at only because its wall time fell in a DST gap.
     pub fn matches_wall_time(&self, at: DateTime<Utc>) -> bool {

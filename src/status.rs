@@ -241,7 +241,7 @@ pub fn render(status: &Status) -> String {
     out
 }
 
-fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+pub(crate) fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
     let mut widths: Vec<usize> = headers.iter().map(|header| header.len()).collect();
     for row in rows {
         for (width, cell) in widths.iter_mut().zip(row) {

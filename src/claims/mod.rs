@@ -28,6 +28,7 @@ use crate::backoff::{sleep_or_cancel, Backoff};
 use crate::config::Job;
 use crate::election::{self, Leadership};
 use crate::etcd::CoordError;
+use crate::history;
 use crate::keys::Keys;
 use crate::ledger::{self, ClaimRequest, MAX_OPS_PER_TXN};
 use crate::record::{Claim, RunRecord};
@@ -305,10 +306,16 @@ impl Claimer<'_> {
             .collect();
         let riders = self.results.take_for(self.leadership.shard, room(requests.len()));
         let carried: Vec<(&str, &RunRecord)> = riders.iter().map(|rider| (rider.job.as_str(), &rider.record)).collect();
+        let history_room = room(requests.len() + riders.len()) / history::OPS_PER_ENTRY;
+        let entries = self.results.history.take_for(self.leadership.shard, history_room);
         let sent = std::time::Instant::now();
-        let outcome = ledger::claim(self.session, self.keys, self.leadership, &requests, &carried).await;
+        let outcome = ledger::claim(self.session, self.keys, self.leadership, &requests, &carried, &entries).await;
         self.lead.observe(sent.elapsed());
-        self.results.settle(riders, matches!(outcome, Ok(Some(_))));
+        let written = matches!(outcome, Ok(Some(_)));
+        self.results.settle(riders, written);
+        if !written {
+            self.results.history.put_back(entries);
+        }
         outcome
     }
 

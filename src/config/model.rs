@@ -34,7 +34,14 @@ pub struct Cluster {
     pub shards: u32,
     pub lease_ttl: Duration,
     pub timezone: Tz,
+    /// How many of each job's last runs etcd keeps for `shardcron history`; 0 keeps none.
+    pub history: u32,
 }
+
+/// Default for `[cluster] history`.
+pub const DEFAULT_HISTORY: u32 = 50;
+/// At most this many runs per job in `[cluster] history`: each is a key in etcd per job.
+pub const MAX_HISTORY: i64 = 1000;
 
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Etcd {

@@ -31,6 +31,7 @@ pub(super) struct RawCluster {
     pub(super) shards: Option<Spanned<i64>>,
     pub(super) lease_ttl: Option<Spanned<String>>,
     pub(super) timezone: Option<Spanned<String>>,
+    pub(super) history: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]

@@ -91,11 +91,27 @@ pub(super) fn validate_cluster(source: &Source, raw: Option<Spanned<RawCluster>>
             .map_err(|message| source.error(Some(value.span()), None, Some("cluster.timezone"), message))?,
         None => Tz::UTC,
     };
+    let history = match &raw.history {
+        Some(value) if !(0..=MAX_HISTORY).contains(value.get_ref()) => {
+            return Err(source.error(
+                Some(value.span()),
+                None,
+                Some("cluster.history"),
+                format!(
+                    "history must be between 0 and {MAX_HISTORY} runs per job, found {}",
+                    value.get_ref()
+                ),
+            ));
+        }
+        Some(value) => *value.get_ref() as u32,
+        None => DEFAULT_HISTORY,
+    };
     Ok(Cluster {
         name: name.into_inner(),
         shards: *shards.get_ref() as u32,
         lease_ttl,
         timezone,
+        history,
     })
 }
 

@@ -22,6 +22,7 @@ use crate::config::{Delivery, Job};
 use crate::context::{Loaded, NodeContext};
 use crate::election::{self, Leadership};
 use crate::fleet::FleetView;
+use crate::record::Trigger;
 use crate::repeats;
 use crate::results::RIDE_WINDOW;
 use crate::runner::Tick;
@@ -473,6 +474,7 @@ impl Term {
             starts: Arc::clone(&self.starts),
             caught_up: late != Late::OnTime,
             redelivered: late == Late::Redelivered,
+            trigger: Trigger::Schedule,
         }
     }
 

@@ -12,7 +12,7 @@ use crate::claims::{Book, Claimer, Halt, Want};
 use crate::clock;
 use crate::config::{Delivery, Job};
 use crate::ledger::MAX_OPS_PER_TXN;
-use crate::record::{Claim, Outcome, RunRecord};
+use crate::record::{Claim, Outcome, RunRecord, Trigger};
 
 /// Per job (by index in the book): the pending ticks of an earlier leader this one records lost,
 /// with that leader's record and the revision it was read at.
@@ -175,9 +175,10 @@ impl Term {
                 duration_ms: 0,
                 finished_at: clock::now(),
                 attempts: 0,
+                trigger: Trigger::Schedule,
             };
             crate::metrics::get().record_run(&job.name, &record);
-            self.node.results.push(&job.name, job.shard, record);
+            self.node.results.push_run(job, record);
         }
     }
 }

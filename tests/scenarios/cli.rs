@@ -158,7 +158,9 @@ fn next_rejects_bad_input_cleanly() {
 
 #[test]
 fn every_command_has_help_and_the_binary_a_version() {
-    for command in ["check", "next", "plan", "run", "status", "dev", "pause", "resume"] {
+    for command in [
+        "check", "next", "plan", "run", "status", "dev", "pause", "resume", "history",
+    ] {
         let out = shardcron(&[command, "--help"]);
         assert!(
             out.status.success() && text(&out.stdout).contains("Usage:"),
@@ -400,6 +402,7 @@ fn pause_refuses_what_it_cannot_do_before_it_reaches_etcd() {
         ),
         (vec!["pause", "hourly", "--all"], "cannot be used with"),
         (vec!["resume"], "required"),
+        (vec!["history"], "required"),
     ] {
         let out = shardcron(&[&args[..], &["--config", &config]].concat());
         let stderr = text(&out.stderr);

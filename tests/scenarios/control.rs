@@ -161,3 +161,79 @@ fn a_pause_of_every_job_for_a_while_ends_by_itself() {
         assert!(inside.is_empty(), "{name} ran while every job was paused: {inside:?}");
     }
 }
+
+#[test]
+fn history_keeps_each_jobs_last_runs_newest_first_and_no_more() {
+    let mut world = World::new();
+    let record = world.record_command();
+    let config = world.write_config_tables(
+        "jobs.toml",
+        2,
+        2,
+        &[
+            ("kept", format!("schedule = \"* * * * * *\"\ncommand = '{record}'")),
+            (
+                "failing",
+                format!("schedule = \"*/2 * * * * *\"\ncommand = '{record}; exit 3'"),
+            ),
+        ],
+    );
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(&config, text.replacen("[cluster]\n", "[cluster]\nhistory = 5\n", 1)).unwrap();
+    world.node("a", &config).start();
+    wait_for(Duration::from_secs(40), "12 runs of kept and 6 of failing", || {
+        let runs = world.runs();
+        ticks_of(&runs, "kept").len() >= 12 && ticks_of(&runs, "failing").len() >= 6
+    });
+    // A clean stop writes every result and history entry still waiting.
+    stop(&mut world, 0);
+
+    let runs = world.runs();
+    let (stdout, stderr, code) = shardcron(&config, &["history", "kept", "-n", "20", "--json"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let history: Vec<shardcron::record::RunRecord> = serde_json::from_str(&stdout).expect("a JSON array of runs");
+    let mut newest: Vec<&Run> = runs.iter().filter(|run| run.job == "kept").collect();
+    newest.sort_by_key(|run| std::cmp::Reverse(run.tick));
+    let expected: Vec<(DateTime<Utc>, i64)> = newest.iter().take(5).map(|run| (run.tick, run.fence)).collect();
+    let shown: Vec<(DateTime<Utc>, i64)> = history.iter().map(|run| (run.scheduled_at, run.fence)).collect();
+    assert_eq!(shown, expected, "the 5 newest runs, newest first, with their fences");
+    assert!(history.iter().all(|run| run.outcome == Outcome::Exited
+        && run.exit_code == Some(0)
+        && run.trigger == shardcron::record::Trigger::Schedule
+        && run.node == "a"
+        && run.attempts == 1));
+
+    let (stdout, stderr, code) = shardcron(&config, &["history", "failing", "-n", "2"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 3, "a header and 2 runs: {stdout}");
+    assert!(
+        lines[0].starts_with("SCHEDULED AT") && lines[0].contains("TRIGGER"),
+        "{stdout}"
+    );
+    assert!(
+        lines[1].contains(" schedule ") && lines[1].contains(" exited ") && lines[1].contains(" 3 "),
+        "{stdout}"
+    );
+
+    // etcd holds the last 5 runs of each job, not every run: the trim rides each write.
+    let held = tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let client = etcd_client::Client::connect(world.etcd.client_urls(), None)
+            .await
+            .unwrap();
+        let mut held = Vec::new();
+        for job in ["kept", "failing"] {
+            let response = client
+                .clone()
+                .get(
+                    format!("/shardcron/test/runs/{job}/"),
+                    Some(etcd_client::GetOptions::new().with_prefix().with_count_only()),
+                )
+                .await
+                .unwrap();
+            held.push(response.count());
+        }
+        held
+    });
+    assert_eq!(held, [5, 5], "history keys held in etcd for kept and failing");
+}
