@@ -39,6 +39,9 @@ pub enum Command {
     Status(StatusArgs),
     /// Try shardcron: start a throwaway local etcd and run one node against it.
     Dev(DevArgs),
+    /// Run a job now, through its shard's leader: the same claim, fence, overlap policy and
+    /// pause as a tick of its schedule, which does not move.
+    Trigger(TriggerArgs),
     /// Show a job's last runs, newest first, as kept in etcd (`[cluster] history`).
     History(HistoryArgs),
     /// Pause jobs: from their next tick, every node claims their ticks and records them
@@ -147,6 +150,24 @@ pub struct StatusArgs {
     /// Print one JSON document instead of text.
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct TriggerArgs {
+    #[command(flatten)]
+    pub config: ConfigArg,
+    /// etcd endpoints, comma-separated; overrides [etcd] endpoints.
+    #[arg(long, env = "SHARDCRON_ENDPOINTS", value_delimiter = ',')]
+    pub endpoints: Vec<String>,
+    /// The job to run.
+    pub job: String,
+    /// Wait for the run and exit with its exit status (1 for a timeout, kill, spawn failure,
+    /// or a run that did not happen: skipped, paused, lost).
+    #[arg(long)]
+    pub wait: bool,
+    /// How long a leader has to take the request before it is withdrawn (exit 1).
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
 }
 
 #[derive(Debug, Args)]

@@ -24,6 +24,8 @@ pub(crate) struct NodeContext {
     pub(crate) runs: Runs,
     /// The pauses every node sees, kept current by a watch while the node has a session.
     pub(crate) pauses: Arc<crate::pauses::Pauses>,
+    /// Runs asked for by hand that no leader took yet, mirrored from etcd.
+    pub(crate) triggers: Arc<crate::triggers::Triggers>,
     /// Finished runs' results waiting to be written, for claims of their shard to carry.
     pub(crate) results: Arc<ResultQueue>,
     pub(crate) claim_lead: ClaimLead,

@@ -7,6 +7,8 @@
 //! /shardcron/<cluster>/nodes/<node-id>                     live members
 //! /shardcron/<cluster>/pauses/<job>                        a job's pause (`*`: every job's)
 //! /shardcron/<cluster>/runs/<job>/<tick>                   the job's last runs (`history`)
+//! /shardcron/<cluster>/triggers/<job>/<id>                 a run asked for by hand, not yet taken
+//! /shardcron/<cluster>/triggered/<id>                      who took it, and how its run ended
 //! ```
 //! The shard count is part of the election prefix, so nodes whose configs disagree on `shards`
 //! never share an election: shard 3 of 16 and shard 3 of 32 hold different jobs.
@@ -72,6 +74,23 @@ impl Keys {
     /// A job's history: its last runs, by tick.
     pub(crate) fn job_runs_prefix(&self, job: &str) -> String {
         format!("{}runs/{job}/", self.root)
+    }
+
+    pub(crate) fn triggers_prefix(&self) -> String {
+        format!("{}triggers/", self.root)
+    }
+
+    pub fn trigger(&self, job: &str, id: &str) -> String {
+        format!("{}triggers/{job}/{id}", self.root)
+    }
+
+    /// The job and request id of a request key.
+    pub(crate) fn parse_trigger<'k>(&self, key: &'k str) -> Option<(&'k str, &'k str)> {
+        key.strip_prefix(&self.triggers_prefix())?.split_once('/')
+    }
+
+    pub fn triggered(&self, id: &str) -> String {
+        format!("{}triggered/{id}", self.root)
     }
 
     pub(crate) fn pauses_prefix(&self) -> String {

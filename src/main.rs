@@ -22,6 +22,15 @@ fn main() -> ExitCode {
             with_runtime(run(config, args.node.clone(), None))
         }),
         Command::Status(args) => args.config.load().and_then(|config| with_runtime(show_status(config, args.endpoints.clone(), args.json))),
+        Command::Trigger(args) => {
+            return match args.config.load().and_then(|config| with_runtime_value(trigger(config, args))) {
+                Ok(code) => code,
+                Err(err) => {
+                    eprintln!("shardcron: error: {err:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::History(args) => args.config.load().and_then(|config| with_runtime(history(config, args))),
         Command::Pause(args) => args.config.load().and_then(|config| with_runtime(pause(config, args))),
         Command::Resume(args) => args.config.load().and_then(|config| with_runtime(resume(config, args))),
@@ -45,6 +54,10 @@ fn main() -> ExitCode {
 }
 
 fn with_runtime<F: std::future::Future<Output = Result<()>>>(future: F) -> Result<()> {
+    with_runtime_value(future)
+}
+
+fn with_runtime_value<T, F: std::future::Future<Output = Result<T>>>(future: F) -> Result<T> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -246,6 +259,49 @@ async fn connect_for_command(
         .await
         .with_context(|| format!("cannot connect to etcd at {endpoints:?}"))?;
     Ok((client, endpoints))
+}
+
+/// `trigger`: the exit status is the run's own with `--wait`.
+async fn trigger(config: Config, args: &cli::TriggerArgs) -> Result<ExitCode> {
+    if !config.jobs.iter().any(|job| job.name == args.job) {
+        anyhow::bail!("no job {:?} in {}", args.job, config.path.display());
+    }
+    let (client, endpoints) = connect_for_command(&config, args.endpoints.clone()).await?;
+    let keys = shardcron::keys::Keys::new(&config.cluster.name);
+    let asked = shardcron::triggers::ask(&client, &keys, &args.job, args.timeout)
+        .await
+        .with_context(|| format!("cannot ask for a run through etcd at {endpoints:?}"))?;
+    let Some(claimed) = asked else {
+        anyhow::bail!(
+            "no leader took the run of {} within {:?}; the request was withdrawn (is a node running with this config? see `shardcron status`)",
+            args.job,
+            args.timeout
+        );
+    };
+    println!("triggered {} node={} fence={}", args.job, claimed.node, claimed.fence);
+    if !args.wait {
+        shardcron::triggers::forget(&client, &keys, &claimed.id).await?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    use std::io::Write;
+    std::io::stdout().flush()?;
+    let run = shardcron::triggers::wait_for_run(&client, &keys, &claimed)
+        .await
+        .with_context(|| format!("cannot follow the run through etcd at {endpoints:?}"))?;
+    let Some(run) = run else {
+        anyhow::bail!(
+            "node {} left the fleet and did not report the end of the run within {:?}",
+            claimed.node,
+            shardcron::triggers::AFTER_THE_NODE_LEFT
+        );
+    };
+    Ok(match (run.outcome, run.exit_code) {
+        (shardcron::record::Outcome::Exited, Some(code)) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        (outcome, _) => {
+            eprintln!("shardcron: the run of {} ended: {outcome}", args.job);
+            ExitCode::FAILURE
+        }
+    })
 }
 
 async fn history(config: Config, args: &cli::HistoryArgs) -> Result<()> {

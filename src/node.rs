@@ -22,7 +22,8 @@ use crate::etcd::CoordError;
 use crate::fleet;
 use crate::keys::Keys;
 use crate::leader;
-use crate::pauses::{self, Pauses};
+use crate::mirror;
+use crate::pauses::Pauses;
 use crate::record::Member;
 use crate::results::{write_leftovers, ResultQueue};
 use crate::runs::Runs;
@@ -72,6 +73,7 @@ pub async fn run(
         jobs: loaded,
         runs: Runs::new(Arc::clone(&results), Arc::clone(&pauses)),
         pauses,
+        triggers: Arc::default(),
         results,
         claim_lead: ClaimLead::new(),
         started_here: Arc::default(),
@@ -145,11 +147,15 @@ pub async fn run(
         }
         // Read before any shard is led: a node that starts, or campaigns again, while a job is
         // paused must not run one tick of it.
-        let pauses_read = match pauses::load(&client, &node.keys, &node.pauses).await {
-            Ok(revision) => revision,
+        let read = tokio::try_join!(
+            mirror::load(&client, &node.keys, node.pauses.as_ref()),
+            mirror::load(&client, &node.keys, node.triggers.as_ref()),
+        );
+        let (pauses_read, triggers_read) = match read {
+            Ok(revisions) => revisions,
             Err(err) => {
                 let wait = backoff.next_delay();
-                tracing::warn!(error = %err, retry_in = ?wait, "cannot read the pauses; retrying with a new session");
+                tracing::warn!(error = %err, retry_in = ?wait, "cannot read the pauses and run requests; retrying with a new session");
                 close(&session, &mut unrevoked).await;
                 sleep_or_cancel(wait, &shutdown).await;
                 continue;
@@ -172,11 +178,17 @@ pub async fn run(
         };
         let mut tasks = JoinSet::new();
         let view = fleet::spawn_tasks(&mut tasks, &node, &session, member);
-        tasks.spawn(pauses::keep(
+        tasks.spawn(mirror::keep(
             session.clone(),
             node.keys.clone(),
             Arc::clone(&node.pauses),
             pauses_read,
+        ));
+        tasks.spawn(mirror::keep(
+            session.clone(),
+            node.keys.clone(),
+            Arc::clone(&node.triggers),
+            triggers_read,
         ));
         for candidacy in candidacies {
             tasks.spawn(leader::run_shard(

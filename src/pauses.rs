@@ -13,13 +13,11 @@ use std::collections::HashMap;
 use std::sync::RwLock;
 
 use chrono::{DateTime, Utc};
-use etcd_client::{EventType, WatchOptions};
 use serde::{Deserialize, Serialize};
 
-use crate::backoff::{sleep_or_cancel, Backoff};
 use crate::etcd::{self, CoordError};
 use crate::keys::Keys;
-use crate::session::Session;
+use crate::mirror::{self, Mirror};
 
 /// The key name of a pause of every job (`pause --all`); no job name can be `*`.
 pub const EVERY_JOB: &str = "*";
@@ -64,6 +62,21 @@ impl Pauses {
             .find(|pause| pause.stops(scheduled_at, now))
             .cloned()
     }
+}
+
+impl Mirror for Pauses {
+    const WHAT: &'static str = "pauses";
+
+    fn prefix(keys: &Keys) -> String {
+        keys.pauses_prefix()
+    }
+
+    fn clear(&self) {
+        self.by_job
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clear();
+    }
 
     fn apply(&self, keys: &Keys, key: &[u8], value: Option<&[u8]>) {
         let Some(job) = std::str::from_utf8(key).ok().and_then(|key| keys.parse_pause(key)) else {
@@ -79,70 +92,6 @@ impl Pauses {
             None => {
                 by_job.remove(job);
             }
-        }
-    }
-}
-
-/// Reads every pause into `pauses`, replacing what it held; returns the read's revision.
-pub(crate) async fn load(client: &etcd_client::Client, keys: &Keys, pauses: &Pauses) -> Result<i64, CoordError> {
-    let (read, revision) = etcd::read_prefix(client, &keys.pauses_prefix()).await?;
-    pauses
-        .by_job
-        .write()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-        .clear();
-    for kv in &read {
-        pauses.apply(keys, kv.key(), Some(kv.value()));
-    }
-    Ok(revision)
-}
-
-/// Keeps `pauses` current from the revision `read` until the session ends, reading them again
-/// whenever the watch fails.
-pub(crate) async fn keep(session: Session, keys: Keys, pauses: std::sync::Arc<Pauses>, mut read: i64) {
-    let mut backoff = Backoff::coordination();
-    loop {
-        tokio::select! {
-            result = watch(&session, &keys, &pauses, read) => {
-                if let Err(err) = result {
-                    tracing::warn!(error = %err, "pause watch failed; reading the pauses again");
-                }
-            }
-            _ = session.ended().cancelled() => return,
-        }
-        loop {
-            if !sleep_or_cancel(backoff.next_delay(), session.ended()).await {
-                return;
-            }
-            match load(&session.client(), &keys, &pauses).await {
-                Ok(revision) => {
-                    read = revision;
-                    break;
-                }
-                Err(err) => tracing::warn!(error = %err, "cannot read the pauses; retrying"),
-            }
-        }
-    }
-}
-
-async fn watch(session: &Session, keys: &Keys, pauses: &Pauses, read: i64) -> Result<(), CoordError> {
-    let client = session.client();
-    let mut stream = etcd::call(client.clone().watch(
-        keys.pauses_prefix(),
-        Some(WatchOptions::new().with_prefix().with_start_revision(read + 1)),
-    ))
-    .await?;
-    loop {
-        let Some(response) = stream.message().await? else {
-            return Ok(());
-        };
-        if response.canceled() {
-            return Ok(());
-        }
-        for event in response.events() {
-            let Some(kv) = event.kv() else { continue };
-            let value = (event.event_type() == EventType::Put).then(|| kv.value());
-            pauses.apply(keys, kv.key(), value);
         }
     }
 }
@@ -213,7 +162,7 @@ pub async fn in_force(
     now: DateTime<Utc>,
 ) -> Result<HashMap<String, Pause>, CoordError> {
     let pauses = Pauses::default();
-    load(client, keys, &pauses).await?;
+    mirror::load(client, keys, &pauses).await?;
     let mut by_job = pauses
         .by_job
         .into_inner()

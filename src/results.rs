@@ -17,6 +17,7 @@ use crate::history::{self, HistoryQueue};
 use crate::keys::Keys;
 use crate::ledger;
 use crate::record::RunRecord;
+use crate::triggers;
 
 /// How long a result waits for a claim of its shard to carry it.
 pub const RIDE_WINDOW: Duration = Duration::from_millis(1500);
@@ -39,6 +40,9 @@ pub struct Pending {
 pub struct ResultQueue {
     pending: Mutex<HashMap<String, Pending>>,
     pub history: HistoryQueue,
+    /// How runs asked for by hand ended, by request id, for the commands that wait for them:
+    /// written at once, not left to ride.
+    answers: Mutex<Vec<(String, RunRecord)>>,
     arrived: Notify,
 }
 
@@ -52,6 +56,19 @@ impl ResultQueue {
             history: HistoryQueue::new(keep),
             ..ResultQueue::default()
         }
+    }
+
+    /// How the run asked for by `request` ended.
+    pub fn answer(&self, request: &str, record: RunRecord) {
+        self.answers
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .push((request.to_string(), record));
+        self.arrived.notify_one();
+    }
+
+    fn take_answers(&self) -> Vec<(String, RunRecord)> {
+        std::mem::take(&mut *self.answers.lock().unwrap_or_else(|poisoned| poisoned.into_inner()))
     }
 
     /// A finished (or settled) run of `job`: its result, and its entry in the job's history.
@@ -180,6 +197,12 @@ pub async fn write_leftovers(
     closed: CancellationToken,
 ) {
     loop {
+        let answers = queue.take_answers();
+        for (request, record) in answers {
+            if let Err(err) = triggers::answer(&client, &keys, &request, &record).await {
+                tracing::warn!(error = %err, request, "could not tell the command that asked for a run how it ended (the run is in the job's result and history)");
+            }
+        }
         match queue.oldest() {
             Some(since) => tokio::select! {
                 _ = tokio::time::sleep_until((since + RIDE_WINDOW).into()) => {}

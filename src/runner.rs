@@ -43,11 +43,18 @@ pub struct Tick {
     pub redelivered: bool,
     /// `CRON_TRIGGER`: a tick of the schedule, or a run asked for by `shardcron trigger`.
     pub trigger: Trigger,
+    /// The request a run asked for by hand answers; `None` for a tick of the schedule.
+    pub request: Option<String>,
 }
 
 impl Tick {
+    /// The tick, or a requested run's request time to the millisecond.
     pub fn scheduled_at_text(&self) -> String {
-        self.scheduled_at.to_rfc3339_opts(SecondsFormat::Secs, true)
+        let precision = match self.trigger {
+            Trigger::Schedule => SecondsFormat::Secs,
+            Trigger::Manual => SecondsFormat::Millis,
+        };
+        self.scheduled_at.to_rfc3339_opts(precision, true)
     }
 }
 
@@ -63,11 +70,10 @@ pub struct Stops<'a> {
 /// Runs `tick` to completion, retrying a failed attempt as the job allows while this node still
 /// leads the shard, and says how the last attempt ended; `None` when the first attempt could
 /// not start because the leadership or its lease ended since `ticket` was given.
-pub async fn run(tick: &Tick, stops: &Stops<'_>, ticket: StartTicket) -> Option<RunRecord> {
+pub async fn run(tick: &Tick, stops: &Stops<'_>, mut ticket: Option<StartTicket>) -> Option<RunRecord> {
     let job = &tick.job;
     let mut attempt = 1;
     let mut backoff = Backoff::new(job.retry_backoff, MAX_RETRY_BACKOFF);
-    let mut ticket = Some(ticket);
     let mut last = None;
     loop {
         let Some(mut record) = run_once(tick, attempt, stops, ticket.take()).await else {

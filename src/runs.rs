@@ -104,7 +104,7 @@ impl Runs {
                 {
                     drop(jobs);
                     for tick in ticks {
-                        if !settle(&tick) {
+                        if !self.settle(&tick) {
                             continue;
                         }
                         tracing::info!(job = %job.name, tick = %tick.scheduled_at_text(), "skipped: the previous run of this job on this node was still going at this tick (overlap = \"skip\")");
@@ -153,22 +153,30 @@ impl Runs {
                     continue;
                 }
                 if replace.is_cancelled() {
-                    if settle(&tick) {
+                    if runs.settle(&tick) {
                         runs.report(&tick, not_run(&tick, Outcome::Replaced));
                     }
                     continue;
                 }
                 if waited && outrun(&tick, clock::now()) {
-                    if settle(&tick) {
+                    if runs.settle(&tick) {
                         tracing::info!(job = %job.name, tick = %tick.scheduled_at_text(), "skipped: it waited behind a backlog of this job's runs until its next tick was due (overlap = \"skip\")");
                         crate::metrics::get().skipped_overlaps.inc();
                         runs.report(&tick, not_run(&tick, Outcome::Skipped));
                     }
                     continue;
                 }
-                let Some(ticket) = tick.starts.begin(&tick.job.name, tick.scheduled_at).await else {
-                    not_starting(&tick);
-                    continue;
+                // A requested run needs no ticket: no record lists it as owed. Its first attempt
+                // checks the leadership and the lease right before the spawn, as retries do.
+                let ticket = match tick.request {
+                    Some(_) => None,
+                    None => match tick.starts.begin(&tick.job.name, tick.scheduled_at).await {
+                        Some(ticket) => Some(ticket),
+                        None => {
+                            runs.not_starting(&tick);
+                            continue;
+                        }
+                    },
                 };
                 runs.mark_running(
                     &job.name,
@@ -184,7 +192,7 @@ impl Runs {
                 };
                 match runner::run(&tick, &stops, ticket).await {
                     Some(record) => runs.report(&tick, record),
-                    None => not_starting(&tick),
+                    None => runs.not_starting(&tick),
                 }
             }
             runs.mark_running(&job.name, None);
@@ -244,12 +252,43 @@ impl Runs {
         }
     }
 
+    /// Whether `tick` may be settled without a run now (see [`crate::starts::Starts::settle`]).
+    fn settle(&self, tick: &Tick) -> bool {
+        let may = match tick.request {
+            // A requested run is no tick of the schedule: its leadership owes it to no record.
+            Some(_) => tick.starts.may_retry(),
+            None => tick.starts.settle(&tick.job.name, tick.scheduled_at),
+        };
+        if !may {
+            self.not_starting(tick);
+        }
+        may
+    }
+
+    /// A claimed tick this node does not start. A tick of the schedule stays pending in etcd,
+    /// and the next leader delivers it or records it lost; a requested run is recorded lost
+    /// here, since no record lists it.
+    fn not_starting(&self, tick: &Tick) {
+        if tick.request.is_some() {
+            tracing::warn!(job = %tick.job.name, requested_at = %tick.scheduled_at_text(), fence = tick.fence, "lost: a run asked for by hand was claimed, and this node no longer leads the shard or its lease may have expired before it started");
+            self.report(tick, not_run(tick, Outcome::Lost));
+            return;
+        }
+        let next = match tick.job.delivery {
+            Delivery::AtLeastOnce => "the next leader runs it",
+            Delivery::AtMostOnce => "the next leader records it lost",
+        };
+        if let Some(left_out) = crate::repeats::log_now("not starting a claimed tick") {
+            tracing::warn!(job = %tick.job.name, tick = %tick.scheduled_at_text(), fence = tick.fence, next, left_out, "not starting a claimed tick: this node no longer leads the shard, or its lease may have expired (left_out: lines like this one not logged since the last)");
+        }
+    }
+
     /// Whether a pause stops `tick`; if one does, the tick is recorded `paused`.
     fn paused(&self, tick: &Tick) -> bool {
         let Some(pause) = self.pauses.stopping(&tick.job.name, tick.scheduled_at, clock::now()) else {
             return false;
         };
-        if settle(tick) {
+        if self.settle(tick) {
             tracing::info!(job = %tick.job.name, tick = %tick.scheduled_at_text(), until = ?pause.until, reason = ?pause.reason, "paused: not run");
             self.report(tick, not_run(tick, Outcome::Paused));
         }
@@ -258,6 +297,9 @@ impl Runs {
 
     fn report(&self, tick: &Tick, record: RunRecord) {
         crate::metrics::get().record_run(&tick.job.name, &record);
+        if let Some(request) = &tick.request {
+            self.results.answer(request, record.clone());
+        }
         self.results.push_run(&tick.job, record);
     }
 
@@ -285,27 +327,6 @@ impl Runs {
                 self.tracker.wait().await;
             }
         }
-    }
-}
-
-/// Whether `tick` may be settled without a run now (see [`crate::starts::Starts::settle`]).
-fn settle(tick: &Tick) -> bool {
-    let may = tick.starts.settle(&tick.job.name, tick.scheduled_at);
-    if !may {
-        not_starting(tick);
-    }
-    may
-}
-
-/// Logs a claimed tick this node does not start. It stays pending in etcd, and the next leader
-/// delivers it or records it lost.
-fn not_starting(tick: &Tick) {
-    let next = match tick.job.delivery {
-        Delivery::AtLeastOnce => "the next leader runs it",
-        Delivery::AtMostOnce => "the next leader records it lost",
-    };
-    if let Some(left_out) = crate::repeats::log_now("not starting a claimed tick") {
-        tracing::warn!(job = %tick.job.name, tick = %tick.scheduled_at_text(), fence = tick.fence, next, left_out, "not starting a claimed tick: this node no longer leads the shard, or its lease may have expired (left_out: lines like this one not logged since the last)");
     }
 }
 

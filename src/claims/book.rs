@@ -63,6 +63,11 @@ impl Book {
         &self.entries
     }
 
+    /// Where the job named `name` is in the book, if it is this shard's.
+    pub(crate) fn index_of(&self, name: &str) -> Option<usize> {
+        self.by_name.get(name).copied()
+    }
+
     pub(crate) fn job(&self, index: usize) -> &Arc<Job> {
         &self.entries[index].job
     }

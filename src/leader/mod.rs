@@ -28,6 +28,7 @@ use crate::results::RIDE_WINDOW;
 use crate::runner::Tick;
 use crate::session::Session;
 use crate::starts::Starts;
+use crate::triggers::{self, Taken};
 
 /// How long before an at-least-once instant it may be claimed: the claim then carries the
 /// previous instant's starts.
@@ -50,6 +51,9 @@ const OVERDUE_LIMIT: chrono::Duration = chrono::Duration::seconds(2);
 /// At most how long a leadership that hands over or stops waits for the runs it was spawning,
 /// so that its last write of starts includes theirs.
 const SPAWNS_SETTLE: Duration = Duration::from_secs(2);
+
+/// Pause before claiming a requested run again after etcd failed the claim.
+const REQUEST_RETRY_PAUSE: Duration = Duration::from_millis(200);
 
 /// Why a term ended; the shard task decides what comes next.
 #[derive(Debug)]
@@ -240,6 +244,7 @@ impl Term {
             Ok(settled) => self.queue(book, &settled, now),
             Err(halt) => return halt.into(),
         };
+        let mut requests = self.node.triggers.subscribe();
         // When the last instant fired, and its tick.
         let mut last_fired: Option<(DateTime<Utc>, DateTime<Utc>)> = None;
         // The next instant once claimed, and the jobs whose tick it won with their fences.
@@ -310,6 +315,13 @@ impl Term {
                     continue;
                 }
                 Ok(()) = reloads.changed() => return TermEnd::JobsReloaded(std::mem::take(book)),
+                // Runs asked for by hand: between instants, like the backlogs.
+                Ok(()) = requests.changed(), if claimed.is_none() => {
+                    if let Err(halt) = self.serve_requests(book).await {
+                        return halt.into();
+                    }
+                    continue;
+                }
                 // Jobs whose backlogs waited for room: claimed between instants, never while an
                 // instant claimed ahead waits to fire.
                 _ = self.node.runs.late_room(), if !behind.is_empty() && claimed.is_none() => {
@@ -475,7 +487,65 @@ impl Term {
             caught_up: late != Late::OnTime,
             redelivered: late == Late::Redelivered,
             trigger: Trigger::Schedule,
+            request: None,
         }
+    }
+
+    /// Claims the runs asked for by hand of this shard's jobs and starts those it won. Each
+    /// takes one transaction: requests are rare, and each must be answered on its own.
+    async fn serve_requests(&self, book: &Book) -> Result<(), Halt> {
+        let requests = self.node.triggers.take_for(|job| book.index_of(job).is_some());
+        for request in requests {
+            let Some(index) = book.index_of(&request.job) else {
+                continue;
+            };
+            let job = book.job(index);
+            let taken = loop {
+                match triggers::claim(
+                    &self.session,
+                    &self.node.keys,
+                    &self.leadership,
+                    &self.node.node_id,
+                    &request,
+                )
+                .await
+                {
+                    Ok(taken) => break taken,
+                    Err(err) => {
+                        if let Some(left_out) = repeats::log_now("claiming a requested run failed") {
+                            tracing::warn!(shard = self.leadership.shard, job = %job.name, error = %err, left_out, "claiming a run asked for by hand failed; retrying");
+                        }
+                        if !sleep_or_cancel(REQUEST_RETRY_PAUSE, self.session.ended()).await
+                            || !self.session.check_live()
+                        {
+                            return Err(Halt::SessionLost);
+                        }
+                    }
+                }
+            };
+            match taken {
+                Taken::Ours(fence) => {
+                    tracing::info!(shard = self.leadership.shard, job = %job.name, request = %request.id, fence, "starting a run asked for by hand");
+                    self.node.runs.start(vec![Tick {
+                        job: Arc::clone(job),
+                        scheduled_at: request.requested_at,
+                        fence,
+                        term: self.leadership.fence,
+                        node: self.node.node_id.clone(),
+                        starts: Arc::clone(&self.starts),
+                        caught_up: false,
+                        redelivered: false,
+                        trigger: Trigger::Manual,
+                        request: Some(request.id.clone()),
+                    }]);
+                }
+                Taken::Gone => {
+                    tracing::info!(job = %job.name, request = %request.id, "a run asked for by hand was withdrawn or taken by another leader")
+                }
+                Taken::Deposed => return Err(Halt::Deposed),
+            }
+        }
+        Ok(())
     }
 
     fn should_hand_over(&self, fleet: &mut watch::Receiver<FleetView>) -> bool {

@@ -403,6 +403,8 @@ fn pause_refuses_what_it_cannot_do_before_it_reaches_etcd() {
         (vec!["pause", "hourly", "--all"], "cannot be used with"),
         (vec!["resume"], "required"),
         (vec!["history"], "required"),
+        (vec!["trigger"], "required"),
+        (vec!["trigger", "nosuch"], "no job \"nosuch\" in"),
     ] {
         let out = shardcron(&[&args[..], &["--config", &config]].concat());
         let stderr = text(&out.stderr);

@@ -237,3 +237,137 @@ fn history_keeps_each_jobs_last_runs_newest_first_and_no_more() {
     });
     assert_eq!(held, [5, 5], "history keys held in etcd for kept and failing");
 }
+
+fn keys_under(world: &World, prefix: &str) -> i64 {
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let client = etcd_client::Client::connect(world.etcd.client_urls(), None)
+            .await
+            .unwrap();
+        client
+            .clone()
+            .get(
+                prefix,
+                Some(etcd_client::GetOptions::new().with_prefix().with_count_only()),
+            )
+            .await
+            .unwrap()
+            .count()
+    })
+}
+
+#[test]
+fn trigger_runs_a_job_now_through_its_claim_fence_and_overlap_policy() {
+    let mut world = World::new();
+    let log = world.dir.path().join("manual.log");
+    let record = format!(
+        "echo \"$CRON_JOB $CRON_SCHEDULED_AT $CRON_FENCE $CRON_NODE $CRON_TRIGGER\" >> {}",
+        log.display()
+    );
+    let config = world.write_config_tables(
+        "jobs.toml",
+        4,
+        2,
+        &[
+            (
+                "yearly",
+                format!("schedule = \"0 0 1 1 *\"\ncommand = '{record}; exit 7'"),
+            ),
+            (
+                "slow",
+                format!("schedule = \"0 0 1 1 *\"\ncommand = '{record}; sleep 4'\noverlap = \"skip\""),
+            ),
+        ],
+    );
+    world.node("a", &config).start();
+    world.node("b", &config).start();
+    wait_for(Duration::from_secs(30), "every shard led", || {
+        world.shard_leaders(&config).iter().all(|(leader, _)| leader.is_some())
+    });
+    let lines = || -> Vec<Vec<String>> {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .map(|line| line.split(' ').map(String::from).collect())
+            .collect()
+    };
+
+    step("trigger --wait exits with the run's own status");
+    let asked_at = Utc::now();
+    let (stdout, stderr, code) = shardcron(&config, &["trigger", "yearly", "--wait"]);
+    assert_eq!(code, Some(7), "{stdout} {stderr}");
+    let printed: Vec<&str> = stdout.trim().split(' ').collect();
+    assert_eq!(printed[..2], ["triggered", "yearly"], "{stdout}");
+    let node = printed[2].strip_prefix("node=").expect("node=").to_string();
+    let fence: i64 = printed[3].strip_prefix("fence=").expect("fence=").parse().unwrap();
+    let ran = lines();
+    assert_eq!(ran.len(), 1, "one run: {ran:?}");
+    assert_eq!(
+        [&ran[0][0], &ran[0][2], &ran[0][3], &ran[0][4]],
+        ["yearly", &fence.to_string(), &node, "manual"]
+    );
+    let requested_at = DateTime::parse_from_rfc3339(&ran[0][1])
+        .expect("CRON_SCHEDULED_AT is RFC 3339")
+        .with_timezone(&Utc);
+    assert!(
+        (requested_at - asked_at).num_milliseconds().abs() < 5_000,
+        "CRON_SCHEDULED_AT is the request time: {requested_at} for a request at {asked_at}"
+    );
+    // History rides the next write of the shard's results: within the 1.5 s ride window.
+    let mut history: Vec<shardcron::record::RunRecord> = Vec::new();
+    wait_for(Duration::from_secs(10), "the run in the job's history", || {
+        let (json, _, _) = shardcron(&config, &["history", "yearly", "--json"]);
+        history = serde_json::from_str(&json).unwrap_or_default();
+        !history.is_empty()
+    });
+    assert_eq!(history.len(), 1);
+    assert_eq!(
+        (history[0].trigger, history[0].fence, history[0].exit_code),
+        (shardcron::record::Trigger::Manual, fence, Some(7))
+    );
+    let status = world.status(&config);
+    let yearly = status.jobs.iter().find(|job| job.name == "yearly").unwrap();
+    assert_eq!(
+        yearly.last_claim, None,
+        "a run asked for by hand does not move the schedule's record"
+    );
+
+    step("a second request while the first run goes is skipped, as a tick would be (overlap = \"skip\")");
+    let (_, stderr, code) = shardcron(&config, &["trigger", "slow"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    wait_for(Duration::from_secs(10), "the slow run started", || {
+        lines().iter().any(|line| line[0] == "slow")
+    });
+    let (_, stderr, code) = shardcron(&config, &["trigger", "slow", "--wait"]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("the run of slow ended: skipped"), "{stderr}");
+    assert_eq!(lines().iter().filter(|line| line[0] == "slow").count(), 1);
+    wait_for(Duration::from_secs(10), "the answers are cleaned up", || {
+        keys_under(&world, "/shardcron/test/triggered/") == 0
+    });
+
+    step("with no node running, a request is withdrawn after --timeout and never served");
+    for node in 0..2 {
+        stop(&mut world, node);
+    }
+    let (_, stderr, code) = shardcron(&config, &["trigger", "yearly", "--timeout", "1s"]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("no leader took the run of yearly within 1s"),
+        "{stderr}"
+    );
+    assert_eq!(
+        keys_under(&world, "/shardcron/test/triggers/"),
+        0,
+        "the request was withdrawn"
+    );
+    world.node("c", &config).start();
+    wait_for(Duration::from_secs(30), "every shard led again", || {
+        world.shard_leaders(&config).iter().all(|(leader, _)| leader.is_some())
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        lines().iter().filter(|line| line[0] == "yearly").count(),
+        1,
+        "the withdrawn request did not run"
+    );
+}

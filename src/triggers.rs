@@ -1,0 +1,401 @@
+//! Runs asked for by hand (`shardcron trigger`), through etcd.
+//!
+//! ```text
+//! /shardcron/<cluster>/triggers/<job>/<id>   a request, until a leader takes it or it is withdrawn
+//! /shardcron/<cluster>/triggered/<id>        the answer: who claimed it, and then how the run ended
+//! ```
+//! Every node mirrors the requests; the leader of the job's shard takes one between instants
+//! with a transaction guarded by its leadership and by the request still being there, which
+//! deletes the request and creates the answer. So a request is served at most once, and a
+//! request the command withdrew after its `--timeout` is never served. The answer's create
+//! revision is the run's fence, from the same revision sequence as every scheduled claim. The
+//! run goes through the job's `overlap` policy and its pause like a tick of its schedule, and it
+//! leaves the schedule's record alone: the schedule does not move.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use etcd_client::{Compare, CompareOp, EventType, Txn, TxnOp, TxnOpResponse, WatchOptions};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use crate::election::Leadership;
+use crate::etcd::{self, CoordError};
+use crate::keys::Keys;
+use crate::mirror::Mirror;
+use crate::record::RunRecord;
+use crate::session::Session;
+
+/// The value of a request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestValue {
+    pub requested_at: DateTime<Utc>,
+}
+
+/// A request a node knows of.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Request {
+    pub(crate) job: String,
+    pub(crate) id: String,
+    pub(crate) requested_at: DateTime<Utc>,
+}
+
+/// The value of an answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Answer {
+    pub job: String,
+    pub node: String,
+    /// The term of the leadership that claimed the run.
+    pub term: i64,
+    pub requested_at: DateTime<Utc>,
+    /// How the run ended, once it has.
+    #[serde(default)]
+    pub run: Option<RunRecord>,
+}
+
+/// The requests this node knows of, and a signal for the terms that serve them.
+#[derive(Debug)]
+pub(crate) struct Triggers {
+    requests: Mutex<HashMap<String, Request>>,
+    arrived: watch::Sender<u64>,
+}
+
+impl Default for Triggers {
+    fn default() -> Triggers {
+        Triggers {
+            requests: Mutex::default(),
+            arrived: watch::channel(0).0,
+        }
+    }
+}
+
+impl Triggers {
+    /// Changes when requests arrive; marked changed at once, for the requests already there.
+    pub(crate) fn subscribe(&self) -> watch::Receiver<u64> {
+        let mut receiver = self.arrived.subscribe();
+        receiver.mark_changed();
+        receiver
+    }
+
+    /// Takes the requests for the jobs `leads` says this term leads, oldest first.
+    pub(crate) fn take_for(&self, leads: impl Fn(&str) -> bool) -> Vec<Request> {
+        let mut requests = self.requests.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let ids: Vec<String> = requests
+            .iter()
+            .filter(|(_, request)| leads(&request.job))
+            .map(|(id, _)| id.clone())
+            .collect();
+        let mut taken: Vec<Request> = ids.iter().filter_map(|id| requests.remove(id)).collect();
+        taken.sort_by_key(|request| request.requested_at);
+        taken
+    }
+}
+
+impl Mirror for Triggers {
+    const WHAT: &'static str = "run requests";
+
+    fn prefix(keys: &Keys) -> String {
+        keys.triggers_prefix()
+    }
+
+    fn clear(&self) {
+        self.requests
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clear();
+    }
+
+    fn apply(&self, keys: &Keys, key: &[u8], value: Option<&[u8]>) {
+        let Some((job, id)) = std::str::from_utf8(key).ok().and_then(|key| keys.parse_trigger(key)) else {
+            return;
+        };
+        let mut requests = self.requests.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        match value.map(serde_json::from_slice::<RequestValue>) {
+            Some(Ok(request)) => {
+                tracing::info!(job, request = id, "a run was asked for by hand");
+                requests.insert(
+                    id.to_string(),
+                    Request {
+                        job: job.to_string(),
+                        id: id.to_string(),
+                        requested_at: request.requested_at,
+                    },
+                );
+                drop(requests);
+                self.arrived.send_modify(|count| *count += 1);
+            }
+            Some(Err(err)) => tracing::warn!(job, request = id, error = %err, "unreadable run request; ignoring it"),
+            None => {
+                requests.remove(id);
+            }
+        }
+    }
+}
+
+/// How a claim of a request ended.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Taken {
+    /// This leadership claimed it: the run's fence.
+    Ours(i64),
+    /// It is gone: withdrawn, or served by another leader.
+    Gone,
+    /// The leadership guard failed: another candidate leads.
+    Deposed,
+}
+
+/// Claims `request` for `leadership` on `node`: deletes it and creates its answer, if it is
+/// still there and the leadership still holds.
+pub(crate) async fn claim(
+    session: &Session,
+    keys: &Keys,
+    leadership: &Leadership,
+    node: &str,
+    request: &Request,
+) -> Result<Taken, CoordError> {
+    let request_key = keys.trigger(&request.job, &request.id);
+    let answer_key = keys.triggered(&request.id);
+    let answer = Answer {
+        job: request.job.clone(),
+        node: node.to_string(),
+        term: leadership.fence,
+        requested_at: request.requested_at,
+        run: None,
+    };
+    let value = serde_json::to_vec(&answer).map_err(|err| CoordError::Protocol(err.to_string()))?;
+    let txn = Txn::new()
+        .when([
+            leadership.guard(),
+            Compare::version(request_key.as_str(), CompareOp::Greater, 0),
+        ])
+        .and_then([
+            TxnOp::delete(request_key.as_str(), None),
+            TxnOp::put(answer_key.as_str(), value, None),
+        ])
+        .or_else([TxnOp::get(request_key.as_str(), None)]);
+    match etcd::call(session.client().txn(txn)).await {
+        Ok(response) if response.succeeded() => {
+            Ok(Taken::Ours(response.header().map_or(0, |header| header.revision())))
+        }
+        Ok(response) => {
+            let still_there = response
+                .op_responses()
+                .iter()
+                .any(|op| matches!(op, TxnOpResponse::Get(get) if !get.kvs().is_empty()));
+            Ok(if still_there { Taken::Deposed } else { Taken::Gone })
+        }
+        Err(err) => {
+            // The outcome is unknown: the answer says whether this leadership's write landed.
+            let read = etcd::call(session.client().get(answer_key.as_str(), None)).await?;
+            match read.kvs().first() {
+                Some(kv) => {
+                    let ours = serde_json::from_slice::<Answer>(kv.value())
+                        .is_ok_and(|held| held.term == leadership.fence && held.node == node);
+                    Ok(if ours {
+                        Taken::Ours(kv.create_revision())
+                    } else {
+                        Taken::Gone
+                    })
+                }
+                None => Err(err),
+            }
+        }
+    }
+}
+
+/// Records how a requested run ended in its answer, if the command still waits for it (it
+/// deletes the answer once it has what it wanted).
+pub(crate) async fn answer(
+    client: &etcd_client::Client,
+    keys: &Keys,
+    id: &str,
+    run: &RunRecord,
+) -> Result<(), CoordError> {
+    let key = keys.triggered(id);
+    let read = etcd::call(client.clone().get(key.as_str(), None)).await?;
+    let Some(kv) = read.kvs().first() else { return Ok(()) };
+    let Ok(mut answer) = serde_json::from_slice::<Answer>(kv.value()) else {
+        return Ok(());
+    };
+    answer.run = Some(run.clone());
+    let value = serde_json::to_vec(&answer).map_err(|err| CoordError::Protocol(err.to_string()))?;
+    let txn = Txn::new()
+        .when([Compare::mod_revision(key.as_str(), CompareOp::Equal, kv.mod_revision())])
+        .and_then([TxnOp::put(key.as_str(), value, None)]);
+    etcd::call(client.clone().txn(txn)).await?;
+    Ok(())
+}
+
+/// A request a leader took: the run is claimed, with its fence.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claimed {
+    pub id: String,
+    pub node: String,
+    pub fence: i64,
+    /// The revision from which the answer's later changes are watched.
+    revision: i64,
+}
+
+/// How long `trigger --wait` still waits for a run's end after the node that claimed it left
+/// the fleet: a node that stops cleanly finishes its runs and reports them after it left.
+pub const AFTER_THE_NODE_LEFT: Duration = Duration::from_secs(60);
+
+/// Asks for a run of `job` and waits up to `timeout` for a leader to take it. A request no
+/// leader took in time is withdrawn (`None`): it is never served later.
+pub async fn ask(
+    client: &etcd_client::Client,
+    keys: &Keys,
+    job: &str,
+    timeout: Duration,
+) -> Result<Option<Claimed>, CoordError> {
+    let id = format!("{:016x}", rand::random::<u64>());
+    let request_key = keys.trigger(job, &id);
+    let answer_key = keys.triggered(&id);
+    let value = serde_json::to_vec(&RequestValue {
+        requested_at: Utc::now(),
+    })
+    .map_err(|err| CoordError::Protocol(err.to_string()))?;
+    let put = etcd::call(client.clone().put(request_key.as_str(), value, None)).await?;
+    let asked = put.header().map_or(0, |header| header.revision());
+    let mut answers = etcd::call(client.clone().watch(
+        answer_key.as_str(),
+        Some(WatchOptions::new().with_start_revision(asked + 1)),
+    ))
+    .await?;
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        tokio::select! {
+            message = answers.message() => {
+                let Some(response) = message? else {
+                    return Err(CoordError::Protocol("the watch of the answer ended".into()));
+                };
+                for event in response.events() {
+                    let Some(kv) = event.kv() else { continue };
+                    if event.event_type() != EventType::Put {
+                        continue;
+                    }
+                    let answer: Answer = serde_json::from_slice(kv.value()).map_err(|err| CoordError::Protocol(err.to_string()))?;
+                    return Ok(Some(Claimed { id, node: answer.node, fence: kv.create_revision(), revision: kv.mod_revision() }));
+                }
+            }
+            _ = tokio::time::sleep_until(deadline) => {
+                let withdraw = Txn::new()
+                    .when([Compare::version(request_key.as_str(), CompareOp::Greater, 0)])
+                    .and_then([TxnOp::delete(request_key.as_str(), None)]);
+                if etcd::call(client.clone().txn(withdraw)).await?.succeeded() {
+                    return Ok(None);
+                }
+                // Taken just now: its answer is on its way through the watch.
+            }
+        }
+    }
+}
+
+/// Waits for the end of the run `claimed`, and deletes its answer. `None` if the node that
+/// claimed it left the fleet and did not report the end within [`AFTER_THE_NODE_LEFT`].
+pub async fn wait_for_run(
+    client: &etcd_client::Client,
+    keys: &Keys,
+    claimed: &Claimed,
+) -> Result<Option<RunRecord>, CoordError> {
+    let answer_key = keys.triggered(&claimed.id);
+    let member_key = keys.node(&claimed.node);
+    let mut answers = etcd::call(client.clone().watch(
+        answer_key.as_str(),
+        Some(WatchOptions::new().with_start_revision(claimed.revision)),
+    ))
+    .await?;
+    let mut members = etcd::call(client.clone().watch(
+        member_key.as_str(),
+        Some(WatchOptions::new().with_start_revision(claimed.revision)),
+    ))
+    .await?;
+    let member = etcd::call(client.clone().get(member_key.as_str(), None)).await?;
+    let mut gave_up_at = member
+        .kvs()
+        .is_empty()
+        .then(|| tokio::time::Instant::now() + AFTER_THE_NODE_LEFT);
+    loop {
+        let give_up = async {
+            match gave_up_at {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            message = answers.message() => {
+                let Some(response) = message? else {
+                    return Err(CoordError::Protocol("the watch of the answer ended".into()));
+                };
+                for event in response.events() {
+                    let Some(kv) = event.kv().filter(|_| event.event_type() == EventType::Put) else { continue };
+                    let answer: Answer = serde_json::from_slice(kv.value()).map_err(|err| CoordError::Protocol(err.to_string()))?;
+                    if let Some(run) = answer.run {
+                        forget(client, keys, &claimed.id).await?;
+                        return Ok(Some(run));
+                    }
+                }
+            }
+            message = members.message() => {
+                let Some(response) = message? else {
+                    return Err(CoordError::Protocol("the watch of the node ended".into()));
+                };
+                for event in response.events() {
+                    gave_up_at = match event.event_type() {
+                        EventType::Delete => Some(tokio::time::Instant::now() + AFTER_THE_NODE_LEFT),
+                        EventType::Put => None,
+                    };
+                }
+            }
+            _ = give_up => {
+                forget(client, keys, &claimed.id).await?;
+                return Ok(None);
+            }
+        }
+    }
+}
+
+/// Deletes the answer to a request: nobody waits for it any more.
+pub async fn forget(client: &etcd_client::Client, keys: &Keys, id: &str) -> Result<(), CoordError> {
+    etcd::call(client.clone().delete(keys.triggered(id), None)).await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_term_takes_the_requests_of_its_jobs_oldest_first_and_once() {
+        let keys = Keys::new("c");
+        let triggers = Triggers::default();
+        let mut arrived = triggers.subscribe();
+        assert!(
+            arrived.has_changed().unwrap(),
+            "a new term looks at the requests already there"
+        );
+        let at = |second: i64| DateTime::<Utc>::from_timestamp(1_800_000_000 + second, 0).unwrap();
+        for (job, id, second) in [("a", "r2", 2), ("a", "r1", 1), ("b", "r3", 0)] {
+            let value = serde_json::to_vec(&RequestValue {
+                requested_at: at(second),
+            })
+            .unwrap();
+            triggers.apply(&keys, keys.trigger(job, id).as_bytes(), Some(&value));
+        }
+        arrived.mark_unchanged();
+        triggers.apply(&keys, keys.trigger("a", "r9").as_bytes(), None);
+        let taken: Vec<String> = triggers
+            .take_for(|job| job == "a")
+            .into_iter()
+            .map(|request| request.id)
+            .collect();
+        assert_eq!(taken, ["r1", "r2"]);
+        assert!(triggers.take_for(|job| job == "a").is_empty());
+        triggers.apply(&keys, keys.trigger("b", "r3").as_bytes(), None);
+        assert!(
+            triggers.take_for(|_| true).is_empty(),
+            "a withdrawn request is forgotten"
+        );
+    }
+}
