@@ -51,6 +51,10 @@ pub(crate) struct Metrics {
     pub skipped_overlaps: Counter,
     pub session_losses: Counter,
     pub etcd_errors: Counter,
+    pub triggered_runs: Family<JobLabel, Counter>,
+    /// Counted from the node's mirror of the pauses when the page is rendered: a pause ends
+    /// by itself at its `until`, with no event.
+    pauses_in_force: Gauge,
     /// Follows the log writer's own count, read when the page is rendered.
     log_lines_dropped: Counter,
 }
@@ -71,6 +75,8 @@ impl Metrics {
             skipped_overlaps: Counter::default(),
             session_losses: Counter::default(),
             etcd_errors: Counter::default(),
+            triggered_runs: Family::default(),
+            pauses_in_force: Gauge::default(),
             log_lines_dropped: Counter::default(),
             registry: Registry::default(),
         };
@@ -113,6 +119,16 @@ impl Metrics {
             metrics.etcd_errors.clone(),
         );
         registry.register(
+            "triggered_runs",
+            "Runs asked for with shardcron trigger that this node claimed and started, by job",
+            metrics.triggered_runs.clone(),
+        );
+        registry.register(
+            "pauses_in_force",
+            "Pauses in force as this node sees them (a pause of every job counts once)",
+            metrics.pauses_in_force.clone(),
+        );
+        registry.register(
             "log_lines_dropped",
             "Log lines dropped because the log's destination did not keep up",
             metrics.log_lines_dropped.clone(),
@@ -147,6 +163,9 @@ impl Metrics {
                 self.log_lines_dropped.inc_by(dropped - counted);
             }
         }
+        if let Some(pauses) = PAUSES.get() {
+            self.pauses_in_force.set(pauses.in_force(crate::clock::now()) as i64);
+        }
         let mut text = String::new();
         if let Err(err) = prometheus_client::encoding::text::encode(&mut text, &self.registry) {
             tracing::warn!(error = %err, "cannot encode metrics");
@@ -156,6 +175,13 @@ impl Metrics {
 }
 
 static LOG_DROPS: OnceLock<tracing_appender::non_blocking::ErrorCounter> = OnceLock::new();
+
+static PAUSES: OnceLock<std::sync::Arc<crate::pauses::Pauses>> = OnceLock::new();
+
+/// Makes `shardcron_pauses_in_force` count the pauses of this node's mirror.
+pub(crate) fn count_pauses(pauses: std::sync::Arc<crate::pauses::Pauses>) {
+    let _ = PAUSES.set(pauses);
+}
 
 /// Makes `shardcron_log_lines_dropped_total` follow the log writer's count of dropped lines.
 pub fn count_log_drops(drops: tracing_appender::non_blocking::ErrorCounter) {

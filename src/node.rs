@@ -66,6 +66,7 @@ pub async fn run(
     let etcd = config.etcd.clone();
     let (loaded_sender, loaded) = watch::channel(Arc::new(Loaded::new(config)));
     let pauses = Arc::new(Pauses::default());
+    crate::metrics::count_pauses(Arc::clone(&pauses));
     let node = Arc::new(NodeContext {
         node_id: options.node_id,
         keys,

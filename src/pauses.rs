@@ -64,6 +64,14 @@ impl Pauses {
     }
 }
 
+impl Pauses {
+    /// How many pauses hold at `now`.
+    pub(crate) fn in_force(&self, now: DateTime<Utc>) -> usize {
+        let by_job = self.by_job.read().unwrap_or_else(|poisoned| poisoned.into_inner());
+        by_job.values().filter(|pause| pause.in_force(now)).count()
+    }
+}
+
 impl Mirror for Pauses {
     const WHAT: &'static str = "pauses";
 

@@ -526,6 +526,10 @@ impl Term {
             match taken {
                 Taken::Ours(fence) => {
                     tracing::info!(shard = self.leadership.shard, job = %job.name, request = %request.id, fence, "starting a run asked for by hand");
+                    crate::metrics::get()
+                        .triggered_runs
+                        .get_or_create(&crate::metrics::JobLabel::new(&job.name))
+                        .inc();
                     self.node.runs.start(vec![Tick {
                         job: Arc::clone(job),
                         scheduled_at: request.requested_at,

@@ -193,6 +193,16 @@ schedule = "30 1 * * *"
 timezone = "America/New_York"
 command = "true"
 
+[jobs.lh-gap]
+schedule = "15 2 * * *"
+timezone = "Australia/Lord_Howe"
+command = "true"
+
+[jobs.lh-twice]
+schedule = "45 1 * * *"
+timezone = "Australia/Lord_Howe"
+command = "true"
+
 [jobs.hourly]
 schedule = "0 * * * *"
 command = "true"
@@ -343,6 +353,36 @@ fn plan_lists_every_instant_in_time_order_with_dst_notes() {
             "zone": "America/New_York",
             "note": "moved forward out of a DST gap"
         }])
+    );
+}
+
+#[test]
+fn plan_follows_lord_howes_half_hour_dst_shifts() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = plan_config(dir.path());
+    let plan = |from: &str| {
+        let out = shardcron(&[
+            "plan", "--config", &config, "--from", from, "--for", "1d", "--job", "lh-gap", "--job", "lh-twice",
+        ]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        text(&out.stdout)
+    };
+    // 3 October 2027: 02:00 (+10:30) becomes 02:30 (+11:00); 02:15 does not exist.
+    let spring = plan("2027-10-02T12:00:00Z");
+    assert!(
+        spring.contains("2027-10-03T02:30:00+11:00 lh-gap shard=")
+            && spring.contains("note=\"moved forward out of a DST gap\""),
+        "{spring}"
+    );
+    assert!(spring.contains("2027-10-03T01:45:00+10:30 lh-twice shard="), "{spring}");
+    // 4 April 2027: 02:00 (+11:00) becomes 01:30 (+10:30); 01:45 happens twice and fires once.
+    let fall = plan("2027-04-03T12:00:00Z");
+    let lines: Vec<&str> = fall.lines().filter(|line| line.contains(" lh-twice ")).collect();
+    assert_eq!(lines.len(), 1, "{fall}");
+    assert!(
+        lines[0].starts_with("2027-04-04T01:45:00+11:00 lh-twice")
+            && lines[0].ends_with("note=\"repeated hour, first\""),
+        "{fall}"
     );
 }
 

@@ -130,10 +130,16 @@ fn a_pause_of_every_job_for_a_while_ends_by_itself() {
     let mut world = World::new();
     let names = ["one".to_string(), "two".to_string()];
     let config = world.write_config("jobs.toml", 2, 2, &every_second(&names, ""));
-    world.node("a", &config).start();
+    let port = shardcron::etcd_server::free_port().expect("free port");
+    world
+        .node("a", &config)
+        .args(&["--metrics-addr", &format!("127.0.0.1:{port}")])
+        .start();
     wait_for(Duration::from_secs(30), "both jobs run", || {
         every_job_ran_since(&world.runs(), &names, 0.0, 1)
     });
+    let pauses_in_force = || sample(&http_get(port, "/metrics").1, "shardcron_pauses_in_force");
+    assert_eq!(pauses_in_force(), Some(0.0));
     let paused_at = Utc::now();
     let (stdout, stderr, code) = shardcron(&config, &["pause", "--all", "--for", "4s"]);
     assert_eq!(code, Some(0), "{stderr}");
@@ -147,10 +153,22 @@ fn a_pause_of_every_job_for_a_while_ends_by_itself() {
             .all(|job| job.paused.as_ref().is_some_and(|pause| pause.until.is_some())),
         "every job shows the pause and its end"
     );
+    wait_for(Duration::from_secs(5), "the node counts the pause", || {
+        pauses_in_force() == Some(1.0)
+    });
     wait_for(Duration::from_secs(20), "both jobs run after the pause ended", || {
         every_job_ran_a_tick_after(&world.runs(), &names, until.timestamp() as f64 + 1.0)
     });
+    assert_eq!(pauses_in_force(), Some(0.0), "the pause ended by itself");
     let runs = world.runs();
+    let paused_runs = sample(
+        &http_get(port, "/metrics").1,
+        "shardcron_runs_total{job=\"one\",result=\"paused\"}",
+    );
+    assert!(
+        paused_runs.is_some_and(|count| count >= 2.0),
+        "paused ticks are counted: {paused_runs:?}"
+    );
     for name in &names {
         let inside: Vec<_> = ticks_of(&runs, name)
             .into_iter()
@@ -260,7 +278,7 @@ fn trigger_runs_a_job_now_through_its_claim_fence_and_overlap_policy() {
     let mut world = World::new();
     let log = world.dir.path().join("manual.log");
     let record = format!(
-        "echo \"$CRON_JOB $CRON_SCHEDULED_AT $CRON_FENCE $CRON_NODE $CRON_TRIGGER\" >> {}",
+        "echo \"$CRON_JOB $CRON_SCHEDULED_AT $CRON_FENCE $CRON_NODE $CRON_TRIGGER $(date +%s.%N)\" >> {}",
         log.display()
     );
     let config = world.write_config_tables(
@@ -275,6 +293,10 @@ fn trigger_runs_a_job_now_through_its_claim_fence_and_overlap_policy() {
             (
                 "slow",
                 format!("schedule = \"0 0 1 1 *\"\ncommand = '{record}; sleep 4'\noverlap = \"skip\""),
+            ),
+            (
+                "beside",
+                format!("schedule = \"0 0 1 1 *\"\ncommand = '{record}; sleep 3'\noverlap = \"allow\""),
             ),
         ],
     );
@@ -341,6 +363,25 @@ fn trigger_runs_a_job_now_through_its_claim_fence_and_overlap_policy() {
     assert_eq!(code, Some(1), "{stderr}");
     assert!(stderr.contains("the run of slow ended: skipped"), "{stderr}");
     assert_eq!(lines().iter().filter(|line| line[0] == "slow").count(), 1);
+
+    step("under overlap = \"allow\", a second request runs beside the first");
+    let (_, stderr, code) = shardcron(&config, &["trigger", "beside"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    wait_for(Duration::from_secs(10), "the first run of beside started", || {
+        lines().iter().any(|line| line[0] == "beside")
+    });
+    let (_, stderr, code) = shardcron(&config, &["trigger", "beside", "--wait"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let started: Vec<f64> = lines()
+        .iter()
+        .filter(|line| line[0] == "beside")
+        .map(|line| line[5].parse().unwrap())
+        .collect();
+    assert_eq!(started.len(), 2, "both ran");
+    assert!(
+        started[1] - started[0] < 3.0,
+        "the second started while the first (3 s) still went: {started:?}"
+    );
     wait_for(Duration::from_secs(10), "the answers are cleaned up", || {
         keys_under(&world, "/shardcron/test/triggered/") == 0
     });
@@ -369,5 +410,127 @@ fn trigger_runs_a_job_now_through_its_claim_fence_and_overlap_policy() {
         lines().iter().filter(|line| line[0] == "yearly").count(),
         1,
         "the withdrawn request did not run"
+    );
+}
+
+/// One shard, two nodes, the leader SIGKILLed: a pause holds on the new leader and no paused
+/// tick is caught up after the resume; a run asked for during the takeover runs once; the
+/// history keeps its order and cap across the failover.
+#[test]
+fn pause_trigger_and_history_hold_across_a_leader_sigkill() {
+    let mut world = World::new();
+    let record = world.record_command();
+    let config = world.write_config_tables(
+        "jobs.toml",
+        1,
+        2,
+        &[
+            (
+                "held",
+                format!("schedule = \"* * * * * *\"\ncommand = '{record}'\ncatch_up = \"all\""),
+            ),
+            // A list whose expressions share every other second: each second fires once.
+            (
+                "kept",
+                format!("schedule = [\"* * * * * *\", \"*/2 * * * * *\"]\ncommand = '{record}'\ncatch_up = \"all\""),
+            ),
+            ("manual", format!("schedule = \"0 0 1 1 *\"\ncommand = '{record}'")),
+        ],
+    );
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(&config, text.replacen("[cluster]\n", "[cluster]\nhistory = 5\n", 1)).unwrap();
+    let roles = world.leader_and_standby(&config);
+
+    step("pause held, then SIGKILL the leader and ask for a run of manual during the takeover");
+    let paused_at = Utc::now();
+    let (_, stderr, code) = shardcron(&config, &["pause", "held"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    wait_for(Duration::from_secs(10), "a tick of held recorded paused", || {
+        last_run(&world.status(&config), "held").is_some_and(|run| run.outcome == Outcome::Paused)
+    });
+    world.nodes[roles.leader].signal(libc::SIGKILL);
+    let killed_at = now_secs();
+    let (stdout, stderr, code) = shardcron(&config, &["trigger", "manual", "--wait", "--timeout", "20s"]);
+    assert_eq!(code, Some(0), "{stdout} {stderr}");
+    assert!(
+        stdout.contains(&format!("node={}", roles.standby_id)),
+        "the new leader took it: {stdout}"
+    );
+    wait_for(Duration::from_secs(20), "kept runs on the new leader", || {
+        world
+            .runs()
+            .iter()
+            .any(|run| run.job == "kept" && run.node == roles.standby_id && run.started > killed_at + 2.0)
+    });
+
+    step("resume held: it runs from the resume on, no paused tick");
+    let resumed_at = Utc::now();
+    let (_, stderr, code) = shardcron(&config, &["resume", "held"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    wait_for(Duration::from_secs(20), "held and kept run a few more ticks", || {
+        let runs = world.runs();
+        let after = |job: &str| {
+            runs.iter()
+                .filter(|run| run.job == job && run.tick > resumed_at + chrono::Duration::seconds(1))
+                .count()
+        };
+        after("held") >= 3 && after("kept") >= 6
+    });
+    let survivor = world.nodes.iter().position(|node| node.id == roles.standby_id).unwrap();
+    stop(&mut world, survivor);
+
+    let runs = world.runs();
+    let held = ticks_of(&runs, "held");
+    let paused: Vec<_> = held
+        .iter()
+        .filter(|tick| **tick >= paused_at + chrono::Duration::seconds(1) && **tick < resumed_at)
+        .collect();
+    assert!(
+        paused.is_empty(),
+        "held ran paused ticks across the failover: {paused:?}"
+    );
+    assert_eq!(
+        runs.iter().filter(|run| run.job == "manual").count(),
+        1,
+        "the run asked for during the takeover ran once"
+    );
+
+    // kept: every tick across the failover, each once but for a repeat with a higher fence of
+    // a tick whose start the killed leader had not written (at-least-once).
+    let mut kept: Vec<&Run> = runs.iter().filter(|run| run.job == "kept").collect();
+    kept.sort_by_key(|run| (run.tick, run.fence));
+    for pair in kept.windows(2) {
+        let gap = (pair[1].tick - pair[0].tick).num_seconds();
+        assert!(
+            gap == 1 || (gap == 0 && pair[1].fence > pair[0].fence),
+            "kept: {:?} then {:?}",
+            pair[0],
+            pair[1]
+        );
+    }
+    let (stdout, stderr, code) = shardcron(&config, &["history", "kept", "-n", "50", "--json"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let history: Vec<shardcron::record::RunRecord> = serde_json::from_str(&stdout).unwrap();
+    let mut newest: Vec<DateTime<Utc>> = kept.iter().map(|run| run.tick).collect();
+    newest.dedup();
+    newest.reverse();
+    newest.truncate(5);
+    assert_eq!(
+        history.iter().map(|run| run.scheduled_at).collect::<Vec<_>>(),
+        newest,
+        "the 5 newest ticks, newest first"
+    );
+    for entry in &history {
+        assert!(
+            kept.iter()
+                .any(|run| run.tick == entry.scheduled_at && run.fence == entry.fence),
+            "history's run of {} has the fence of a run of that tick",
+            entry.scheduled_at
+        );
+    }
+    assert_eq!(
+        keys_under(&world, "/shardcron/test/runs/kept/"),
+        5,
+        "the cap holds across the failover"
     );
 }

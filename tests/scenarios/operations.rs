@@ -1,8 +1,6 @@
 //! What an operator runs day to day, against a real etcd: retries, `overlap = "replace"`,
 //! `kill_grace`, Prometheus metrics scraped over HTTP, JSON logs.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::time::Duration;
 
 use crate::support::*;
@@ -75,33 +73,6 @@ fn retries_replace_and_kill_grace_do_what_the_config_says() {
     let stubborn = last_run(&world.status(&config), "stubborn").expect("stubborn's last run");
     let took = stubborn.duration_ms;
     assert!((2_000..5_000).contains(&took), "{stubborn:?}");
-}
-
-/// `GET path` on `port`; returns the status line and the body.
-fn http_get(port: u16, path: &str) -> (String, String) {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connect to the metrics endpoint");
-    stream.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    )
-    .expect("send");
-    let mut response = String::new();
-    stream.read_to_string(&mut response).expect("read");
-    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
-    (head.lines().next().unwrap_or_default().to_string(), body.to_string())
-}
-
-/// The value of the sample `name` (with its labels, as printed) in a metrics page.
-fn sample(page: &str, name: &str) -> Option<f64> {
-    page.lines().find_map(|line| {
-        line.strip_prefix(name)?
-            .strip_prefix(' ')?
-            .split_whitespace()
-            .next()?
-            .parse()
-            .ok()
-    })
 }
 
 #[test]

@@ -12,6 +12,8 @@ mod runs;
 pub use node::{Node, NodeBuilder};
 pub use runs::*;
 
+use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -317,4 +319,31 @@ pub fn sleep_to_tick_offset(offset_ms: i64) -> DateTime<Utc> {
 pub fn now_secs() -> f64 {
     let now = Utc::now();
     now.timestamp() as f64 + f64::from(now.timestamp_subsec_nanos()) / 1e9
+}
+
+/// `GET path` on `port`; returns the status line and the body.
+pub fn http_get(port: u16, path: &str) -> (String, String) {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connect to the metrics endpoint");
+    stream.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("read");
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    (head.lines().next().unwrap_or_default().to_string(), body.to_string())
+}
+
+/// The value of the sample `name` (with its labels, as printed) in a metrics page.
+pub fn sample(page: &str, name: &str) -> Option<f64> {
+    page.lines().find_map(|line| {
+        line.strip_prefix(name)?
+            .strip_prefix(' ')?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    })
 }
