@@ -66,6 +66,9 @@ struct JobRuns {
     newest: u64,
     /// Cancelled to stop the sequence that holds the turn (a newer tick replaces it).
     replace: CancellationToken,
+    /// How long the job's last run on this node took: a backlog grows only behind runs longer
+    /// than the job's period.
+    last_took: Option<chrono::Duration>,
 }
 
 impl Runs {
@@ -158,7 +161,7 @@ impl Runs {
                     }
                     continue;
                 }
-                if waited && outrun(&tick, clock::now()) {
+                if waited && outrun(&tick.job, tick.scheduled_at, tick.caught_up, runs.last_took(&job.name), clock::now()) {
                     if runs.settle(&tick) {
                         tracing::info!(job = %job.name, tick = %tick.scheduled_at_text(), "skipped: it waited behind a backlog of this job's runs until its next tick was due (overlap = \"skip\")");
                         crate::metrics::get().skipped_overlaps.inc();
@@ -190,7 +193,10 @@ impl Runs {
                     kill: &runs.kill,
                     replace: &replace,
                 };
-                match runner::run(&tick, &stops, ticket).await {
+                let began = clock::now();
+                let record = runner::run(&tick, &stops, ticket).await;
+                runs.took(&job.name, clock::now() - began);
+                match record {
                     Some(record) => runs.report(&tick, record),
                     None => runs.not_starting(&tick),
                 }
@@ -243,6 +249,18 @@ impl Runs {
             entry.replace = token.clone();
         }
         token
+    }
+
+    fn took(&self, job: &str, took: chrono::Duration) {
+        let mut jobs = self.jobs.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(entry) = jobs.get_mut(job) {
+            entry.last_took = Some(took);
+        }
+    }
+
+    fn last_took(&self, job: &str) -> Option<chrono::Duration> {
+        let jobs = self.jobs.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        jobs.get(job).and_then(|entry| entry.last_took)
     }
 
     fn mark_running(&self, job: &str, running: Option<Running>) {
@@ -347,18 +365,24 @@ fn overlaps(job: &Job, running: Running, scheduled_at: DateTime<Utc>) -> bool {
     running.since <= scheduled_at && on_time && !running.caught_up
 }
 
-/// Whether a live tick of an `overlap = "skip"` job, which waited for its turn behind a backlog,
-/// is outrun by its own next tick at `now`: it is skipped so the backlog drains. Were it run,
-/// every tick behind a run longer than the period would queue and start later than the one
-/// before, without end. Missed ticks a new leader catches up always run.
-fn outrun(tick: &Tick, now: DateTime<Utc>) -> bool {
-    tick.job.overlap == Overlap::Skip
-        && !tick.caught_up
-        && tick
-            .job
-            .schedule
-            .next_after(tick.scheduled_at)
-            .is_some_and(|next| next <= now)
+/// Whether a live tick of an `overlap = "skip"` job, which waited for its turn behind a backlog
+/// whose last run took `last_took`, is outrun by its own next tick at `now`: it is skipped so the
+/// backlog drains. Were it run, every tick behind runs longer than the period would queue and
+/// start later than the one before, without end. Behind shorter runs (ticks only delayed
+/// together, by an etcd election or a lease renewal) the backlog drains by itself, and every
+/// tick runs. Missed ticks a new leader catches up always run.
+fn outrun(
+    job: &Job,
+    scheduled_at: DateTime<Utc>,
+    caught_up: bool,
+    last_took: Option<chrono::Duration>,
+    now: DateTime<Utc>,
+) -> bool {
+    let Some(next) = job.schedule.next_after(scheduled_at) else {
+        return false;
+    };
+    let period = next - scheduled_at;
+    job.overlap == Overlap::Skip && !caught_up && last_took.is_some_and(|took| took >= period) && next <= now
 }
 
 /// The record of a tick that was claimed but not run: `skipped`, `replaced` or `paused`.
@@ -382,6 +406,24 @@ mod tests {
 
     fn at(millis: i64) -> DateTime<Utc> {
         DateTime::<Utc>::from_timestamp_millis(1_800_000_000_000 + millis).unwrap()
+    }
+
+    #[test]
+    fn a_waiting_tick_is_outrun_only_behind_runs_longer_than_the_period() {
+        let job = Job::for_tests("j", "* * * * * *");
+        let took = |millis: i64| Some(chrono::Duration::milliseconds(millis));
+        // Tick 0 waited until 2.2 s behind a run of 1.4 s: its next tick is due, skip it.
+        assert!(outrun(&job, at(0), false, took(1400), at(2200)));
+        // Behind a 3 ms run that only started late (an etcd election, a lease renewal): run it.
+        assert!(!outrun(&job, at(0), false, took(3), at(2200)));
+        // Its next tick not due yet, or a caught-up tick, or another overlap policy: run it.
+        assert!(!outrun(&job, at(0), false, took(1400), at(900)));
+        assert!(!outrun(&job, at(0), true, took(1400), at(2200)));
+        let allow = Job {
+            overlap: Overlap::Allow,
+            ..Job::for_tests("j", "* * * * * *")
+        };
+        assert!(!outrun(&allow, at(0), false, took(1400), at(2200)));
     }
 
     #[test]

@@ -241,3 +241,36 @@ fn the_lease_of_a_session_lost_in_an_outage_is_revoked_once_etcd_returns() {
         "the first run came {resumed:.3} s after etcd returned: the old lease led for its TTL"
     );
 }
+
+/// etcd slowed for a few seconds under one node: its claims and lease renewals come late, so
+/// its short runs start late together, each tick behind the last. None is skipped as if it had
+/// waited behind a long run (`overlap = "skip"`, the default): every tick runs once.
+#[test]
+fn ticks_delayed_together_by_a_slow_etcd_all_run_once() {
+    let mut world = World::new();
+    let names = job_names(4, 1);
+    let config = world.write_config("jobs.toml", 1, 3, &every_second(&names, "catch_up = \"all\""));
+    let proxies = world.start_behind_proxies(&["a"], &config);
+    wait_for(Duration::from_secs(30), "every job runs", || {
+        every_job_ran_since(&world.runs(), &names, 0.0, 2)
+    });
+    step("slow etcd to 700 ms each way for 5 s");
+    sleep_to_mid_second();
+    proxies[0].slow(Duration::from_millis(700));
+    std::thread::sleep(Duration::from_secs(5));
+    proxies[0].slow(Duration::ZERO);
+    let healed = now_secs();
+    wait_for(Duration::from_secs(30), "every job runs live ticks again", || {
+        every_job_ran_a_tick_after(&world.runs(), &names, healed + 2.0)
+    });
+    let runs = world.runs();
+    for name in &names {
+        assert_each_tick_once(&runs, name, 1);
+    }
+    assert!(
+        !world.nodes[0]
+            .log_text()
+            .contains("skipped: it waited behind a backlog"),
+        "a tick was skipped behind runs shorter than the period"
+    );
+}
