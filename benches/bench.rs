@@ -8,7 +8,8 @@
 //! cargo bench --bench bench -- failover     # SIGKILL / SIGSTOP / SIGTERM of a leader
 //! cargo bench --bench bench -- etcd-cost    # etcd writes per run, per delivery mode
 //! cargo bench --bench bench -- kills        # ticks lost and doubled per 100 SIGKILLs around ticks
-//! cargo bench --bench bench -- scale        # 100,000 jobs on an idle node, and the shards section
+//! cargo bench --bench bench -- scale        # the idle section, and the shards section
+//! cargo bench --bench bench -- idle         # 100,000 and 1,000,000 jobs on an idle node
 //! cargo bench --bench bench -- shards       # 1,024 and 4,096 shards over 3 and 10 nodes, a rolling restart
 //! cargo bench --bench bench -- catch-up     # 100,000 per-minute jobs taking over records 2 h old
 //! cargo bench --bench bench -- timeline     # a chaos run drawn as benches/timeline.svg
@@ -49,7 +50,7 @@ fn main() {
             .unwrap_or(100);
         bench_kills(kills);
     }
-    if wants("scale") {
+    if wants("scale") || wants("idle") {
         bench_idle_node(100_000);
         bench_idle_node(1_000_000);
     }
@@ -220,18 +221,29 @@ fn direct_spawn_lateness(world: &World, count: usize, bursts: usize, period: i64
 fn node_lateness(count: usize, bursts: usize, period: i64) -> (World, Vec<f64>) {
     let mut world = World::new();
     let names: Vec<String> = (0..count).map(|i| format!("job{i}")).collect();
-    let schedule = if period == 1 { "* * * * * *".to_string() } else { format!("*/{period} * * * * *") };
-    let jobs: Vec<(&str, &str, &str)> = names.iter().map(|name| (name.as_str(), schedule.as_str(), "")).collect();
+    let schedule = if period == 1 {
+        "* * * * * *".to_string()
+    } else {
+        format!("*/{period} * * * * *")
+    };
+    let jobs: Vec<(&str, &str, &str)> = names
+        .iter()
+        .map(|name| (name.as_str(), schedule.as_str(), ""))
+        .collect();
     let config = world.write_config("jobs.toml", 16, 3, &jobs);
     world.node("a", &config).start();
     wait_for(Duration::from_secs(60), "first runs", || !world.runs().is_empty());
     let warmed = now_secs() + 1.0;
     let target = count * bursts;
     let mut runs = Vec::new();
-    wait_for(Duration::from_secs(bursts as u64 * period as u64 * 3 + 60), "enough runs", || {
-        runs = world.runs();
-        runs.iter().filter(|run| run.tick.timestamp() as f64 > warmed).count() >= target
-    });
+    wait_for(
+        Duration::from_secs(bursts as u64 * period as u64 * 3 + 60),
+        "enough runs",
+        || {
+            runs = world.runs();
+            runs.iter().filter(|run| run.tick.timestamp() as f64 > warmed).count() >= target
+        },
+    );
     let mut lateness: Vec<f64> = runs
         .iter()
         .filter(|run| run.tick.timestamp() as f64 > warmed)
