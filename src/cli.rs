@@ -64,6 +64,16 @@ impl ConfigArg {
     }
 }
 
+/// The config and the etcd endpoints of a command that talks to the cluster.
+#[derive(Debug, Args)]
+pub struct ClusterArg {
+    #[command(flatten)]
+    pub config: ConfigArg,
+    /// etcd endpoints, comma-separated; overrides [etcd] endpoints.
+    #[arg(long, env = "SHARDCRON_ENDPOINTS", value_delimiter = ',')]
+    pub endpoints: Vec<String>,
+}
+
 #[derive(Debug, Args)]
 pub struct NextArgs {
     /// A crontab expression: 5 fields, 6 with leading seconds, or @daily and friends.
@@ -143,10 +153,7 @@ pub enum LogFormat {
 #[derive(Debug, Args)]
 pub struct StatusArgs {
     #[command(flatten)]
-    pub config: ConfigArg,
-    /// etcd endpoints, comma-separated; overrides [etcd] endpoints.
-    #[arg(long, env = "SHARDCRON_ENDPOINTS", value_delimiter = ',')]
-    pub endpoints: Vec<String>,
+    pub cluster: ClusterArg,
     /// Print one JSON document instead of text.
     #[arg(long)]
     pub json: bool,
@@ -155,10 +162,7 @@ pub struct StatusArgs {
 #[derive(Debug, Args)]
 pub struct TriggerArgs {
     #[command(flatten)]
-    pub config: ConfigArg,
-    /// etcd endpoints, comma-separated; overrides [etcd] endpoints.
-    #[arg(long, env = "SHARDCRON_ENDPOINTS", value_delimiter = ',')]
-    pub endpoints: Vec<String>,
+    pub cluster: ClusterArg,
     /// The job to run.
     pub job: String,
     /// Wait for the run and exit with its exit status (1 for a timeout, kill, spawn failure,
@@ -173,10 +177,7 @@ pub struct TriggerArgs {
 #[derive(Debug, Args)]
 pub struct HistoryArgs {
     #[command(flatten)]
-    pub config: ConfigArg,
-    /// etcd endpoints, comma-separated; overrides [etcd] endpoints.
-    #[arg(long, env = "SHARDCRON_ENDPOINTS", value_delimiter = ',')]
-    pub endpoints: Vec<String>,
+    pub cluster: ClusterArg,
     /// The job.
     pub job: String,
     /// How many runs to show.
@@ -190,10 +191,7 @@ pub struct HistoryArgs {
 #[derive(Debug, Args)]
 pub struct PauseArgs {
     #[command(flatten)]
-    pub config: ConfigArg,
-    /// etcd endpoints, comma-separated; overrides [etcd] endpoints.
-    #[arg(long, env = "SHARDCRON_ENDPOINTS", value_delimiter = ',')]
-    pub endpoints: Vec<String>,
+    pub cluster: ClusterArg,
     /// The jobs to pause.
     #[arg(value_name = "JOB", required_unless_present = "all", conflicts_with = "all")]
     pub jobs: Vec<String>,
@@ -214,10 +212,7 @@ pub struct PauseArgs {
 #[derive(Debug, Args)]
 pub struct ResumeArgs {
     #[command(flatten)]
-    pub config: ConfigArg,
-    /// etcd endpoints, comma-separated; overrides [etcd] endpoints.
-    #[arg(long, env = "SHARDCRON_ENDPOINTS", value_delimiter = ',')]
-    pub endpoints: Vec<String>,
+    pub cluster: ClusterArg,
     /// The jobs to resume.
     #[arg(value_name = "JOB", required_unless_present = "all", conflicts_with = "all")]
     pub jobs: Vec<String>,

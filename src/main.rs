@@ -21,9 +21,9 @@ fn main() -> ExitCode {
             let _log_written_out = init_logging(args.node.log_format);
             with_runtime(run(config, args.node.clone(), None))
         }),
-        Command::Status(args) => args.config.load().and_then(|config| with_runtime(show_status(config, args.endpoints.clone(), args.json))),
+        Command::Status(args) => args.cluster.config.load().and_then(|config| with_runtime(show_status(config, args.cluster.endpoints.clone(), args.json))),
         Command::Trigger(args) => {
-            return match args.config.load().and_then(|config| with_runtime_value(trigger(config, args))) {
+            return match args.cluster.config.load().and_then(|config| with_runtime_value(trigger(config, args))) {
                 Ok(code) => code,
                 Err(err) => {
                     eprintln!("shardcron: error: {err:#}");
@@ -31,9 +31,9 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::History(args) => args.config.load().and_then(|config| with_runtime(history(config, args))),
-        Command::Pause(args) => args.config.load().and_then(|config| with_runtime(pause(config, args))),
-        Command::Resume(args) => args.config.load().and_then(|config| with_runtime(resume(config, args))),
+        Command::History(args) => args.cluster.config.load().and_then(|config| with_runtime(history(config, args))),
+        Command::Pause(args) => args.cluster.config.load().and_then(|config| with_runtime(pause(config, args))),
+        Command::Resume(args) => args.cluster.config.load().and_then(|config| with_runtime(resume(config, args))),
         Command::Dev(args) => load_for_node(&args.config.config).and_then(|config| {
             let _log_written_out = init_logging(args.node.log_format);
             let server = EtcdServer::start(&args.etcd_bin)?;
@@ -266,7 +266,7 @@ async fn trigger(config: Config, args: &cli::TriggerArgs) -> Result<ExitCode> {
     if !config.jobs.iter().any(|job| job.name == args.job) {
         anyhow::bail!("no job {:?} in {}", args.job, config.path.display());
     }
-    let (client, endpoints) = connect_for_command(&config, args.endpoints.clone()).await?;
+    let (client, endpoints) = connect_for_command(&config, args.cluster.endpoints.clone()).await?;
     let keys = shardcron::keys::Keys::new(&config.cluster.name);
     let asked = shardcron::triggers::ask(&client, &keys, &args.job, args.timeout)
         .await
@@ -310,7 +310,7 @@ async fn history(config: Config, args: &cli::HistoryArgs) -> Result<()> {
         "{} keeps no history ([cluster] history = 0)",
         config.path.display()
     );
-    let (client, endpoints) = connect_for_command(&config, args.endpoints.clone()).await?;
+    let (client, endpoints) = connect_for_command(&config, args.cluster.endpoints.clone()).await?;
     let keys = shardcron::keys::Keys::new(&config.cluster.name);
     // A history may hold a run past its trim for a moment: show no more than it keeps.
     let count = args.count.min(config.cluster.history as usize);
@@ -347,7 +347,7 @@ async fn pause(config: Config, args: &cli::PauseArgs) -> Result<()> {
         }
         args.jobs.clone()
     };
-    let (client, endpoints) = connect_for_command(&config, args.endpoints.clone()).await?;
+    let (client, endpoints) = connect_for_command(&config, args.cluster.endpoints.clone()).await?;
     let keys = shardcron::keys::Keys::new(&config.cluster.name);
     shardcron::pauses::pause(&client, &keys, &names, &pause)
         .await
@@ -371,7 +371,7 @@ async fn pause(config: Config, args: &cli::PauseArgs) -> Result<()> {
 }
 
 async fn resume(config: Config, args: &cli::ResumeArgs) -> Result<()> {
-    let (client, endpoints) = connect_for_command(&config, args.endpoints.clone()).await?;
+    let (client, endpoints) = connect_for_command(&config, args.cluster.endpoints.clone()).await?;
     let keys = shardcron::keys::Keys::new(&config.cluster.name);
     let now = chrono::Utc::now();
     let wanted = (!args.all).then_some(args.jobs.as_slice());
