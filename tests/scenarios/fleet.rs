@@ -132,9 +132,13 @@ fn a_node_that_stops_or_dies_leaves_its_shards_spread_evenly() {
     let took = wait_balanced(&world, &config, &["a", "b"], 8, 8, Duration::from_secs(6 * TTL));
     eprintln!("after SIGKILL: balanced in {:.2} s", took.as_secs_f64());
     let runs = world.runs();
-    for name in &names {
-        assert_each_tick_once(&runs, name, 1);
-    }
+    // The SIGKILL may land between a run's start and the write that records it: those jobs are
+    // at-least-once, so that tick runs again, fenced and flagged. Nothing else may repeat.
+    let repeats: usize = names
+        .iter()
+        .map(|name| assert_each_tick_at_least_once(&runs, name, 1))
+        .sum();
+    eprintln!("ticks run again after the SIGKILL, fenced and flagged: {repeats}");
 }
 
 #[test]

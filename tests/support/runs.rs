@@ -81,6 +81,40 @@ pub fn assert_each_tick_once(runs: &[Run], job: &str, step_secs: i64) -> Vec<Dat
     ticks
 }
 
+/// Asserts the at-least-once contract for `job` from its first to its last recorded tick, on
+/// whole seconds `step_secs` apart: every tick ran, and a tick ran again only as a redelivery
+/// (`CRON_REDELIVERED=1`) with a higher fence than the run before it. A SIGKILL between a run's
+/// start and the write that records it allows such a repeat; nothing else does. Returns how many
+/// repeats there were.
+pub fn assert_each_tick_at_least_once(runs: &[Run], job: &str, step_secs: i64) -> usize {
+    let mut ran: Vec<&Run> = runs.iter().filter(|run| run.job == job).collect();
+    ran.sort_by(|a, b| {
+        (a.tick, a.started)
+            .partial_cmp(&(b.tick, b.started))
+            .expect("start times are numbers")
+    });
+    let mut repeats = 0;
+    for pair in ran.windows(2) {
+        let gap = (pair[1].tick - pair[0].tick).num_seconds();
+        if gap == 0 {
+            repeats += 1;
+            assert!(
+                pair[1].fence > pair[0].fence && pair[1].redelivered,
+                "tick {} of {job} ran again without a higher fence and CRON_REDELIVERED: {:#?}",
+                pair[0].tick,
+                (pair[0], pair[1])
+            );
+        } else {
+            assert_eq!(
+                gap, step_secs,
+                "tick missing between {} and {} of {job}",
+                pair[0].tick, pair[1].tick
+            );
+        }
+    }
+    repeats
+}
+
 /// Whether each of `names` has started at least `times` runs after `since`.
 pub fn every_job_ran_since(runs: &[Run], names: &[String], since: f64, times: usize) -> bool {
     names.iter().all(|name| {
