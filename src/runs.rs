@@ -44,6 +44,18 @@ pub struct Runs {
     pauses: Arc<Pauses>,
 }
 
+/// Room for late ticks held by a leader while it claims them (see [`Runs::reserve_late`]).
+pub(crate) struct LateReservation {
+    runs: Runs,
+    ticks: usize,
+}
+
+impl Drop for LateReservation {
+    fn drop(&mut self) {
+        self.runs.release_late(self.ticks);
+    }
+}
+
 /// A run that is going: when it started, by the wall clock, and the tick it runs.
 #[derive(Clone, Copy)]
 struct Running {
@@ -230,10 +242,40 @@ impl Runs {
         }
     }
 
-    fn late_taken_up(&self) {
-        if self.late_waiting.fetch_sub(1, Ordering::SeqCst) == LATE_ROOM {
+    /// Holds room for `ticks` late ticks about to be claimed, if fewer than [`LATE_ROOM`] wait:
+    /// several shards taking over at once share the room instead of each finding it empty
+    /// before any of their runs is counted. The room is held until the reservation is dropped,
+    /// by which time [`Runs::start`] counts the ticks that started.
+    pub(crate) fn reserve_late(&self, ticks: usize) -> Option<LateReservation> {
+        let mut waiting = self.late_waiting.load(Ordering::SeqCst);
+        loop {
+            if waiting >= LATE_ROOM {
+                return None;
+            }
+            match self
+                .late_waiting
+                .compare_exchange(waiting, waiting + ticks, Ordering::SeqCst, Ordering::SeqCst)
+            {
+                Ok(_) => {
+                    return Some(LateReservation {
+                        runs: self.clone(),
+                        ticks,
+                    })
+                }
+                Err(now) => waiting = now,
+            }
+        }
+    }
+
+    fn release_late(&self, ticks: usize) {
+        let before = self.late_waiting.fetch_sub(ticks, Ordering::SeqCst);
+        if before >= LATE_ROOM && before - ticks < LATE_ROOM {
             self.late_room.notify_waiters();
         }
+    }
+
+    fn late_taken_up(&self) {
+        self.release_late(1);
     }
 
     /// Called by a sequence once it holds the job's turn: the token that stops it, stored so a
@@ -406,6 +448,25 @@ mod tests {
 
     fn at(millis: i64) -> DateTime<Utc> {
         DateTime::<Utc>::from_timestamp_millis(1_800_000_000_000 + millis).unwrap()
+    }
+
+    #[test]
+    fn shards_taking_over_together_share_the_nodes_room_for_late_ticks() {
+        let runs = Runs::new(Arc::default(), Arc::default());
+        let first = runs.reserve_late(LATE_ROOM - 1_000).expect("room");
+        // One claim may pass the room by its own size, never a second one after it.
+        let second = runs.reserve_late(5_000).expect("room left before it");
+        assert!(runs.reserve_late(1).is_none(), "no room once the reservations fill it");
+        assert!(!runs.has_late_room());
+        drop(first);
+        assert!(runs.has_late_room());
+        assert!(runs.reserve_late(1).is_some());
+        drop(second);
+        assert_eq!(
+            runs.late_waiting.load(Ordering::SeqCst),
+            0,
+            "every reservation given back"
+        );
     }
 
     #[test]

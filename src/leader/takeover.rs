@@ -39,7 +39,13 @@ impl Term {
         while !behind.is_empty() {
             let chunk: Vec<usize> = behind.drain(..behind.len().min(MAX_OPS_PER_TXN)).collect();
             let (wants, lost) = self.wants(book, &chunk, now);
-            if !wants.is_empty() && !self.node.runs.has_late_room() {
+            let late: usize = wants.iter().map(|want| want.fresh.len() + want.adopt.len()).sum();
+            let room = if wants.is_empty() {
+                None
+            } else {
+                self.node.runs.reserve_late(late)
+            };
+            if !wants.is_empty() && room.is_none() {
                 let owing: Vec<usize> = wants.iter().map(|want| want.index).collect();
                 settled.extend(chunk.iter().filter(|index| !owing.contains(index)));
                 waiting.extend(owing);
@@ -48,6 +54,7 @@ impl Term {
             if !wants.is_empty() {
                 self.deliver(claimer, book, &wants, lost, now).await?;
             }
+            drop(room);
             settled.extend(chunk);
             tokio::task::yield_now().await;
         }
