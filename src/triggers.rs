@@ -91,6 +91,14 @@ impl Triggers {
         taken.sort_by_key(|request| request.requested_at);
         taken
     }
+
+    /// Returns requests a term took and did not settle: they are still in etcd.
+    pub(crate) fn put_back(&self, requests: impl IntoIterator<Item = Request>) {
+        let mut held = self.requests.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        for request in requests {
+            held.entry(request.id.clone()).or_insert(request);
+        }
+    }
 }
 
 impl Mirror for Triggers {
@@ -392,6 +400,11 @@ mod tests {
             .collect();
         assert_eq!(taken, ["r1", "r2"]);
         assert!(triggers.take_for(|job| job == "a").is_empty());
+        // A term that ends before settling what it took gives it back for the next one.
+        let given_back = triggers.take_for(|job| job == "b");
+        triggers.put_back(given_back);
+        assert_eq!(triggers.take_for(|job| job == "b").len(), 1);
+        triggers.put_back(Vec::new());
         triggers.apply(&keys, keys.trigger("b", "r3").as_bytes(), None);
         assert!(
             triggers.take_for(|_| true).is_empty(),

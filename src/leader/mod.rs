@@ -494,8 +494,8 @@ impl Term {
     /// Claims the runs asked for by hand of this shard's jobs and starts those it won. Each
     /// takes one transaction: requests are rare, and each must be answered on its own.
     async fn serve_requests(&self, book: &Book) -> Result<(), Halt> {
-        let requests = self.node.triggers.take_for(|job| book.index_of(job).is_some());
-        for request in requests {
+        let mut requests: VecDeque<_> = self.node.triggers.take_for(|job| book.index_of(job).is_some()).into();
+        while let Some(request) = requests.pop_front() {
             let Some(index) = book.index_of(&request.job) else {
                 continue;
             };
@@ -518,7 +518,13 @@ impl Term {
                         if !sleep_or_cancel(REQUEST_RETRY_PAUSE, self.session.ended()).await
                             || !self.session.check_live()
                         {
-                            return Err(Halt::SessionLost);
+                            // Still in etcd: this node serves them if it leads again.
+                            requests.push_front(request);
+                            self.node.triggers.put_back(requests);
+                            return Err(match self.cancelled() {
+                                TermEnd::Stopped => Halt::Stopped,
+                                _ => Halt::SessionLost,
+                            });
                         }
                     }
                 }
@@ -546,7 +552,11 @@ impl Term {
                 Taken::Gone => {
                     tracing::info!(job = %job.name, request = %request.id, "a run asked for by hand was withdrawn or taken by another leader")
                 }
-                Taken::Deposed => return Err(Halt::Deposed),
+                Taken::Deposed => {
+                    requests.push_front(request);
+                    self.node.triggers.put_back(requests);
+                    return Err(Halt::Deposed);
+                }
             }
         }
         Ok(())
