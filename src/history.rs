@@ -147,17 +147,38 @@ fn key_of(keys: &Keys, job: &str, at: DateTime<Utc>, trigger: Trigger) -> String
     }
 }
 
-/// The operations that put `entries` into their jobs' histories and trim them.
+/// The operations that put `entries` into their jobs' histories and trim them: per job one
+/// delete, up to the newest horizon among its entries, and one put per key at or past it (the
+/// last entry of a key wins). etcd refuses a transaction that puts a key twice or puts one
+/// inside a range it deletes, which several runs of a job riding together would otherwise ask.
 pub fn ops(keys: &Keys, entries: &[Entry]) -> Result<Vec<TxnOp>, CoordError> {
-    let mut ops = Vec::with_capacity(entries.len() * OPS_PER_ENTRY);
+    let mut horizons: HashMap<&str, String> = HashMap::new();
     for entry in entries {
-        let value = serde_json::to_vec(&entry.record).map_err(|err| CoordError::Protocol(err.to_string()))?;
-        ops.push(TxnOp::put(key(keys, &entry.job, &entry.record), value, None));
         if let Some(keep_from) = entry.keep_from {
-            let prefix = keys.job_runs_prefix(&entry.job);
             let end = key_of(keys, &entry.job, keep_from, Trigger::Schedule);
-            ops.push(TxnOp::delete(prefix, Some(DeleteOptions::new().with_range(end))));
+            let horizon = horizons.entry(&entry.job).or_insert_with(|| end.clone());
+            if end > *horizon {
+                *horizon = end;
+            }
         }
+    }
+    let mut puts: HashMap<String, &RunRecord> = HashMap::new();
+    for entry in entries {
+        let key = key(keys, &entry.job, &entry.record);
+        if horizons.get(entry.job.as_str()).is_none_or(|horizon| key >= *horizon) {
+            puts.insert(key, &entry.record);
+        }
+    }
+    let mut ops = Vec::with_capacity(puts.len() + horizons.len());
+    for (key, record) in puts {
+        let value = serde_json::to_vec(record).map_err(|err| CoordError::Protocol(err.to_string()))?;
+        ops.push(TxnOp::put(key, value, None));
+    }
+    for (job, horizon) in horizons {
+        ops.push(TxnOp::delete(
+            keys.job_runs_prefix(job),
+            Some(DeleteOptions::new().with_range(horizon)),
+        ));
     }
     Ok(ops)
 }
@@ -259,6 +280,30 @@ mod tests {
             !tick.starts_with(&keys.job_runs_prefix("j-")),
             "a job's prefix holds only its own runs"
         );
+    }
+
+    /// More runs of a job than it keeps can ride one transaction (a backlog of short runs), and
+    /// a tick can come twice (a redelivery). etcd refuses a transaction that puts a key inside a
+    /// range it deletes, or puts one key twice: the claim carrying them would fail every time.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn many_runs_of_a_job_in_one_transaction_keep_only_its_newest() {
+        let etcd = crate::etcd_server::EtcdServer::start(std::path::Path::new("etcd")).expect("etcd");
+        let client = etcd_client::Client::connect([etcd.client_url()], None)
+            .await
+            .expect("client");
+        let keys = Keys::new("history");
+        let job = Job::for_tests("j", "* * * * * *");
+        let queue = HistoryQueue::new(3);
+        for second in [0, 1, 2, 3, 4, 5, 6, 6, 7] {
+            queue.push(&job, &RunRecord::for_tests(at(second), 100 + second));
+        }
+        let entries = queue.take_older_than(Duration::ZERO);
+        write(&client, &keys, &entries)
+            .await
+            .expect("one transaction etcd takes");
+        let kept = read(&client, &keys, "j", 10).await.expect("read");
+        let ticks: Vec<DateTime<Utc>> = kept.iter().map(|run| run.scheduled_at).collect();
+        assert_eq!(ticks, [at(7), at(6), at(5)]);
     }
 
     #[test]
