@@ -41,16 +41,22 @@ pub struct Tick {
     pub caught_up: bool,
     /// An earlier leader claimed this tick and never started it.
     pub redelivered: bool,
-    /// `CRON_TRIGGER`: a tick of the schedule, or a run asked for by `shardcron trigger`.
-    pub trigger: Trigger,
     /// The request a run asked for by hand answers; `None` for a tick of the schedule.
     pub request: Option<String>,
 }
 
 impl Tick {
+    /// `CRON_TRIGGER`: a tick of the schedule, or a run asked for by `shardcron trigger`.
+    pub fn trigger(&self) -> Trigger {
+        match self.request {
+            Some(_) => Trigger::Manual,
+            None => Trigger::Schedule,
+        }
+    }
+
     /// The tick, or a requested run's request time to the millisecond.
     pub fn scheduled_at_text(&self) -> String {
-        let precision = match self.trigger {
+        let precision = match self.trigger() {
             Trigger::Schedule => SecondsFormat::Secs,
             Trigger::Manual => SecondsFormat::Millis,
         };
@@ -122,7 +128,7 @@ async fn run_once(tick: &Tick, attempt: u32, stops: &Stops<'_>, ticket: Option<S
         duration_ms: started.elapsed().as_millis() as u64,
         finished_at: clock::now(),
         attempts: attempt,
-        trigger: tick.trigger,
+        trigger: tick.trigger(),
     };
     let may_spawn = match &ticket {
         Some(ticket) => ticket.may_spawn(),
@@ -143,7 +149,7 @@ async fn run_once(tick: &Tick, attempt: u32, stops: &Stops<'_>, ticket: Option<S
         .env("CRON_SCHEDULED_AT", tick.scheduled_at_text())
         .env("CRON_NODE", &tick.node)
         .env("CRON_ATTEMPT", attempt.to_string())
-        .env("CRON_TRIGGER", tick.trigger.as_str())
+        .env("CRON_TRIGGER", tick.trigger().as_str())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

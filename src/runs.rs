@@ -438,7 +438,7 @@ fn not_run(tick: &Tick, outcome: Outcome) -> RunRecord {
         duration_ms: 0,
         finished_at: clock::now(),
         attempts: 0,
-        trigger: tick.trigger,
+        trigger: tick.trigger(),
     }
 }
 

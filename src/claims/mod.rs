@@ -320,7 +320,7 @@ impl Claimer<'_> {
     }
 
     /// Retries an etcd read until it succeeds or the term must end.
-    async fn retry<T, F, Fut>(&self, mut call: F) -> Result<T, Halt>
+    pub(crate) async fn retry<T, F, Fut>(&self, mut call: F) -> Result<T, Halt>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<T, CoordError>>,

@@ -22,7 +22,6 @@ use crate::config::{Delivery, Job};
 use crate::context::{Loaded, NodeContext};
 use crate::election::{self, Leadership};
 use crate::fleet::FleetView;
-use crate::record::Trigger;
 use crate::repeats;
 use crate::results::RIDE_WINDOW;
 use crate::runner::Tick;
@@ -51,9 +50,6 @@ const OVERDUE_LIMIT: chrono::Duration = chrono::Duration::seconds(2);
 /// At most how long a leadership that hands over or stops waits for the runs it was spawning,
 /// so that its last write of starts includes theirs.
 const SPAWNS_SETTLE: Duration = Duration::from_secs(2);
-
-/// Pause before claiming a requested run again after etcd failed the claim.
-const REQUEST_RETRY_PAUSE: Duration = Duration::from_millis(200);
 
 /// Why a term ended; the shard task decides what comes next.
 #[derive(Debug)]
@@ -317,7 +313,7 @@ impl Term {
                 Ok(()) = reloads.changed() => return TermEnd::JobsReloaded(std::mem::take(book)),
                 // Runs asked for by hand: between instants, like the backlogs.
                 Ok(()) = requests.changed(), if claimed.is_none() => {
-                    if let Err(halt) = self.serve_requests(book).await {
+                    if let Err(halt) = self.serve_requests(claimer, book).await {
                         return halt.into();
                     }
                     continue;
@@ -486,47 +482,37 @@ impl Term {
             starts: Arc::clone(&self.starts),
             caught_up: late != Late::OnTime,
             redelivered: late == Late::Redelivered,
-            trigger: Trigger::Schedule,
             request: None,
         }
     }
 
     /// Claims the runs asked for by hand of this shard's jobs and starts those it won. Each
     /// takes one transaction: requests are rare, and each must be answered on its own.
-    async fn serve_requests(&self, book: &Book) -> Result<(), Halt> {
+    async fn serve_requests(&self, claimer: &Claimer<'_>, book: &Book) -> Result<(), Halt> {
         let mut requests: VecDeque<_> = self.node.triggers.take_for(|job| book.index_of(job).is_some()).into();
         while let Some(request) = requests.pop_front() {
             let Some(index) = book.index_of(&request.job) else {
                 continue;
             };
             let job = book.job(index);
-            let taken = loop {
-                match triggers::claim(
-                    &self.session,
-                    &self.node.keys,
-                    &self.leadership,
-                    &self.node.node_id,
-                    &request,
-                )
-                .await
-                {
-                    Ok(taken) => break taken,
-                    Err(err) => {
-                        if let Some(left_out) = repeats::log_now("claiming a requested run failed") {
-                            tracing::warn!(shard = self.leadership.shard, job = %job.name, error = %err, left_out, "claiming a run asked for by hand failed; retrying");
-                        }
-                        if !sleep_or_cancel(REQUEST_RETRY_PAUSE, self.session.ended()).await
-                            || !self.session.check_live()
-                        {
-                            // Still in etcd: this node serves them if it leads again.
-                            requests.push_front(request);
-                            self.node.triggers.put_back(requests);
-                            return Err(match self.cancelled() {
-                                TermEnd::Stopped => Halt::Stopped,
-                                _ => Halt::SessionLost,
-                            });
-                        }
-                    }
+            let claimed = claimer
+                .retry(|| {
+                    triggers::claim(
+                        &self.session,
+                        &self.node.keys,
+                        &self.leadership,
+                        &self.node.node_id,
+                        &request,
+                    )
+                })
+                .await;
+            let taken = match claimed {
+                Ok(taken) => taken,
+                Err(halt) => {
+                    // Still in etcd: this node serves them if it leads again.
+                    requests.push_front(request);
+                    self.node.triggers.put_back(requests);
+                    return Err(halt);
                 }
             };
             match taken {
@@ -537,16 +523,8 @@ impl Term {
                         .get_or_create(&crate::metrics::JobLabel::new(&job.name))
                         .inc();
                     self.node.runs.start(vec![Tick {
-                        job: Arc::clone(job),
-                        scheduled_at: request.requested_at,
-                        fence,
-                        term: self.leadership.fence,
-                        node: self.node.node_id.clone(),
-                        starts: Arc::clone(&self.starts),
-                        caught_up: false,
-                        redelivered: false,
-                        trigger: Trigger::Manual,
                         request: Some(request.id.clone()),
+                        ..self.tick(job, request.requested_at, fence, Late::OnTime)
                     }]);
                 }
                 Taken::Gone => {
