@@ -136,12 +136,60 @@ pub struct NodeArgs {
     /// On SIGTERM/SIGINT, how long running commands may go on before they are killed.
     #[arg(long, env = "SHARDCRON_SHUTDOWN_GRACE", default_value = "30s", value_parser = humantime::parse_duration)]
     pub shutdown_grace: Duration,
-    /// Serve Prometheus metrics at http://HOST:PORT/metrics.
-    #[arg(long, env = "SHARDCRON_METRICS_ADDR", value_name = "HOST:PORT")]
-    pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Serve HTTP at HOST:PORT (a bare PORT: on loopback only): /healthz, /readyz, /metrics,
+    /// the JSON API under /api/v1 and the dashboard at /. Also spelled --metrics-addr (and
+    /// SHARDCRON_METRICS_ADDR), its name before it served more than metrics.
+    #[arg(long, env = "SHARDCRON_HTTP_ADDR", value_name = "HOST:PORT", alias = "metrics-addr", value_parser = parse_listen_address)]
+    pub http_addr: Option<std::net::SocketAddr>,
+    /// The environment variable that holds the bearer token API writes (trigger, pause,
+    /// resume) need. Without this option every write answers 403.
+    #[arg(long, env = "SHARDCRON_API_TOKEN_ENV", value_name = "VAR")]
+    pub api_token_env: Option<String>,
     /// Log lines as human-readable text or as one JSON object per line.
     #[arg(long, env = "SHARDCRON_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+}
+
+impl NodeArgs {
+    /// Where to serve HTTP: `--http-addr`, else the older `SHARDCRON_METRICS_ADDR`.
+    pub fn listen_address(&self) -> Result<Option<std::net::SocketAddr>> {
+        if self.http_addr.is_some() {
+            return Ok(self.http_addr);
+        }
+        match std::env::var("SHARDCRON_METRICS_ADDR") {
+            Ok(value) if !value.trim().is_empty() => parse_listen_address(&value)
+                .map(Some)
+                .map_err(|err| anyhow::anyhow!("SHARDCRON_METRICS_ADDR: {err}")),
+            _ => Ok(None),
+        }
+    }
+
+    /// The API's write token, read from the variable `--api-token-env` names.
+    pub fn api_token(&self) -> Result<Option<String>> {
+        let Some(variable) = &self.api_token_env else {
+            return Ok(None);
+        };
+        match std::env::var(variable) {
+            Ok(token) if !token.trim().is_empty() => Ok(Some(token.trim().to_string())),
+            Ok(_) => {
+                anyhow::bail!("--api-token-env names {variable}, which is empty: set it to the token API writes need")
+            }
+            Err(_) => {
+                anyhow::bail!("--api-token-env names {variable}, which is not set: set it to the token API writes need")
+            }
+        }
+    }
+}
+
+/// `HOST:PORT`, or a bare `PORT` on loopback: the listener is never public unless asked.
+fn parse_listen_address(value: &str) -> Result<std::net::SocketAddr, String> {
+    if let Ok(port) = value.trim().parse::<u16>() {
+        return Ok(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
+    }
+    value
+        .trim()
+        .parse()
+        .map_err(|_| format!("{value:?} is not HOST:PORT (such as 127.0.0.1:9464) or a port"))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -224,21 +272,12 @@ pub struct ResumeArgs {
 impl PauseArgs {
     /// The pause asked for, made at `now`.
     pub fn pause(&self, now: DateTime<Utc>) -> Result<crate::pauses::Pause> {
-        let until = match (parse_instant("--until", self.until.as_deref())?, self.for_) {
-            (Some(until), _) => Some(until),
-            (None, Some(length)) => Some(now + chrono::Duration::from_std(length).context("--for is too long")?),
-            (None, None) => None,
-        };
-        if let Some(until) = until {
-            anyhow::ensure!(
-                until > now,
-                "the pause would end before it starts: --until must be in the future"
-            );
-        }
-        Ok(crate::pauses::Pause {
-            since: now,
-            until,
-            reason: self.reason.clone(),
+        let until = parse_instant("--until", self.until.as_deref())?;
+        crate::pauses::Pause::asked(now, until, self.for_, self.reason.clone()).map_err(|refused| match refused {
+            crate::pauses::PauseRefused::EndsBeforeItStarts => {
+                anyhow::anyhow!("the pause would end before it starts: --until must be in the future")
+            }
+            crate::pauses::PauseRefused::TooLong => anyhow::anyhow!("--for is too long"),
         })
     }
 }
@@ -324,17 +363,6 @@ pub fn parse_instant(flag: &str, value: Option<&str>) -> Result<Option<DateTime<
         .transpose()
 }
 
-/// One line of `plan --json`; the keys are a contract.
-#[derive(serde::Serialize)]
-struct PlannedFire<'a> {
-    at: String,
-    at_utc: String,
-    job: &'a str,
-    shard: u32,
-    zone: &'a str,
-    note: Option<&'static str>,
-}
-
 pub fn plan(args: &PlanArgs) -> Result<()> {
     let config = args.config.load()?;
     let from = parse_instant("--from", args.from.as_deref())?.unwrap_or_else(Utc::now);
@@ -362,17 +390,7 @@ pub fn plan(args: &PlanArgs) -> Result<()> {
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     if args.json {
-        let fires: Vec<PlannedFire> = fires
-            .iter()
-            .map(|fire| PlannedFire {
-                at: format_instant(fire.at, fire.job.schedule.zone()),
-                at_utc: fire.at.to_rfc3339_opts(SecondsFormat::Secs, true),
-                job: &fire.job.name,
-                shard: fire.job.shard,
-                zone: fire.job.schedule.zone().name(),
-                note: fire.dst.map(plan::DstRule::note),
-            })
-            .collect();
+        let fires: Vec<plan::PlannedFire> = fires.iter().map(plan::PlannedFire::from).collect();
         serde_json::to_writer_pretty(&mut out, &fires)?;
         writeln!(out)?;
     } else {

@@ -227,6 +227,10 @@ fn publish(
                 modified = true;
             }
         }
+        if modified {
+            let leaderless = current.leaders.iter().filter(|leader| leader.is_none()).count();
+            crate::metrics::get().shards_without_leader.set(leaderless as i64);
+        }
         modified
     });
 }
@@ -289,7 +293,9 @@ async fn warn_on_drift(node: Arc<NodeContext>, session: Session, mut view: watch
         {
             let digest = loaded.borrow_and_update().digest.clone();
             let current = view.borrow_and_update();
-            for (id, member) in drifted(&current, &digest) {
+            let drifted = drifted(&current, &digest);
+            crate::metrics::get().config_drift_nodes.set(drifted.len() as i64);
+            for (id, member) in drifted {
                 if reported.insert((id.to_string(), member.digest.clone(), digest.clone())) {
                     tracing::warn!(node = %node.node_id, other = id, its_digest = %member.digest, our_digest = %digest, its_shards = member.shards, "config drift: this member runs a different jobs.toml");
                 }

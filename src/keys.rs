@@ -114,6 +114,11 @@ impl Keys {
         format!("{}jobs/{job}/last", self.root)
     }
 
+    /// The newest successful run of `job`: a [`crate::record::RunRecord`].
+    pub(crate) fn job_success(&self, job: &str) -> String {
+        format!("{}jobs/{job}/success", self.root)
+    }
+
     pub(crate) fn job_result(&self, job: &str) -> String {
         format!("{}jobs/{job}/result", self.root)
     }

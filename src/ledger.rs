@@ -16,6 +16,28 @@ use crate::session::Session;
 /// etcd refuses transactions of more than 128 operations by default; a guard takes one.
 pub const MAX_OPS_PER_TXN: usize = 100;
 
+/// The operations that write a finished run's `record` of `job`: its result, and for a success
+/// also the job's last success, which a failed run must not hide (alerts and the per-job
+/// gauges read it).
+pub(crate) fn result_ops(keys: &Keys, job: &str, record: &RunRecord) -> Result<Vec<TxnOp>, CoordError> {
+    let value = serde_json::to_vec(record).map_err(|err| CoordError::Protocol(err.to_string()))?;
+    let mut ops = Vec::with_capacity(2);
+    if record.succeeded() {
+        ops.push(TxnOp::put(keys.job_success(job), value.clone(), None));
+    }
+    ops.push(TxnOp::put(keys.job_result(job), value, None));
+    Ok(ops)
+}
+
+/// How many operations [`result_ops`] writes for `record`.
+pub(crate) fn result_op_count(record: &RunRecord) -> usize {
+    if record.succeeded() {
+        2
+    } else {
+        1
+    }
+}
+
 /// A job's last claim as read from etcd, with the revision a claim must find unchanged.
 #[derive(Debug, Clone, Default)]
 pub struct Seen {
@@ -77,13 +99,17 @@ pub async fn claim(
     results: &[(&str, &RunRecord)],
     history: &[history::Entry],
 ) -> Result<Option<i64>, CoordError> {
-    debug_assert!(requests.len() + results.len() + history.len() * history::OPS_PER_ENTRY <= MAX_OPS_PER_TXN);
+    debug_assert!(
+        requests.len()
+            + results.iter().map(|(_, record)| result_op_count(record)).sum::<usize>()
+            + history.len() * history::OPS_PER_ENTRY
+            <= MAX_OPS_PER_TXN
+    );
     let mut compares = vec![leadership.guard()];
     let mut puts = history::ops(keys, history)?;
     puts.reserve(requests.len() + results.len());
     for (job, record) in results {
-        let value = serde_json::to_vec(record).map_err(|err| CoordError::Protocol(err.to_string()))?;
-        puts.push(TxnOp::put(keys.job_result(job), value, None));
+        puts.extend(result_ops(keys, job, record)?);
     }
     for request in requests {
         let key = keys.job_last(&request.job);
@@ -112,7 +138,8 @@ pub async fn record_runs(
     keys: &Keys,
     runs: &[(String, RunRecord)],
 ) -> Result<(), CoordError> {
-    for chunk in runs.chunks(MAX_OPS_PER_TXN) {
+    // Each run may write its result and its job's last success.
+    for chunk in runs.chunks(MAX_OPS_PER_TXN / 2) {
         let mut left: Vec<&(String, RunRecord)> = chunk.iter().collect();
         while !left.is_empty() {
             let gets: Vec<TxnOp> = left
@@ -136,11 +163,9 @@ pub async fn record_runs(
                     tracing::info!(job = %job, tick = %record.scheduled_at, fence = record.fence, "not recording a late result: etcd already holds a newer one");
                     continue;
                 }
-                let key = keys.job_result(job);
                 let revision = held.map_or(0, |kv| kv.mod_revision());
-                compares.push(Compare::mod_revision(key.as_str(), CompareOp::Equal, revision));
-                let value = serde_json::to_vec(record).map_err(|err| CoordError::Protocol(err.to_string()))?;
-                puts.push(TxnOp::put(key, value, None));
+                compares.push(Compare::mod_revision(keys.job_result(job), CompareOp::Equal, revision));
+                puts.extend(result_ops(keys, job, record)?);
                 writing.push(*run);
             }
             if writing.is_empty() {

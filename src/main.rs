@@ -7,7 +7,8 @@ use shardcron::backoff::{sleep_or_cancel, Backoff};
 use shardcron::cli::{self, Cli, Command, LogFormat, NodeArgs};
 use shardcron::config::Config;
 use shardcron::etcd_server::EtcdServer;
-use shardcron::node::{self, NodeOptions};
+use shardcron::node::{self, Exposure, NodeOptions};
+use shardcron::readiness::{Readiness, Stage};
 use shardcron::{etcd, status};
 use tokio_util::sync::CancellationToken;
 
@@ -105,6 +106,8 @@ fn endpoints(config: &Config, flag: Vec<String>) -> Vec<String> {
 
 async fn run(config: Config, args: NodeArgs, dev_endpoints: Option<Vec<String>>) -> Result<()> {
     let endpoints = dev_endpoints.unwrap_or_else(|| endpoints(&config, args.endpoints.clone()));
+    let listen = args.listen_address()?;
+    let token = args.api_token()?;
     let node_id = match args.node_id {
         Some(id) => id,
         None => hostname::get()
@@ -115,21 +118,38 @@ async fn run(config: Config, args: NodeArgs, dev_endpoints: Option<Vec<String>>)
     let options = etcd::connect_options(&config.etcd)?;
     let shutdown = CancellationToken::new();
     let hurry = CancellationToken::new();
+    let readiness = Readiness::default();
+    let exposure = Exposure::default();
     tokio::spawn(forward_signals(shutdown.clone(), hurry.clone()));
+    tokio::spawn(shardcron::notify::follow(readiness.clone()));
     tracing::info!(endpoints = ?endpoints, config = %config.path.display(), digest = %config.digest, "connecting to etcd");
-    // Served from the start, so an operator sees etcd errors while the node waits for etcd.
-    if let Some(addr) = args.metrics_addr {
-        let listener = shardcron::metrics::bind(addr)
+    // Served from the start, so an operator sees etcd errors while the node waits for etcd, and
+    // until the node has ended, so `/readyz` says it is stopping while it drains.
+    let listener_stop = CancellationToken::new();
+    let _stop_listener = listener_stop.clone().drop_guard();
+    if let Some(address) = listen {
+        let listener = tokio::net::TcpListener::bind(address)
             .await
-            .with_context(|| format!("cannot serve metrics on {addr}"))?;
-        tracing::info!(address = %addr, "serving Prometheus metrics at /metrics");
-        tokio::spawn(shardcron::metrics::serve(listener, shutdown.clone()));
+            .with_context(|| format!("cannot listen for HTTP on {address}"))?;
+        let writes = if token.is_some() {
+            "on"
+        } else {
+            "off (no --api-token-env)"
+        };
+        tracing::info!(%address, writes, "serving HTTP: / (dashboard), /healthz, /readyz, /metrics, /api/v1");
+        let served = shardcron::http::Served {
+            cluster: config.cluster.clone(),
+            readiness: readiness.clone(),
+            exposure: exposure.clone(),
+            token,
+        };
+        tokio::spawn(shardcron::http::serve(listener, served, listener_stop.clone()));
     }
     let probe_key = shardcron::keys::Keys::new(&config.cluster.name).nodes_prefix();
     // Before connecting, which may wait for etcd: SIGHUP's default action would end the node.
     let (reloads, reloaded) = tokio::sync::mpsc::unbounded_channel();
     tokio::spawn(reload_on_hangup(config.path.clone(), reloads));
-    let Some(client) = connect(&endpoints, options, &probe_key, &shutdown).await? else {
+    let Some(client) = connect(&endpoints, options, &probe_key, &readiness, &shutdown).await? else {
         return Ok(());
     };
     node::run(
@@ -138,6 +158,8 @@ async fn run(config: Config, args: NodeArgs, dev_endpoints: Option<Vec<String>>)
             node_id,
             shutdown_grace: args.shutdown_grace,
             hurry,
+            readiness,
+            exposure,
         },
         client,
         shutdown,
@@ -181,6 +203,7 @@ async fn connect(
     endpoints: &[String],
     options: etcd_client::ConnectOptions,
     probe_key: &str,
+    readiness: &Readiness,
     shutdown: &CancellationToken,
 ) -> Result<Option<etcd_client::Client>> {
     let refused = |err: etcd::CoordError| {
@@ -202,6 +225,7 @@ async fn connect(
             Err(err) if err.is_refusal() => return Err(refused(err)),
             Err(err) => err,
         };
+        readiness.set(Stage::EtcdUnreachable(attempt.to_string()));
         let wait = backoff.next_delay();
         tracing::warn!(error = %attempt, retry_in = ?wait, "cannot connect to etcd; retrying");
         if !sleep_or_cancel(wait, shutdown).await {
@@ -221,8 +245,12 @@ async fn reload_on_hangup(path: std::path::PathBuf, reloads: tokio::sync::mpsc::
     };
     while hangups.recv().await.is_some() {
         tracing::info!(config = %path.display(), "SIGHUP: reloading jobs.toml");
+        shardcron::notify::send("RELOADING=1");
         let reading = path.clone();
-        match tokio::task::spawn_blocking(move || load_for_node(&reading)).await {
+        let loaded = tokio::task::spawn_blocking(move || load_for_node(&reading)).await;
+        // Rejected or not, the node goes on: systemd's reload job ends here either way.
+        shardcron::notify::send("READY=1");
+        match loaded {
             Ok(Ok(config)) => {
                 if reloads.send(config).is_err() {
                     return;
@@ -239,7 +267,8 @@ async fn show_status(config: Config, endpoints_flag: Vec<String>, json: bool) ->
     let client = etcd::connect(&endpoints, etcd::connect_options(&config.etcd)?)
         .await
         .with_context(|| format!("cannot connect to etcd at {endpoints:?}"))?;
-    let status = status::read(&config, &client)
+    let jobs: Vec<&shardcron::config::Job> = config.jobs.iter().collect();
+    let status = status::read(&config.cluster, &config.digest, &jobs, &client)
         .await
         .with_context(|| format!("cannot read the cluster state from etcd at {endpoints:?}"))?;
     if json {

@@ -1,11 +1,9 @@
-//! Prometheus metrics of this node, and the small HTTP endpoint that serves them.
+//! Prometheus metrics of this node; [`crate::http`] serves them at `/metrics`.
 //!
 //! The metrics are process-wide, like the log: every part of the node counts into the one
-//! [`Metrics`] that [`get`] returns, whether or not `--metrics-addr` serves them.
+//! [`Metrics`] that [`get`] returns, whether or not `--http-addr` serves them.
 
-use std::net::SocketAddr;
 use std::sync::OnceLock;
-use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -13,9 +11,6 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use tokio_util::sync::CancellationToken;
 
 use crate::record::{Outcome, RunRecord};
 
@@ -37,6 +32,12 @@ pub(crate) struct RunLabels {
     pub result: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: String,
+    tzdb: String,
+}
+
 /// Every metric the node exports.
 pub(crate) struct Metrics {
     registry: Registry,
@@ -52,6 +53,10 @@ pub(crate) struct Metrics {
     pub session_losses: Counter,
     pub etcd_errors: Counter,
     pub triggered_runs: Family<JobLabel, Counter>,
+    pub runs_in_flight: Gauge,
+    /// As this node's fleet view sees the elections.
+    pub shards_without_leader: Gauge,
+    pub config_drift_nodes: Gauge,
     /// Counted from the node's mirror of the pauses when the page is rendered: a pause ends
     /// by itself at its `until`, with no event.
     pauses_in_force: Gauge,
@@ -76,6 +81,9 @@ impl Metrics {
             session_losses: Counter::default(),
             etcd_errors: Counter::default(),
             triggered_runs: Family::default(),
+            runs_in_flight: Gauge::default(),
+            shards_without_leader: Gauge::default(),
+            config_drift_nodes: Gauge::default(),
             pauses_in_force: Gauge::default(),
             log_lines_dropped: Counter::default(),
             registry: Registry::default(),
@@ -133,6 +141,34 @@ impl Metrics {
             "Log lines dropped because the log's destination did not keep up",
             metrics.log_lines_dropped.clone(),
         );
+        registry.register(
+            "runs_in_flight",
+            "Commands running on this node now",
+            metrics.runs_in_flight.clone(),
+        );
+        registry.register(
+            "shards_without_leader",
+            "Shards with no leader, as this node's view of the elections sees them",
+            metrics.shards_without_leader.clone(),
+        );
+        registry.register(
+            "config_drift_nodes",
+            "Live nodes whose jobs.toml digest differs from this node's",
+            metrics.config_drift_nodes.clone(),
+        );
+        let build_info = Family::<BuildLabels, Gauge>::default();
+        build_info
+            .get_or_create(&BuildLabels {
+                version: env!("CARGO_PKG_VERSION").to_string(),
+                tzdb: chrono_tz::IANA_TZDB_VERSION.to_string(),
+            })
+            .set(1);
+        registry.register(
+            "build_info",
+            "The shardcron version and the IANA time zone database compiled into it",
+            build_info,
+        );
+        registry.register_collector(Box::new(crate::job_gauges::Collector(crate::job_gauges::get())));
         Metrics { registry, ..metrics }
     }
 
@@ -149,6 +185,9 @@ impl Metrics {
                 result: result.to_string(),
             })
             .inc();
+        if record.succeeded() {
+            crate::job_gauges::get().succeeded(job, record.finished_at);
+        }
         if !matches!(record.outcome, Outcome::Skipped | Outcome::Paused) {
             self.run_duration.observe(record.duration_ms as f64 / 1000.0);
         }
@@ -192,84 +231,6 @@ pub fn count_log_drops(drops: tracing_appender::non_blocking::ErrorCounter) {
 pub(crate) fn get() -> &'static Metrics {
     static METRICS: OnceLock<Metrics> = OnceLock::new();
     METRICS.get_or_init(Metrics::new)
-}
-
-/// Serves `GET /metrics` on `listener` until `shutdown`.
-pub async fn serve(listener: TcpListener, shutdown: CancellationToken) {
-    loop {
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(err) => {
-                    tracing::warn!(error = %err, "metrics endpoint: accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-            _ = shutdown.cancelled() => return,
-        };
-        tokio::spawn(async move {
-            if let Err(err) = answer(stream).await {
-                tracing::debug!(%peer, error = %err, "metrics request failed");
-            }
-        });
-    }
-}
-
-/// Binds the metrics endpoint, so a bad address fails the start rather than a later request.
-pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    TcpListener::bind(addr).await
-}
-
-/// Answers one HTTP/1.x request. The request head is read up to 8 KiB within 5 s; anything but
-/// `GET /metrics` is a 404.
-async fn answer(mut stream: TcpStream) -> std::io::Result<()> {
-    let mut head = Vec::with_capacity(512);
-    let mut buffer = [0u8; 1024];
-    let read_head = async {
-        while !head.windows(4).any(|window| window == b"\r\n\r\n") && head.len() < 8 * 1024 {
-            let read = stream.read(&mut buffer).await?;
-            if read == 0 {
-                break;
-            }
-            head.extend_from_slice(&buffer[..read]);
-        }
-        Ok::<(), std::io::Error>(())
-    };
-    tokio::time::timeout(Duration::from_secs(5), read_head)
-        .await
-        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "request head not sent within 5 s"))??;
-    let request_line = head.split(|&byte| byte == b'\r').next().unwrap_or_default();
-    let mut parts = request_line.split(|&byte| byte == b' ');
-    let (method, path) = (parts.next().unwrap_or_default(), parts.next().unwrap_or_default());
-    let path = path.split(|&byte| byte == b'?').next().unwrap_or_default();
-    let (status, content_type, body) = if method == b"GET" && path == b"/metrics" {
-        // With many jobs a page is large; building it must not hold up a runtime thread that
-        // fires ticks.
-        let page = tokio::task::spawn_blocking(|| get().render()).await.unwrap_or_default();
-        (
-            "200 OK",
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            page,
-        )
-    } else {
-        (
-            "404 Not Found",
-            "text/plain; charset=utf-8",
-            "try GET /metrics\n".to_string(),
-        )
-    };
-    let response = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    // A scraper that stops reading must not hold the page forever.
-    tokio::time::timeout(Duration::from_secs(10), async {
-        stream.write_all(response.as_bytes()).await?;
-        stream.shutdown().await
-    })
-    .await
-    .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "response not read within 10 s"))?
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@
 //! (which resigns every shard at once), gives running commands their grace period, then writes
 //! the results still waiting.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
@@ -24,6 +24,7 @@ use crate::keys::Keys;
 use crate::leader;
 use crate::mirror;
 use crate::pauses::Pauses;
+use crate::readiness::{Readiness, Stage};
 use crate::record::Member;
 use crate::results::{write_leftovers, ResultQueue};
 use crate::runs::Runs;
@@ -40,6 +41,36 @@ pub struct NodeOptions {
     /// Cancelled by a second signal: running commands are killed at once instead of being given
     /// the rest of their grace.
     pub hurry: CancellationToken,
+    /// Moved along as the node connects, campaigns, loses its session and stops.
+    pub readiness: Readiness,
+    /// Filled once the node runs, for the HTTP API.
+    pub exposure: Exposure,
+}
+
+/// What a running node shows its HTTP API: its etcd client and its jobs, once it has them.
+#[derive(Clone, Default)]
+pub struct Exposure(Arc<OnceLock<Exposed>>);
+
+impl std::fmt::Debug for Exposure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.get().is_some() {
+            "Exposure(running)"
+        } else {
+            "Exposure(not yet)"
+        })
+    }
+}
+
+pub(crate) struct Exposed {
+    pub(crate) client: etcd_client::Client,
+    /// Changes when a reload replaces the node's jobs.
+    pub(crate) jobs: watch::Receiver<Arc<Loaded>>,
+}
+
+impl Exposure {
+    pub(crate) fn get(&self) -> Option<&Exposed> {
+        self.0.get()
+    }
 }
 
 /// Runs the node until `shutdown` is cancelled. Coordination failures are retried forever; only
@@ -65,6 +96,19 @@ pub async fn run(
     let cluster = config.cluster.clone();
     let etcd = config.etcd.clone();
     let (loaded_sender, loaded) = watch::channel(Arc::new(Loaded::new(config)));
+    let _ = options.exposure.0.set(Exposed {
+        client: client.clone(),
+        jobs: loaded.clone(),
+    });
+    let readiness = options.readiness.clone();
+    let stopping = {
+        let (readiness, shutdown) = (readiness.clone(), shutdown.clone());
+        async move {
+            shutdown.cancelled().await;
+            readiness.set(Stage::Stopping);
+        }
+    };
+    tokio::spawn(stopping);
     let pauses = Arc::new(Pauses::default());
     crate::metrics::count_pauses(Arc::clone(&pauses));
     let node = Arc::new(NodeContext {
@@ -112,6 +156,7 @@ pub async fn run(
             Ok(session) => session,
             Err(err) => {
                 let wait = backoff.next_delay();
+                readiness.set(Stage::EtcdUnreachable(err.to_string()));
                 if err.is_refusal() {
                     tracing::error!(error = %err, retry_in = ?wait, "etcd refused this node's credentials; fix [etcd] username, password_env or tls; retrying");
                 } else {
@@ -121,6 +166,7 @@ pub async fn run(
                 continue;
             }
         };
+        readiness.set(Stage::Campaigning);
         tracing::info!(lease = format!("{:x}", session.lease()), ttl = ?session.ttl(), "session open; campaigning for every shard");
         let mut still_held = Vec::new();
         for lease in unrevoked.drain(..) {
@@ -141,6 +187,7 @@ pub async fn run(
         };
         if let Err(err) = fleet::register(&session, &node.keys, &node.node_id, &member).await {
             let wait = backoff.next_delay();
+            readiness.set(Stage::EtcdUnreachable(err.to_string()));
             tracing::warn!(error = %err, retry_in = ?wait, "cannot register this node in etcd; retrying with a new session");
             close(&session, &mut unrevoked).await;
             sleep_or_cancel(wait, &shutdown).await;
@@ -156,6 +203,7 @@ pub async fn run(
             Ok(revisions) => revisions,
             Err(err) => {
                 let wait = backoff.next_delay();
+                readiness.set(Stage::EtcdUnreachable(err.to_string()));
                 tracing::warn!(error = %err, retry_in = ?wait, "cannot read the pauses and run requests; retrying with a new session");
                 close(&session, &mut unrevoked).await;
                 sleep_or_cancel(wait, &shutdown).await;
@@ -171,12 +219,14 @@ pub async fn run(
             Ok(candidacies) => candidacies,
             Err(err) => {
                 let wait = backoff.next_delay();
+                readiness.set(Stage::EtcdUnreachable(err.to_string()));
                 tracing::warn!(error = %err, retry_in = ?wait, "cannot enter the shard elections; retrying with a new session");
                 close(&session, &mut unrevoked).await;
                 sleep_or_cancel(wait, &shutdown).await;
                 continue;
             }
         };
+        readiness.set(Stage::Ready);
         let mut tasks = JoinSet::new();
         let view = fleet::spawn_tasks(&mut tasks, &node, &session, member);
         tasks.spawn(mirror::keep(
@@ -205,6 +255,7 @@ pub async fn run(
                 Some(config) = reloads.recv() => apply_reload(config, &cluster, &etcd, &loaded_sender),
             }
         }
+        readiness.set(Stage::SessionLost);
         // Every task ends with the session's token; waiting for them guarantees no claim is in
         // flight when the lease is revoked.
         while tasks.join_next().await.is_some() {}

@@ -35,6 +35,34 @@ pub struct Pause {
 }
 
 impl Pause {
+    /// The pause an operator asks for at `now`: until an instant, for a length, or until
+    /// resumed. Refused when it would end before it starts.
+    pub fn asked(
+        now: DateTime<Utc>,
+        until: Option<DateTime<Utc>>,
+        length: Option<std::time::Duration>,
+        reason: Option<String>,
+    ) -> Result<Pause, PauseRefused> {
+        let until = match (until, length) {
+            (Some(until), _) => Some(until),
+            (None, Some(length)) => Some(
+                chrono::Duration::from_std(length)
+                    .ok()
+                    .and_then(|length| now.checked_add_signed(length))
+                    .ok_or(PauseRefused::TooLong)?,
+            ),
+            (None, None) => None,
+        };
+        if until.is_some_and(|until| until <= now) {
+            return Err(PauseRefused::EndsBeforeItStarts);
+        }
+        Ok(Pause {
+            since: now,
+            until,
+            reason,
+        })
+    }
+
     /// Whether the pause holds at `now`.
     pub fn in_force(&self, now: DateTime<Utc>) -> bool {
         self.until.is_none_or(|until| now < until)
@@ -44,6 +72,15 @@ impl Pause {
     pub fn stops(&self, scheduled_at: DateTime<Utc>, now: DateTime<Utc>) -> bool {
         self.in_force(now) || (self.since <= scheduled_at && self.in_force(scheduled_at))
     }
+}
+
+/// Why a pause asked for cannot be stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum PauseRefused {
+    #[error("the pause would end before it starts: `until` must be in the future")]
+    EndsBeforeItStarts,
+    #[error("the pause is too long")]
+    TooLong,
 }
 
 /// The pauses a node knows of, kept current by a watch for as long as it has a session.

@@ -4,7 +4,7 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use chrono::{DateTime, LocalResult, TimeZone, Utc};
+use chrono::{DateTime, LocalResult, SecondsFormat, TimeZone, Utc};
 
 use crate::config::Job;
 
@@ -14,6 +14,32 @@ pub struct Fire<'a> {
     pub at: DateTime<Utc>,
     pub job: &'a Job,
     pub dst: Option<DstRule>,
+}
+
+/// One fire as `plan --json` and the API print it; the keys are a contract.
+#[derive(Debug, serde::Serialize)]
+pub struct PlannedFire<'a> {
+    /// In the job's zone, with its offset.
+    pub at: String,
+    pub at_utc: String,
+    pub job: &'a str,
+    pub shard: u32,
+    pub zone: &'a str,
+    pub note: Option<&'static str>,
+}
+
+impl<'a> From<&Fire<'a>> for PlannedFire<'a> {
+    fn from(fire: &Fire<'a>) -> Self {
+        let zone = fire.job.schedule.zone();
+        PlannedFire {
+            at: fire.at.with_timezone(&zone).to_rfc3339_opts(SecondsFormat::Secs, false),
+            at_utc: fire.at.to_rfc3339_opts(SecondsFormat::Secs, true),
+            job: &fire.job.name,
+            shard: fire.job.shard,
+            zone: zone.name(),
+            note: fire.dst.map(DstRule::note),
+        }
+    }
 }
 
 /// Why a DST transition decided an instant.

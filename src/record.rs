@@ -73,6 +73,13 @@ impl Trigger {
     }
 }
 
+impl RunRecord {
+    /// The command ran and exited 0.
+    pub fn succeeded(&self) -> bool {
+        self.outcome == Outcome::Exited && self.exit_code == Some(0)
+    }
+}
+
 fn one() -> u32 {
     1
 }

@@ -102,19 +102,26 @@ impl ResultQueue {
         self.arrived.notify_one();
     }
 
-    /// Marks at most `max` pending results of `shard`'s jobs as riding and returns copies, for a
-    /// claim to carry; [`ResultQueue::settle`] says how it went.
-    pub fn take_for(&self, shard: u32, max: usize) -> Vec<Pending> {
+    /// Marks pending results of `shard`'s jobs as riding, as many as fit in `max_ops`
+    /// transaction operations (see [`ledger::result_op_count`]), and returns copies, for a claim
+    /// to carry; [`ResultQueue::settle`] says how it went.
+    pub fn take_for(&self, shard: u32, max_ops: usize) -> Vec<Pending> {
         let mut pending = self.lock();
-        pending
-            .values_mut()
-            .filter(|entry| entry.shard == shard && !entry.riding)
-            .take(max)
-            .map(|entry| {
-                entry.riding = true;
-                entry.clone()
-            })
-            .collect()
+        let mut room = max_ops;
+        let mut riders = Vec::new();
+        for entry in pending.values_mut() {
+            if room == 0 {
+                break;
+            }
+            let ops = ledger::result_op_count(&entry.record);
+            if entry.shard != shard || entry.riding || ops > room {
+                continue;
+            }
+            room -= ops;
+            entry.riding = true;
+            riders.push(entry.clone());
+        }
+        riders
     }
 
     /// After the claim that carried `riders`: a written result leaves the queue unless a newer

@@ -308,6 +308,16 @@ impl Runs {
     fn mark_running(&self, job: &str, running: Option<Running>) {
         let mut jobs = self.jobs.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some(entry) = jobs.get_mut(job) {
+            let in_flight = &crate::metrics::get().runs_in_flight;
+            match (entry.running.is_some(), running.is_some()) {
+                (false, true) => {
+                    in_flight.inc();
+                }
+                (true, false) => {
+                    in_flight.dec();
+                }
+                _ => {}
+            }
             entry.running = running;
         }
     }

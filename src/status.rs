@@ -8,7 +8,7 @@ use etcd_client::GetOptions;
 use serde::{Deserialize, Serialize};
 
 use crate::clock;
-use crate::config::Config;
+use crate::config::{Cluster, Job};
 use crate::etcd::{self, CoordError};
 use crate::fleet;
 use crate::keys::{JobRecord, Keys};
@@ -70,10 +70,16 @@ pub struct JobStatus {
     pub paused: Option<Pause>,
 }
 
-/// Reads the cluster's state for `config`'s shards and jobs.
-pub async fn read(config: &Config, client: &etcd_client::Client) -> Result<Status, CoordError> {
-    let keys = Keys::new(&config.cluster.name);
-    let shards = config.cluster.shards;
+/// Reads the cluster's state for the shards of `cluster` and for `jobs`, which came from a file
+/// with `digest`.
+pub async fn read(
+    cluster: &Cluster,
+    digest: &str,
+    jobs: &[&Job],
+    client: &etcd_client::Client,
+) -> Result<Status, CoordError> {
+    let keys = Keys::new(&cluster.name);
+    let shards = cluster.shards;
     let (ballot, _) = fleet::read_ballot(client, &keys, shards).await?;
     let shard_status: Vec<ShardStatus> = (0..shards)
         .map(|shard| {
@@ -92,7 +98,7 @@ pub async fn read(config: &Config, client: &etcd_client::Client) -> Result<Statu
     let nodes = members
         .into_iter()
         .map(|(id, member)| NodeStatus {
-            drift: member.digest != config.digest,
+            drift: member.digest != digest,
             leads: shard_status
                 .iter()
                 .filter(|shard| shard.leader.as_deref() == Some(id.as_str()))
@@ -132,8 +138,7 @@ pub async fn read(config: &Config, client: &etcd_client::Client) -> Result<Statu
     let now = clock::now();
     let pauses = pauses::in_force(client, &keys, now).await?;
     let every_job = pauses.get(pauses::EVERY_JOB);
-    let jobs = config
-        .jobs
+    let jobs = jobs
         .iter()
         .map(|job| JobStatus {
             name: job.name.clone(),
@@ -147,9 +152,9 @@ pub async fn read(config: &Config, client: &etcd_client::Client) -> Result<Statu
         })
         .collect();
     Ok(Status {
-        cluster: config.cluster.name.clone(),
+        cluster: cluster.name.clone(),
         shard_count: shards,
-        digest: config.digest.clone(),
+        digest: digest.to_string(),
         nodes,
         shards: shard_status,
         jobs,

@@ -73,9 +73,18 @@ impl Book {
     }
 
     pub(super) fn learn(&mut self, index: usize, seen: &Seen) {
+        self.holds(index, seen.mod_revision, seen.claim.clone());
+    }
+
+    /// etcd holds `record` at `revision` for the job at `index`. Its tick is the job's last
+    /// claimed one, from which the job's next-run gauge counts.
+    pub(super) fn holds(&mut self, index: usize, revision: i64, record: Option<Claim>) {
         let entry = &mut self.entries[index];
-        entry.revision = seen.mod_revision;
-        entry.record = seen.claim.clone();
+        if let Some(claim) = &record {
+            crate::job_gauges::get().claimed(&entry.job.name, claim.scheduled_at);
+        }
+        entry.revision = revision;
+        entry.record = record;
     }
 }
 

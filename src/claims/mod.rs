@@ -256,12 +256,13 @@ impl Claimer<'_> {
     /// Books a write that landed: the record is `intended` at `revision`, and its new and
     /// adopted ticks are owed.
     fn won(&self, book: &mut Book, want: Want, intended: Option<Claim>, revision: i64, won: &mut Vec<Won>) {
-        let entry = &mut book.entries[want.index];
         if let Some(written) = &intended {
-            self.starts.here().written(&entry.job.name, &written.pending);
+            self.starts
+                .here()
+                .written(&book.entries[want.index].job.name, &written.pending);
         }
-        entry.revision = revision;
-        entry.record = intended;
+        book.holds(want.index, revision, intended);
+        let entry = &book.entries[want.index];
         self.starts
             .owe(&entry.job.name, want.fresh.iter().chain(&want.adopt).copied(), revision);
         if !want.starts_only {
@@ -306,7 +307,8 @@ impl Claimer<'_> {
             .collect();
         let riders = self.results.take_for(self.leadership.shard, room(requests.len()));
         let carried: Vec<(&str, &RunRecord)> = riders.iter().map(|rider| (rider.job.as_str(), &rider.record)).collect();
-        let history_room = room(requests.len() + riders.len()) / history::OPS_PER_ENTRY;
+        let rider_ops: usize = riders.iter().map(|rider| ledger::result_op_count(&rider.record)).sum();
+        let history_room = room(requests.len() + rider_ops) / history::OPS_PER_ENTRY;
         let entries = self.results.history.take_for(self.leadership.shard, history_room);
         let sent = std::time::Instant::now();
         let outcome = ledger::claim(self.session, self.keys, self.leadership, &requests, &carried, &entries).await;

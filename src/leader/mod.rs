@@ -149,7 +149,12 @@ pub(crate) async fn run_shard(
             );
             let shards_led = &crate::metrics::get().shards_led;
             shards_led.inc();
+            let gauges = crate::job_gauges::get();
+            gauges.leading(shard, shard_jobs.clone());
+            let successes = tokio::spawn(read_successes(session.client(), node.keys.clone(), shard_jobs.clone()));
             let end = term.lead(shard_jobs, book, jobs.clone()).await;
+            successes.abort();
+            gauges.not_leading(shard);
             shards_led.dec();
             tracing::info!(shard, fence = term.leadership.fence, reason = ?end, "term ended");
             match end {
@@ -167,6 +172,14 @@ pub(crate) async fn run_shard(
                 TermEnd::Stopped | TermEnd::SessionLost => return,
             }
         }
+    }
+}
+
+/// Learns the last success of a new term's jobs, for their gauges; a failure only leaves the
+/// gauges to this node's own runs.
+async fn read_successes(client: etcd_client::Client, keys: crate::keys::Keys, jobs: Vec<Arc<Job>>) {
+    if let Err(err) = crate::job_gauges::read_successes(&client, &keys, &jobs).await {
+        tracing::debug!(error = %err, "cannot read the jobs' last successes; their gauges start from this node's runs");
     }
 }
 

@@ -1,0 +1,208 @@
+//! The per-job gauges a shard's leader exports: when each job last succeeded, its next tick not
+//! claimed yet, and the interval between its ticks.
+//!
+//! Only the node that leads a job's shard exports them, so a failover moves the series to the
+//! new leader, which continues them from etcd: it reads each job's last success
+//! (`/jobs/<job>/success`, written with every successful run's result) and learns the last
+//! claimed tick from the records it reads anyway. The next run is the tick after the last one
+//! claimed: while a leader is stuck it stays in the past, which is what "job late" alerts on.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use chrono::{DateTime, Utc};
+use etcd_client::{Txn, TxnOp, TxnOpResponse};
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+
+use crate::config::Job;
+use crate::etcd::{self, CoordError};
+use crate::keys::Keys;
+use crate::ledger::MAX_OPS_PER_TXN;
+use crate::metrics::JobLabel;
+use crate::record::RunRecord;
+
+#[derive(Debug, Default)]
+pub(crate) struct JobGauges {
+    /// The jobs of each shard this node leads now.
+    led: Mutex<HashMap<u32, Vec<Arc<Job>>>>,
+    last_claimed: Mutex<HashMap<String, DateTime<Utc>>>,
+    last_success: Mutex<HashMap<String, DateTime<Utc>>>,
+}
+
+pub(crate) fn get() -> &'static JobGauges {
+    static GAUGES: OnceLock<JobGauges> = OnceLock::new();
+    GAUGES.get_or_init(JobGauges::default)
+}
+
+/// Keeps the newest of `at` and what `map` holds for `job`; allocates only for a job not seen.
+fn keep_newest(map: &Mutex<HashMap<String, DateTime<Utc>>>, job: &str, at: DateTime<Utc>) {
+    let mut map = map.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    match map.get_mut(job) {
+        Some(held) if *held >= at => {}
+        Some(held) => *held = at,
+        None => {
+            map.insert(job.to_string(), at);
+        }
+    }
+}
+
+impl JobGauges {
+    /// This node leads `shard` with `jobs` from now on.
+    pub(crate) fn leading(&self, shard: u32, jobs: Vec<Arc<Job>>) {
+        self.led
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(shard, jobs);
+    }
+
+    /// This node's term of `shard` ended: the shard's next leader exports its jobs' gauges.
+    pub(crate) fn not_leading(&self, shard: u32) {
+        self.led
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .remove(&shard);
+    }
+
+    pub(crate) fn claimed(&self, job: &str, tick: DateTime<Utc>) {
+        keep_newest(&self.last_claimed, job, tick);
+    }
+
+    pub(crate) fn succeeded(&self, job: &str, finished_at: DateTime<Utc>) {
+        keep_newest(&self.last_success, job, finished_at);
+    }
+
+    /// Writes the three gauges of every job of the shards led now, at `now`.
+    fn encode(&self, mut encoder: DescriptorEncoder, now: DateTime<Utc>) -> Result<(), std::fmt::Error> {
+        let led = self.led.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let claimed = self
+            .last_claimed
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let succeeded = self
+            .last_success
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let jobs = || led.values().flatten();
+        let seconds = |at: DateTime<Utc>| at.timestamp_millis() as f64 / 1000.0;
+        let mut next_runs = Vec::new();
+        for job in jobs() {
+            let after = claimed.get(&job.name).copied().unwrap_or(now);
+            let next = job.schedule.next_after(after);
+            let interval = next.and_then(|next| Some((next, job.schedule.next_after(next)? - next)));
+            next_runs.push((job, next, interval));
+        }
+        let mut family = encoder.encode_descriptor(
+            "job_last_success_timestamp_seconds",
+            "When the job's newest successful run finished (Unix time), exported by its shard's leader",
+            None,
+            MetricType::Gauge,
+        )?;
+        for job in jobs() {
+            if let Some(at) = succeeded.get(&job.name) {
+                ConstGauge::new(seconds(*at)).encode(family.encode_family(&JobLabel::new(&job.name))?)?;
+            }
+        }
+        let mut family = encoder.encode_descriptor(
+            "job_next_run_timestamp_seconds",
+            "The job's next tick not claimed yet (Unix time); in the past while its leader is behind",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (job, next, _) in &next_runs {
+            if let Some(next) = next {
+                ConstGauge::new(seconds(*next)).encode(family.encode_family(&JobLabel::new(&job.name))?)?;
+            }
+        }
+        let mut family = encoder.encode_descriptor(
+            "job_interval_seconds",
+            "Seconds between the job's next two ticks",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (job, _, interval) in &next_runs {
+            if let Some((_, interval)) = interval {
+                let interval = interval.num_milliseconds() as f64 / 1000.0;
+                ConstGauge::new(interval).encode(family.encode_family(&JobLabel::new(&job.name))?)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Registered with the node's metrics: renders [`JobGauges`] at each scrape.
+#[derive(Debug)]
+pub(crate) struct Collector(pub(crate) &'static JobGauges);
+
+impl prometheus_client::collector::Collector for Collector {
+    fn encode(&self, encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        self.0.encode(encoder, crate::clock::now())
+    }
+}
+
+/// Learns the last success of each of `jobs` from etcd, for a new leader of their shard.
+pub(crate) async fn read_successes(
+    client: &etcd_client::Client,
+    keys: &Keys,
+    jobs: &[Arc<Job>],
+) -> Result<(), CoordError> {
+    for chunk in jobs.chunks(MAX_OPS_PER_TXN) {
+        let gets: Vec<TxnOp> = chunk
+            .iter()
+            .map(|job| TxnOp::get(keys.job_success(&job.name), None))
+            .collect();
+        let response = etcd::call(client.clone().txn(Txn::new().and_then(gets))).await?;
+        for (job, op) in chunk.iter().zip(response.op_responses()) {
+            let TxnOpResponse::Get(read) = op else {
+                return Err(CoordError::Protocol("txn of gets answered with another op".into()));
+            };
+            let record = read
+                .kvs()
+                .first()
+                .and_then(|kv| serde_json::from_slice::<RunRecord>(kv.value()).ok());
+            if let Some(record) = record {
+                get().succeeded(&job.name, record.finished_at);
+            }
+        }
+        tokio::task::yield_now().await;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_jobs_of_led_shards_are_exported_and_the_next_run_follows_the_last_claim() {
+        let gauges: &'static JobGauges = Box::leak(Box::default());
+        let job = Arc::new(Job::for_tests("gauge-test", "*/10 * * * * *"));
+        let at = |second: i64| DateTime::<Utc>::from_timestamp(1_800_000_000 + second, 0).unwrap();
+        gauges.claimed("gauge-test", at(20));
+        gauges.claimed("gauge-test", at(10));
+        gauges.succeeded("gauge-test", at(12));
+        let render = || {
+            let mut registry = prometheus_client::registry::Registry::default();
+            registry.register_collector(Box::new(Collector(gauges)));
+            let mut text = String::new();
+            prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+            text
+        };
+        assert!(
+            !render().contains("gauge-test"),
+            "a job of a shard not led is not exported"
+        );
+        gauges.leading(0, vec![job]);
+        let text = render();
+        for line in [
+            "job_last_success_timestamp_seconds{job=\"gauge-test\"} 1800000012.0",
+            "job_next_run_timestamp_seconds{job=\"gauge-test\"} 1800000030.0",
+            "job_interval_seconds{job=\"gauge-test\"} 10.0",
+        ] {
+            assert!(text.contains(line), "{line} missing from:\n{text}");
+        }
+        gauges.not_leading(0);
+        assert!(!render().contains("gauge-test"), "the next leader exports them");
+    }
+}
