@@ -266,6 +266,31 @@ mod tests {
     }
 
     #[test]
+    fn riders_fit_the_operations_left_and_a_success_takes_two() {
+        let queue = ResultQueue::default();
+        let mut failed = record(10);
+        failed.exit_code = Some(1);
+        queue.push("failed", 0, failed);
+        queue.push("succeeded", 0, record(10));
+        // A success writes its result and the job's last success.
+        let riders = queue.take_for(0, 2);
+        let ops: usize = riders.iter().map(|rider| ledger::result_op_count(&rider.record)).sum();
+        assert!(ops <= 2, "{ops} operations in a room of 2");
+        queue.settle(riders, false);
+        let riders = queue.take_for(0, 3);
+        assert_eq!(riders.len(), 2, "a failure (1) and a success (2) fill a room of 3");
+        queue.settle(riders, false);
+        assert_eq!(
+            queue
+                .take_for(0, 1)
+                .iter()
+                .map(|rider| rider.job.as_str())
+                .collect::<Vec<_>>(),
+            ["failed"]
+        );
+    }
+
+    #[test]
     fn claims_carry_their_shards_results_and_the_newest_wins() {
         let queue = ResultQueue::default();
         queue.push("a", 0, record(10));

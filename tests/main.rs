@@ -17,10 +17,12 @@ mod scenarios {
     mod cli;
     mod control;
     mod core;
+    mod dashboard;
     mod delivery;
     mod dev;
     mod etcd_faults;
     mod fleet;
+    mod http;
     mod lease_stall;
     mod operations;
     mod security;

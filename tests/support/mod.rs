@@ -5,6 +5,7 @@
 //! the recorded runs and the checks on them in `runs`, and the proxy that cuts a node off from
 //! etcd in `proxy`.
 
+pub mod browser;
 mod node;
 pub mod proxy;
 mod runs;
@@ -323,17 +324,92 @@ pub fn now_secs() -> f64 {
 
 /// `GET path` on `port`; returns the status line and the body.
 pub fn http_get(port: u16, path: &str) -> (String, String) {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connect to the metrics endpoint");
-    stream.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    )
-    .expect("send");
-    let mut response = String::new();
-    stream.read_to_string(&mut response).expect("read");
+    let response = http_request(port, "GET", path, &[], "");
+    (response.status_line, response.body)
+}
+
+/// One HTTP answer: its status line, headers (names lowercased) and body.
+pub struct HttpResponse {
+    pub status_line: String,
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl HttpResponse {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body)
+            .unwrap_or_else(|err| panic!("not JSON ({err}): {} {}", self.status_line, self.body))
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(key, _)| key == name)
+            .map(|(_, value)| value.as_str())
+    }
+}
+
+/// One HTTP/1.1 request to `127.0.0.1:port`, read to the end (the connection is closed).
+pub fn http_request(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> HttpResponse {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connect to the HTTP listener");
+    stream.set_read_timeout(Some(Duration::from_secs(60))).expect("timeout");
+    let mut request = format!("{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    if !body.is_empty() || method == "POST" {
+        request.push_str(&format!("Content-Length: {}\r\n", body.len()));
+    }
+    request.push_str("\r\n");
+    request.push_str(body);
+    stream.write_all(request.as_bytes()).expect("send");
+    // Read by Content-Length where there is one: a server may keep the connection open
+    // (chromedriver does) whatever the request asked.
+    let mut received = Vec::new();
+    let mut buffer = [0u8; 16 * 1024];
+    let mut expected = None;
+    loop {
+        if expected.is_none() {
+            if let Some(end) = received.windows(4).position(|window| window == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&received[..end]).to_ascii_lowercase();
+                let length = head
+                    .lines()
+                    .find_map(|line| line.strip_prefix("content-length:"))
+                    .and_then(|length| length.trim().parse::<usize>().ok());
+                expected = Some(length.map(|length| end + 4 + length));
+            }
+        }
+        if let Some(Some(total)) = expected {
+            if received.len() >= total {
+                break;
+            }
+        }
+        let read = stream.read(&mut buffer).expect("read");
+        if read == 0 {
+            break;
+        }
+        received.extend_from_slice(&buffer[..read]);
+    }
+    let response = String::from_utf8_lossy(&received).to_string();
     let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
-    (head.lines().next().unwrap_or_default().to_string(), body.to_string())
+    let mut lines = head.lines();
+    let status_line = lines.next().unwrap_or_default().to_string();
+    let status = status_line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0);
+    let headers = lines
+        .filter_map(|line| line.split_once(':'))
+        .map(|(name, value)| (name.trim().to_ascii_lowercase(), value.trim().to_string()))
+        .collect();
+    HttpResponse {
+        status_line,
+        status,
+        headers,
+        body: body.to_string(),
+    }
 }
 
 /// The value of the sample `name` (with its labels, as printed) in a metrics page.

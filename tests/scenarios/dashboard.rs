@@ -1,0 +1,114 @@
+//! The dashboard in a real browser (headless chromium over WebDriver) against a real node and
+//! etcd: it shows the fleet and the jobs, and its trigger button runs a job.
+//!
+//! Screenshots are saved in the test's temp dir, and also in `$SHARDCRON_SCREENSHOTS` when set
+//! (how the README's picture is taken).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::support::browser::Browser;
+use crate::support::*;
+
+const TOKEN_VAR: &str = "SHARDCRON_TEST_API_TOKEN";
+const TOKEN: &str = "dashboard-test-token";
+
+fn save(browser: &Browser, world: &World, name: &str) -> PathBuf {
+    let path = world.dir.path().join(name);
+    browser.screenshot(&path);
+    if let Some(dir) = std::env::var_os("SHARDCRON_SCREENSHOTS") {
+        std::fs::create_dir_all(&dir).expect("screenshot dir");
+        std::fs::copy(&path, PathBuf::from(dir).join(name)).expect("copy the screenshot");
+    }
+    println!("screenshot: {}", path.display());
+    path
+}
+
+#[test]
+fn the_dashboard_shows_the_fleet_and_its_trigger_button_runs_a_job() {
+    let mut world = World::new();
+    let config = world.write_config(
+        "jobs.toml",
+        4,
+        2,
+        &[
+            ("heartbeat", "*/2 * * * * *", ""),
+            ("nightly-backup", "30 2 * * *", "timezone = \"Europe/Berlin\""),
+            ("hourly-report", "H * * * *", ""),
+            // Only ever runs when asked: its last run is the one the button asked for.
+            ("yearly-cleanup", "0 0 1 1 *", ""),
+        ],
+    );
+    let port = shardcron::etcd_server::free_port().expect("port");
+    world
+        .node("node-a", &config)
+        .args(&["--http-addr", &port.to_string(), "--api-token-env", TOKEN_VAR])
+        .env(&[(TOKEN_VAR, TOKEN)])
+        .start();
+    world.node("node-b", &config).start();
+    wait_for(Duration::from_secs(30), "the node is ready", || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() && http_get(port, "/readyz").0.contains(" 200 ")
+    });
+    wait_for(Duration::from_secs(30), "both nodes lead shards", || {
+        let status = world.status(&config);
+        status.nodes.len() == 2 && status.shards.iter().all(|shard| shard.leader.is_some())
+    });
+
+    let browser = Browser::start(1400, 1000);
+    browser.open(&format!("http://127.0.0.1:{port}/"));
+    browser.wait_for_element("[data-job=\"yearly-cleanup\"]", Duration::from_secs(20));
+    let nodes = browser.wait_for_text("#nodes", "both nodes listed", Duration::from_secs(10), |text| {
+        text.contains("node-a") && text.contains("node-b")
+    });
+    assert!(!nodes.is_empty());
+    let jobs = browser.text("#jobs");
+    for shown in [
+        "heartbeat",
+        "nightly-backup",
+        "hourly-report",
+        "yearly-cleanup",
+        "Europe/Berlin",
+        "30 2 * * *",
+    ] {
+        assert!(jobs.contains(shown), "{shown} not shown in the jobs table:\n{jobs}");
+    }
+    browser.wait_for_text(
+        "[data-job=\"heartbeat\"] .last-run",
+        "heartbeat's last run shown",
+        Duration::from_secs(10),
+        |text| text.contains("success"),
+    );
+    let shards = browser.text("#shards");
+    assert!(shards.contains("node-a") || shards.contains("node-b"), "{shards}");
+
+    browser.click("[data-job=\"yearly-cleanup\"] button[data-action=\"trigger\"]");
+    // The token is asked for once, in the page's own dialog.
+    browser.type_into("#token-input", TOKEN);
+    browser.click("#token-save");
+    browser.wait_for_text(
+        "#message",
+        "the page says the run was taken",
+        Duration::from_secs(20),
+        |text| text.contains("yearly-cleanup"),
+    );
+    let last_run = browser.wait_for_text(
+        "[data-job=\"yearly-cleanup\"] .last-run",
+        "the requested run appears",
+        Duration::from_secs(20),
+        |text| text.contains("manual"),
+    );
+    assert!(last_run.contains("success"), "{last_run}");
+    let ran = world.runs().iter().filter(|run| run.job == "yearly-cleanup").count();
+    assert_eq!(ran, 1, "the button ran the job once");
+    save(&browser, &world, "dashboard-wide.png");
+
+    browser.resize(390, 844);
+    let fits = browser.script("return document.documentElement.scrollWidth <= window.innerWidth + 1;");
+    assert_eq!(
+        fits,
+        serde_json::Value::Bool(true),
+        "the page fits a phone's width without scrolling sideways"
+    );
+    browser.wait_for_element("[data-job=\"heartbeat\"]", Duration::from_secs(5));
+    save(&browser, &world, "dashboard-narrow.png");
+}
