@@ -13,10 +13,25 @@ use crate::config::{self, Config};
 use crate::plan;
 use crate::schedule::{parse_zone, Schedule, ScheduleError};
 
+/// `--version`: the version, the commit of a build from a checkout, and the time zone database
+/// compiled in (a change of a zone's rules needs a rebuild: this says which rules a node uses).
+pub fn version() -> &'static str {
+    static VERSION: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    VERSION.get_or_init(|| {
+        let commit =
+            option_env!("SHARDCRON_GIT_COMMIT").map_or_else(String::new, |commit| format!("commit {commit}, "));
+        format!(
+            "{} ({commit}tzdb {})",
+            env!("CARGO_PKG_VERSION"),
+            chrono_tz::IANA_TZDB_VERSION
+        )
+    })
+}
+
 #[derive(Debug, Parser)]
 #[command(
     name = "shardcron",
-    version,
+    version = version(),
     about = "A distributed cron: each job fires exactly once per tick across a fleet, coordinated through etcd"
 )]
 pub struct Cli {
@@ -27,7 +42,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Validate the config and print each job's shard, zone and next fire time.
-    Check(ConfigArg),
+    Check(CheckArgs),
     /// Print the next fire instants of a schedule expression.
     Next(NextArgs),
     /// Print every fire instant of the config's jobs in a window (default: the next 24 h), in
@@ -49,18 +64,94 @@ pub enum Command {
     Pause(PauseArgs),
     /// End pauses: the jobs run again from their next tick; paused ticks are never caught up.
     Resume(ResumeArgs),
+    /// Print a shell completion script: `shardcron completions bash > /etc/bash_completion.d/shardcron`.
+    Completions(CompletionsArgs),
+    /// Print the manual page (roff): `shardcron man | man -l -`.
+    Man,
+}
+
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    #[command(flatten)]
+    pub config: ConfigArg,
+    /// Print the validated jobs as one JSON array: name, shard, zone, schedule, next.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell to complete for.
+    pub shell: clap_complete::Shell,
+}
+
+/// `completions SHELL`: generated from the same definitions that parse the arguments.
+pub fn completions(args: &CompletionsArgs) -> Result<()> {
+    use clap::CommandFactory;
+    let mut command = Cli::command();
+    clap_complete::generate(args.shell, &mut command, "shardcron", &mut std::io::stdout());
+    Ok(())
+}
+
+/// `man`: the manual page, from the same definitions, with a section per subcommand.
+pub fn man() -> Result<()> {
+    use clap::CommandFactory;
+    let command = Cli::command();
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    let page = clap_mangen::Man::new(command.clone());
+    page.render_title(&mut out)?;
+    page.render_name_section(&mut out)?;
+    page.render_synopsis_section(&mut out)?;
+    page.render_description_section(&mut out)?;
+    page.render_options_section(&mut out)?;
+    for sub in command.get_subcommands().filter(|sub| !sub.is_hide_set()) {
+        writeln!(out, ".SH \"SHARDCRON {}\"", sub.get_name().to_uppercase())?;
+        let sub_page = clap_mangen::Man::new(sub.clone().bin_name(format!("shardcron {}", sub.get_name())));
+        sub_page.render_synopsis_section(&mut out)?;
+        sub_page.render_description_section(&mut out)?;
+        sub_page.render_options_section(&mut out)?;
+    }
+    page.render_version_section(&mut out)?;
+    writeln!(out, ".SH FILES\n.TP\n/etc/shardcron/jobs.toml\nThe jobs, when neither --config nor SHARDCRON_CONFIG names a file and ./config/jobs.toml does not exist.")?;
+    out.flush()?;
+    Ok(())
 }
 
 #[derive(Debug, Args)]
 pub struct ConfigArg {
-    /// Path of jobs.toml.
-    #[arg(long, env = "SHARDCRON_CONFIG", default_value = "config/jobs.toml")]
-    pub config: PathBuf,
+    /// Path of jobs.toml. Default: ./config/jobs.toml if it exists, else
+    /// /etc/shardcron/jobs.toml.
+    #[arg(long, env = "SHARDCRON_CONFIG", value_name = "PATH")]
+    pub config: Option<PathBuf>,
 }
 
+/// Where a config is looked for when neither `--config` nor `SHARDCRON_CONFIG` names one, in
+/// order: a checkout's or working directory's own, then the installed one.
+pub const DEFAULT_CONFIG_PATHS: [&str; 2] = ["config/jobs.toml", "/etc/shardcron/jobs.toml"];
+
 impl ConfigArg {
+    /// The config file: `--config`, then `SHARDCRON_CONFIG`, then the first of
+    /// [`DEFAULT_CONFIG_PATHS`] that exists. The error names every place looked at.
+    pub fn path(&self) -> Result<PathBuf> {
+        if let Some(path) = &self.config {
+            return Ok(path.clone());
+        }
+        DEFAULT_CONFIG_PATHS
+            .iter()
+            .map(PathBuf::from)
+            .find(|path| path.exists())
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                    "no config file: --config not given, SHARDCRON_CONFIG not set, and neither {} (in {}) nor {} exists",
+                    DEFAULT_CONFIG_PATHS[0],
+                    std::env::current_dir().map_or_else(|_| "the working directory".to_string(), |dir| dir.display().to_string()),
+                    DEFAULT_CONFIG_PATHS[1]
+                )
+            })
+    }
+
     pub fn load(&self) -> Result<Config> {
-        Ok(config::load(&self.config)?)
+        Ok(config::load(&self.path()?)?)
     }
 }
 
@@ -298,27 +389,61 @@ pub fn format_instant(instant: DateTime<Utc>, zone: chrono_tz::Tz) -> String {
     instant.with_timezone(&zone).to_rfc3339_opts(SecondsFormat::Secs, false)
 }
 
-pub fn check(args: &ConfigArg) -> Result<()> {
-    let config = args.load()?;
+/// One job of `check --json`; the keys are a contract.
+#[derive(serde::Serialize)]
+struct CheckedJob<'a> {
+    name: &'a str,
+    shard: u32,
+    zone: &'a str,
+    /// As it fires: `H` items expanded, a list joined by `" | "`.
+    schedule: &'a str,
+    /// In the job's zone, with its offset; `null` for a schedule that never fires again.
+    next: Option<String>,
+}
+
+pub fn check(args: &CheckArgs) -> Result<()> {
+    let config = args.config.load()?;
     let now = Utc::now();
     let mut next_by_schedule: HashMap<*const Schedule, Option<DateTime<Utc>>> = HashMap::new();
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
-    for job in &config.jobs {
+    if args.json {
+        // One element at a time: a million jobs are never one JSON tree in memory.
+        write!(out, "[")?;
+    }
+    for (index, job) in config.jobs.iter().enumerate() {
         let next = *next_by_schedule
             .entry(std::sync::Arc::as_ptr(&job.schedule))
             .or_insert_with(|| job.schedule.next_after(now));
         let zone = job.schedule.zone();
-        let next = next.map_or_else(|| "never".to_string(), |next| format_instant(next, zone));
+        let next = next.map(|next| format_instant(next, zone));
+        if args.json {
+            let separator = if index == 0 { "\n  " } else { ",\n  " };
+            write!(out, "{separator}")?;
+            serde_json::to_writer(
+                &mut out,
+                &CheckedJob {
+                    name: &job.name,
+                    shard: job.shard,
+                    zone: zone.name(),
+                    schedule: job.schedule.expanded(),
+                    next,
+                },
+            )?;
+            continue;
+        }
         writeln!(
             out,
             "{} shard={} zone={} next={} schedule=\"{}\"",
             job.name,
             job.shard,
             zone,
-            next,
+            next.as_deref().unwrap_or("never"),
             job.schedule.expanded()
         )?;
+    }
+    if args.json {
+        writeln!(out, "{}]", if config.jobs.is_empty() { "" } else { "\n" })?;
     }
     out.flush()?;
     eprintln!(

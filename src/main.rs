@@ -16,9 +16,11 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match &cli.command {
         Command::Check(args) => cli::check(args),
+        Command::Completions(args) => cli::completions(args),
+        Command::Man => cli::man(),
         Command::Next(args) => cli::next(args),
         Command::Plan(args) => cli::plan(args),
-        Command::Run(args) => load_for_node(&args.config.config).and_then(|config| {
+        Command::Run(args) => args.config.path().and_then(|path| load_for_node(&path)).and_then(|config| {
             let _log_written_out = init_logging(args.node.log_format);
             with_runtime(run(config, args.node.clone(), None))
         }),
@@ -35,7 +37,7 @@ fn main() -> ExitCode {
         Command::History(args) => args.cluster.config.load().and_then(|config| with_runtime(history(config, args))),
         Command::Pause(args) => args.cluster.config.load().and_then(|config| with_runtime(pause(config, args))),
         Command::Resume(args) => args.cluster.config.load().and_then(|config| with_runtime(resume(config, args))),
-        Command::Dev(args) => load_for_node(&args.config.config).and_then(|config| {
+        Command::Dev(args) => args.config.path().and_then(|path| load_for_node(&path)).and_then(|config| {
             let _log_written_out = init_logging(args.node.log_format);
             let server = EtcdServer::start(&args.etcd_bin)?;
             tracing::info!(endpoint = %server.client_url(), log = %server.log_path().display(), "throwaway etcd started; Ctrl-C stops the node and removes it");

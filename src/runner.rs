@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, Utc};
+use rustix::process::Signal;
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::Command;
 use tokio_util::sync::CancellationToken;
@@ -206,7 +207,7 @@ async fn run_once(tick: &Tick, attempt: u32, stops: &Stops<'_>, ticket: Option<S
     };
     let terminate = |why: &str| {
         tracing::warn!(job = %job.name, tick = %tick.scheduled_at_text(), attempt, kill_grace = ?job.kill_grace, "{why}: SIGTERM to the process group");
-        signal_group(pid, libc::SIGTERM);
+        signal_group(pid, Signal::TERM);
     };
     let mut outcome = Outcome::Exited;
     let status = tokio::select! {
@@ -224,7 +225,7 @@ async fn run_once(tick: &Tick, attempt: u32, stops: &Stops<'_>, ticket: Option<S
         _ = stops.kill.cancelled() => {
             tracing::warn!(job = %job.name, tick = %tick.scheduled_at_text(), "shutdown grace is over: SIGKILL to the process group");
             outcome = Outcome::Killed;
-            signal_group(pid, libc::SIGKILL);
+            signal_group(pid, Signal::KILL);
             child.wait().await
         }
     };
@@ -266,11 +267,11 @@ async fn wait_or_kill(
         status = child.wait() => status,
         _ = tokio::time::sleep_until(deadline) => {
             tracing::warn!(job = %tick.job.name, tick = %tick.scheduled_at_text(), "still running after SIGTERM: SIGKILL to the process group");
-            signal_group(pid, libc::SIGKILL);
+            signal_group(pid, Signal::KILL);
             return child.wait().await;
         }
         _ = kill.cancelled() => {
-            signal_group(pid, libc::SIGKILL);
+            signal_group(pid, Signal::KILL);
             return child.wait().await;
         }
     };
@@ -279,11 +280,11 @@ async fn wait_or_kill(
             _ = tokio::time::sleep(GROUP_POLL) => {}
             _ = tokio::time::sleep_until(deadline) => {
                 tracing::warn!(job = %tick.job.name, tick = %tick.scheduled_at_text(), "the command exited but a process it started ignores SIGTERM: SIGKILL to the process group");
-                signal_group(pid, libc::SIGKILL);
+                signal_group(pid, Signal::KILL);
                 break;
             }
             _ = kill.cancelled() => {
-                signal_group(pid, libc::SIGKILL);
+                signal_group(pid, Signal::KILL);
                 break;
             }
         }
@@ -294,22 +295,22 @@ async fn wait_or_kill(
 /// How often a process group that outlived its shell is checked during the kill grace.
 const GROUP_POLL: Duration = Duration::from_millis(50);
 
-/// Whether any process of the group `pid` leads still exists.
-fn group_alive(pid: Option<u32>) -> bool {
-    pid.is_some_and(|pid| {
-        // SAFETY: kill(2) with signal 0 only checks that the process group exists; it sends
-        // nothing and touches no memory of ours.
-        unsafe { libc::kill(-(pid as libc::pid_t), 0) == 0 }
-    })
+/// The process group a run's command leads (its pid: it was started in a group of its own).
+fn group(pid: Option<u32>) -> Option<rustix::process::Pid> {
+    pid.and_then(|pid| i32::try_from(pid).ok())
+        .and_then(rustix::process::Pid::from_raw)
 }
 
-fn signal_group(pid: Option<u32>, signal: libc::c_int) {
-    if let Some(pid) = pid {
-        // SAFETY: kill(2) with a negative pid signals the process group the child leads; it
-        // touches no memory of ours.
-        unsafe {
-            libc::kill(-(pid as libc::pid_t), signal);
-        }
+/// Whether any process of the group `pid` leads still exists.
+fn group_alive(pid: Option<u32>) -> bool {
+    group(pid).is_some_and(|group| rustix::process::test_kill_process_group(group).is_ok())
+}
+
+/// Signals every process of the group `pid` leads. A group that is gone already is not an error:
+/// its processes ended on their own.
+fn signal_group(pid: Option<u32>, signal: Signal) {
+    if let Some(group) = group(pid) {
+        let _ = rustix::process::kill_process_group(group, signal);
     }
 }
 

@@ -159,7 +159,18 @@ fn next_rejects_bad_input_cleanly() {
 #[test]
 fn every_command_has_help_and_the_binary_a_version() {
     for command in [
-        "check", "next", "plan", "run", "status", "dev", "pause", "resume", "history",
+        "check",
+        "next",
+        "plan",
+        "run",
+        "status",
+        "dev",
+        "pause",
+        "resume",
+        "history",
+        "trigger",
+        "completions",
+        "man",
     ] {
         let out = shardcron(&[command, "--help"]);
         assert!(
@@ -168,7 +179,131 @@ fn every_command_has_help_and_the_binary_a_version() {
         );
     }
     let out = shardcron(&["--version"]);
-    assert!(text(&out.stdout).starts_with("shardcron "));
+    let version = text(&out.stdout);
+    assert!(
+        version.starts_with(&format!("shardcron {} (", env!("CARGO_PKG_VERSION"))),
+        "{version}"
+    );
+    assert!(
+        version.contains(&format!("tzdb {})", chrono_tz::IANA_TZDB_VERSION)),
+        "{version}"
+    );
+    // Built from a checkout: the commit it was built from.
+    let head = Command::new("git").args(["rev-parse", "--short=12", "HEAD"]).output();
+    if let Some(head) = head.ok().filter(|head| head.status.success()) {
+        let head = text(&head.stdout);
+        assert!(
+            version.contains(&format!("commit {}", head.trim())),
+            "{version} (HEAD {head})"
+        );
+    }
+}
+
+#[test]
+fn the_config_is_looked_for_in_order_and_the_error_names_every_place() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let run_in = |dir: &std::path::Path, env: Option<&str>, args: &[&str]| {
+        let mut command = Command::new(SHARDCRON);
+        command.args(args).current_dir(dir).env_remove("SHARDCRON_CONFIG");
+        if let Some(path) = env {
+            command.env("SHARDCRON_CONFIG", path);
+        }
+        command.output().expect("run shardcron")
+    };
+    let missing = run_in(dir.path(), None, &["check"]);
+    assert_eq!(missing.status.code(), Some(1));
+    let error = text(&missing.stderr);
+    for place in [
+        "--config",
+        "SHARDCRON_CONFIG",
+        "config/jobs.toml",
+        "/etc/shardcron/jobs.toml",
+    ] {
+        assert!(error.contains(place), "the error names {place}: {error}");
+    }
+    let example = std::fs::read_to_string("config/jobs.toml").expect("example config");
+    std::fs::create_dir(dir.path().join("config")).expect("config dir");
+    std::fs::write(dir.path().join("config/jobs.toml"), &example).expect("write");
+    std::fs::write(
+        dir.path().join("other.toml"),
+        example.replace("name = \"demo\"", "name = \"other\""),
+    )
+    .expect("write");
+    let local = run_in(dir.path(), None, &["check"]);
+    assert!(
+        text(&local.stderr).starts_with("config/jobs.toml: ok"),
+        "{}",
+        text(&local.stderr)
+    );
+    let from_env = run_in(dir.path(), Some("other.toml"), &["check"]);
+    assert!(
+        text(&from_env.stderr).contains("cluster \"other\""),
+        "{}",
+        text(&from_env.stderr)
+    );
+    let from_flag = run_in(
+        dir.path(),
+        Some("missing.toml"),
+        &["check", "--config", "config/jobs.toml"],
+    );
+    assert!(
+        text(&from_flag.stderr).contains("cluster \"demo\""),
+        "--config wins over the environment"
+    );
+}
+
+#[test]
+fn check_json_lists_the_validated_jobs() {
+    let out = shardcron(&["check", "--json", "--config", "config/jobs.toml"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let jobs: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let jobs = jobs.as_array().expect("an array");
+    assert_eq!(jobs.len(), 4);
+    let heartbeat = jobs.iter().find(|job| job["name"] == "heartbeat").expect("heartbeat");
+    assert_eq!(heartbeat["shard"], 4);
+    assert_eq!(heartbeat["zone"], "UTC");
+    assert_eq!(heartbeat["schedule"], "*/5 * * * * *");
+    assert!(
+        heartbeat["next"].as_str().is_some_and(|next| next.ends_with("+00:00")),
+        "{heartbeat}"
+    );
+}
+
+#[test]
+fn completions_and_the_man_page_come_from_the_command_definitions() {
+    for (shell, marker) in [
+        ("bash", "_shardcron()"),
+        ("zsh", "#compdef shardcron"),
+        ("fish", "complete -c shardcron"),
+    ] {
+        let out = shardcron(&["completions", shell]);
+        assert!(out.status.success(), "{shell}: {}", text(&out.stderr));
+        let script = text(&out.stdout);
+        assert!(script.contains(marker), "{shell} completion lacks {marker}");
+        for command in ["check", "trigger", "pause", "completions"] {
+            assert!(script.contains(command), "{shell} completion lacks {command}");
+        }
+    }
+    let bad = shardcron(&["completions", "tcsh"]);
+    assert_eq!(bad.status.code(), Some(2), "an unknown shell is a usage error");
+    let man = shardcron(&["man"]);
+    assert!(man.status.success());
+    // roff writes a dash as \-.
+    let page = text(&man.stdout).replace("\\-", "-");
+    assert!(
+        page.starts_with(".ie \\n(.g .ds Aq") || page.contains(".TH shardcron 1"),
+        "roff:\n{}",
+        &page[..page.len().min(300)]
+    );
+    for section in [
+        ".SH NAME",
+        ".SH SYNOPSIS",
+        "SHARDCRON TRIGGER",
+        "--api-token-env",
+        "/etc/shardcron/jobs.toml",
+    ] {
+        assert!(page.contains(section), "the man page lacks {section}");
+    }
 }
 
 /// A config with a fixed-time New York job, a per-hour UTC job, an `H` job and a schedule list.
