@@ -25,6 +25,7 @@ mod scenarios {
     mod http;
     mod lease_stall;
     mod operations;
+    mod package;
     mod security;
     mod split_brain;
 }

@@ -1,0 +1,96 @@
+//! The Debian package, built by `scripts/deb` from the tested binary with the real `dpkg-deb`:
+//! its contents, its control data, and that the packaged binary runs from an unpacked tree. Not
+//! installed on the machine.
+
+use std::path::Path;
+use std::process::Command;
+
+use crate::support::SHARDCRON;
+
+fn run(program: &str, args: &[&str]) -> String {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|err| panic!("cannot run {program} ({err}); scripts/setup installs dpkg"));
+    assert!(
+        out.status.success(),
+        "{program} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn the_deb_holds_the_binary_unit_conffile_man_page_and_completions() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = dir.path().join("out");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/deb");
+    let package = run(
+        script.to_str().expect("path"),
+        &["--binary", SHARDCRON, "--out", out.to_str().expect("path"), "--fast"],
+    );
+    let package = package.trim();
+    assert!(
+        package.ends_with(&format!(
+            "shardcron_{}_{}.deb",
+            env!("CARGO_PKG_VERSION"),
+            run("dpkg", &["--print-architecture"]).trim()
+        )),
+        "{package}"
+    );
+
+    let listing = run("dpkg-deb", &["--contents", package]);
+    for path in [
+        "./usr/bin/shardcron",
+        "./lib/systemd/system/shardcron.service",
+        "./etc/shardcron/jobs.toml",
+        "./usr/share/man/man1/shardcron.1.gz",
+        "./usr/share/bash-completion/completions/shardcron",
+        "./usr/share/zsh/vendor-completions/_shardcron",
+        "./usr/share/fish/vendor_completions.d/shardcron.fish",
+    ] {
+        assert!(
+            listing.lines().any(|line| line.ends_with(path)),
+            "{path} missing:\n{listing}"
+        );
+    }
+    assert!(
+        listing.lines().all(|line| line.contains(" root/root ")),
+        "files belong to root:\n{listing}"
+    );
+    assert_eq!(run("dpkg-deb", &["--field", package, "Package"]).trim(), "shardcron");
+    assert_eq!(
+        run("dpkg-deb", &["--field", package, "Version"]).trim(),
+        env!("CARGO_PKG_VERSION")
+    );
+
+    let control = dir.path().join("control");
+    run("dpkg-deb", &["--control", package, control.to_str().expect("path")]);
+    let conffiles = std::fs::read_to_string(control.join("conffiles")).expect("conffiles");
+    assert_eq!(conffiles.trim(), "/etc/shardcron/jobs.toml");
+    let postinst = std::fs::read_to_string(control.join("postinst")).expect("postinst");
+    assert!(
+        postinst.contains("adduser --system"),
+        "the package creates the shardcron system user"
+    );
+
+    let tree = dir.path().join("tree");
+    run("dpkg-deb", &["--extract", package, tree.to_str().expect("path")]);
+    let unit = std::fs::read_to_string(tree.join("lib/systemd/system/shardcron.service")).expect("unit");
+    assert!(unit.contains("ExecStart=/usr/bin/shardcron run"), "{unit}");
+    assert!(
+        unit.contains("User=shardcron") && unit.contains("Type=notify"),
+        "{unit}"
+    );
+    let binary = tree.join("usr/bin/shardcron");
+    let version = run(binary.to_str().expect("path"), &["--version"]);
+    assert!(
+        version.starts_with(&format!("shardcron {} (", env!("CARGO_PKG_VERSION"))),
+        "{version}"
+    );
+    let config = tree.join("etc/shardcron/jobs.toml");
+    run(
+        binary.to_str().expect("path"),
+        &["check", "--config", config.to_str().expect("path")],
+    );
+}
