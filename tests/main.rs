@@ -27,5 +27,6 @@ mod scenarios {
     mod operations;
     mod package;
     mod security;
+    mod snapshots;
     mod split_brain;
 }
