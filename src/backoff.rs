@@ -3,7 +3,6 @@
 
 use std::time::Duration;
 
-use rand::Rng;
 use tokio_util::sync::CancellationToken;
 
 /// Capped exponential backoff with equal jitter: the n-th delay is drawn uniformly from the
@@ -36,7 +35,7 @@ impl Backoff {
         let ceiling = self.base.saturating_mul(1u32 << self.attempt.min(20)).min(self.cap);
         self.attempt = self.attempt.saturating_add(1);
         let millis = ceiling.as_millis() as u64;
-        Duration::from_millis(rand::thread_rng().gen_range(millis / 2..=millis))
+        Duration::from_millis(rand::random_range(millis / 2..=millis))
     }
 
     /// After a success: the next delay starts from `base` again.

@@ -13,6 +13,7 @@ use shardcron::status::Status;
 
 struct Authority {
     cert: rcgen::Certificate,
+    params: CertificateParams,
     key: KeyPair,
 }
 
@@ -22,7 +23,7 @@ fn authority(name: &str) -> Authority {
     params.distinguished_name.push(DnType::CommonName, name);
     let key = KeyPair::generate().expect("CA key");
     let cert = params.self_signed(&key).expect("CA certificate");
-    Authority { cert, key }
+    Authority { cert, params, key }
 }
 
 /// Writes `NAME.pem` and `NAME-key.pem` for a certificate signed by `ca`.
@@ -31,7 +32,8 @@ fn issue(dir: &Path, ca: &Authority, name: &str, usage: ExtendedKeyUsagePurpose)
     params.distinguished_name.push(DnType::CommonName, name);
     params.extended_key_usages = vec![usage];
     let key = KeyPair::generate().expect("key");
-    let cert = params.signed_by(&key, &ca.cert, &ca.key).expect("sign");
+    let issuer = rcgen::Issuer::from_params(&ca.params, &ca.key);
+    let cert = params.signed_by(&key, &issuer).expect("sign");
     let (cert_path, key_path) = (dir.join(format!("{name}.pem")), dir.join(format!("{name}-key.pem")));
     std::fs::write(&cert_path, cert.pem()).expect("write certificate");
     std::fs::write(&key_path, key.serialize_pem()).expect("write key");
