@@ -24,6 +24,7 @@ mod scenarios {
     mod fleet;
     mod http;
     mod lease_stall;
+    mod observability;
     mod operations;
     mod package;
     mod security;

@@ -94,3 +94,48 @@ fn the_deb_holds_the_binary_unit_conffile_man_page_and_completions() {
         &["check", "--config", config.to_str().expect("path")],
     );
 }
+
+/// `rust-version` says what the dependency graph needs: the highest `rust-version` of any
+/// package in Cargo.lock. A dependency bump that needs a newer Rust fails here until it is
+/// raised.
+#[test]
+fn rust_version_is_what_the_dependency_graph_needs() {
+    let metadata = Command::new(env!("CARGO"))
+        .args(["metadata", "--locked", "--offline", "--format-version", "1"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("cargo metadata");
+    assert!(metadata.status.success(), "{}", String::from_utf8_lossy(&metadata.stderr));
+    let metadata: serde_json::Value = serde_json::from_slice(&metadata.stdout).expect("metadata JSON");
+    let parse = |version: &str| -> Vec<u64> { version.split('.').map(|part| part.parse().unwrap_or(0)).collect() };
+    let resolved: Vec<&str> = metadata["resolve"]["nodes"]
+        .as_array()
+        .expect("resolve")
+        .iter()
+        .filter_map(|node| node["id"].as_str())
+        .collect();
+    let mut needed: Option<(Vec<u64>, String)> = None;
+    let mut ours = None;
+    for package in metadata["packages"].as_array().expect("packages") {
+        let (Some(id), Some(version)) = (package["id"].as_str(), package["rust_version"].as_str()) else {
+            continue;
+        };
+        if package["name"] == "shardcron" {
+            ours = Some(parse(version));
+        } else if resolved.contains(&id) && needed.as_ref().is_none_or(|(most, _)| parse(version) > *most) {
+            needed = Some((parse(version), format!("{} {}", package["name"], package["version"])));
+        }
+    }
+    let (needed, by) = needed.expect("dependencies declare rust-version");
+    let trim = |mut version: Vec<u64>| {
+        while version.len() > 2 && version.last() == Some(&0) {
+            version.pop();
+        }
+        version
+    };
+    assert_eq!(
+        trim(ours.expect("our rust-version")),
+        trim(needed),
+        "Cargo.toml's rust-version must be what the graph needs ({by})"
+    );
+}
