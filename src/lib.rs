@@ -42,7 +42,9 @@
 //!   what a new leader does first (redelivery, lost records, catch-up).
 //! - [`node`]: the session loop, reloads and drain.
 //! - [`status`]: what `shardcron status` reads and prints.
-//! - [`metrics`]: Prometheus metrics and their `/metrics` endpoint.
+//! - [`metrics`]: Prometheus metrics; `job_gauges`: the per-job gauges a shard's leader exports.
+//! - [`readiness`]: whether the node is ready (`/readyz`); [`notify`]: telling systemd.
+//! - [`http`]: the HTTP listener: probes, metrics, the JSON API and the dashboard.
 //! - [`etcd_server`]: a throwaway local etcd for `dev` (and, with `test-support`, for tests).
 //! - [`cli`]: the command line.
 pub mod assignment;
