@@ -5,7 +5,7 @@
 //! - `GET /metrics`: Prometheus metrics.
 //! - `GET /api/v1/status`, `/api/v1/jobs/{name}/history`, `/api/v1/plan`: reads, open to
 //!   whoever reaches the listener. `POST /api/v1/jobs/{name}/trigger|pause|resume`: writes, with
-//!   `Authorization: Bearer TOKEN` (see [`api`]).
+//!   `Authorization: Bearer TOKEN` (see `api`).
 //! - `GET /`: the dashboard, a page served from the binary that reads and writes through the API.
 
 mod api;
