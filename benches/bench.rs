@@ -662,7 +662,7 @@ fn wait_led_and_balanced(world: &World, config: &Path, shards: u32, ids: &[Strin
     let started = Instant::now();
     let mut all_led = None;
     let low = shards as usize / ids.len();
-    let high = low + usize::from(shards as usize % ids.len() != 0);
+    let high = low + usize::from(!(shards as usize).is_multiple_of(ids.len()));
     wait_for(limit, "every shard led and balanced", || {
         let leaders: Vec<Option<String>> = world
             .shard_leaders(config)
