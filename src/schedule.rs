@@ -92,6 +92,10 @@ impl Schedule {
 
     /// The last fire instant at or before `at`, or `None` if there is none.
     pub fn latest_at_or_before(&self, at: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        // Fire instants are whole seconds, so searching from `at`'s whole second finds the same
+        // one. Given a fraction, croner's backward search can answer up to a second after `at`:
+        // in the last second before the clock goes back, the repeated range's first instant.
+        let at = DateTime::<Utc>::from_timestamp(at.timestamp(), 0)?;
         let local = at.with_timezone(&self.zone);
         self.crons
             .iter()
@@ -602,3 +606,6 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod properties;
