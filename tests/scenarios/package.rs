@@ -105,7 +105,11 @@ fn rust_version_is_what_the_dependency_graph_needs() {
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
         .expect("cargo metadata");
-    assert!(metadata.status.success(), "{}", String::from_utf8_lossy(&metadata.stderr));
+    assert!(
+        metadata.status.success(),
+        "{}",
+        String::from_utf8_lossy(&metadata.stderr)
+    );
     let metadata: serde_json::Value = serde_json::from_slice(&metadata.stdout).expect("metadata JSON");
     let parse = |version: &str| -> Vec<u64> { version.split('.').map(|part| part.parse().unwrap_or(0)).collect() };
     let resolved: Vec<&str> = metadata["resolve"]["nodes"]
