@@ -80,6 +80,22 @@ impl Served {
     }
 }
 
+impl Served {
+    /// What a write to job `name` needs first: the token, a connected node, the job, and the
+    /// request's body.
+    fn write_to_job<T: serde::de::DeserializeOwned + Default>(
+        &self,
+        headers: &HeaderMap,
+        name: &str,
+        bytes: &Bytes,
+    ) -> Result<(&Exposed, T), Failure> {
+        self.authorize(headers)?;
+        let exposed = self.exposed()?;
+        known_job(exposed, name)?;
+        Ok((exposed, body(bytes)?))
+    }
+}
+
 /// Compares in time that depends on the lengths only, so an answer's timing does not tell how
 /// much of a guess was right.
 fn same_secret(given: &[u8], secret: &[u8]) -> bool {
@@ -223,10 +239,7 @@ pub(super) async fn trigger(
     headers: HeaderMap,
     bytes: Bytes,
 ) -> Answer {
-    served.authorize(&headers)?;
-    let exposed = served.exposed()?;
-    known_job(exposed, &name)?;
-    let asked: TriggerBody = body(&bytes)?;
+    let (exposed, asked): (_, TriggerBody) = served.write_to_job(&headers, &name, &bytes)?;
     let timeout = match &asked.timeout {
         Some(timeout) => humantime::parse_duration(timeout)
             .map_err(|err| bad_request(format!("timeout {timeout:?} is not a duration such as 10s: {err}")))?,
@@ -285,10 +298,7 @@ pub(super) async fn pause(
     headers: HeaderMap,
     bytes: Bytes,
 ) -> Answer {
-    served.authorize(&headers)?;
-    let exposed = served.exposed()?;
-    known_job(exposed, &name)?;
-    let asked: PauseBody = body(&bytes)?;
+    let (exposed, asked): (_, PauseBody) = served.write_to_job(&headers, &name, &bytes)?;
     let length = asked
         .length
         .as_deref()
