@@ -108,15 +108,16 @@ impl Runs {
         let ticks: Vec<Tick> = ticks.into_iter().filter(|tick| !self.paused(tick)).collect();
         let Some(first) = ticks.first() else { return };
         let job = Arc::clone(&first.job);
+        let first_at = first.scheduled_at;
+        // The tick of the run going when this one came, if it may overlap it: decided once that
+        // run has ended and its length is known.
+        let mut met = None;
         let turn = {
             let mut jobs = self.jobs.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             let runs = jobs.entry(job.name.clone()).or_default();
+            let now = clock::now();
             match job.overlap {
-                Overlap::Skip
-                    if runs
-                        .running
-                        .is_some_and(|running| overlaps(&job, running, first.scheduled_at)) =>
-                {
+                Overlap::Skip if runs.running.is_some_and(|running| overlaps(running, first_at, now)) => {
                     drop(jobs);
                     for tick in ticks {
                         if !self.settle(&tick) {
@@ -127,6 +128,12 @@ impl Runs {
                         self.report(&tick, not_run(&tick, Outcome::Skipped));
                     }
                     return;
+                }
+                Overlap::Skip if ticks.iter().all(|tick| !tick.caught_up) => {
+                    met = runs
+                        .running
+                        .filter(|running| may_overlap(*running, first_at))
+                        .map(|running| running.tick);
                 }
                 Overlap::Replace if runs.pending > 0 => {
                     tracing::info!(job = %job.name, tick = %first.scheduled_at_text(), "replacing the job's running run with this tick (overlap = \"replace\")");
@@ -153,6 +160,20 @@ impl Runs {
                 }
                 None => (None, CancellationToken::new(), false),
             };
+            if let Some(met) = met {
+                let previous_took = runs.last_took(&job.name);
+                if previous_took.is_some_and(|took| took >= first_at - met) {
+                    for tick in ticks {
+                        if runs.settle(&tick) {
+                            tracing::info!(job = %job.name, tick = %tick.scheduled_at_text(), previous_tick = %met, "skipped: the previous run of this job was still going at this tick and ran longer than the time between the two ticks (overlap = \"skip\")");
+                            crate::metrics::get().skipped_overlaps.inc();
+                            runs.report(&tick, not_run(&tick, Outcome::Skipped));
+                        }
+                    }
+                    runs.release_turn(&job.name);
+                    return;
+                }
+            }
             for tick in ticks {
                 // Held for the run; the semaphore is never closed. A late tick waits for room
                 // until it holds a permit.
@@ -214,14 +235,19 @@ impl Runs {
                 }
             }
             runs.mark_running(&job.name, None);
-            let mut jobs = runs.jobs.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            if let Some(entry) = jobs.get_mut(&job.name) {
-                entry.pending = entry.pending.saturating_sub(1);
-                if entry.pending == 0 {
-                    jobs.remove(&job.name);
-                }
-            }
+            runs.release_turn(&job.name);
         });
+    }
+
+    /// A sequence of the job's ticks is over: the job's entry goes once none is left.
+    fn release_turn(&self, job: &str) {
+        let mut jobs = self.jobs.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(entry) = jobs.get_mut(job) {
+            entry.pending = entry.pending.saturating_sub(1);
+            if entry.pending == 0 {
+                jobs.remove(job);
+            }
+        }
     }
 
     /// Whether fewer than [`LATE_ROOM`] late ticks wait on this node.
@@ -400,21 +426,25 @@ impl Runs {
     }
 }
 
-/// Whether `running` overlaps the tick at `scheduled_at`, so that `overlap = "skip"` skips it:
-/// the run started no later than that tick and on time, before its own next tick was due, and
-/// was not a missed tick that a new leader caught up.
+/// Whether the run going may overlap the tick at `scheduled_at`: it runs a live tick (not a
+/// missed one a new leader caught up, which never makes a live tick skip) and started no later
+/// than this tick.
+fn may_overlap(running: Running, scheduled_at: DateTime<Utc>) -> bool {
+    !running.caught_up && running.since <= scheduled_at
+}
+
+/// Whether `running` overlaps the tick at `scheduled_at` for certain at `now`, so that
+/// `overlap = "skip"` skips the tick at once: it may overlap it and has already run for half
+/// the time between its tick and this one.
 ///
-/// A run that started after its next tick was already due is part of a backlog: ticks caught up
-/// after a takeover, or claims that waited out an etcd election. The ticks behind a backlog did
-/// not meet a long run at their scheduled time; they queue instead of being skipped, so
-/// `catch_up = "all"` loses none of them, and a live one still queued when its next tick is due
-/// is skipped then ([`outrun`]).
-fn overlaps(job: &Job, running: Running, scheduled_at: DateTime<Utc>) -> bool {
-    let on_time = job
-        .schedule
-        .next_after(running.tick)
-        .is_none_or(|next| running.since < next);
-    running.since <= scheduled_at && on_time && !running.caught_up
+/// A run that started late (its claim waited for a slow etcd, a lease renewal, an election) may
+/// still be going at the next tick only because it started late. Such a tick waits for the run
+/// instead, and is skipped only if the run turns out to have taken longer than the time between
+/// the two ticks: what an on-time start would have overlapped. The half keeps a tick from waiting
+/// behind a run that hangs: once the run has gone that long, its next ticks are skipped as they
+/// come, and at most one waits.
+fn overlaps(running: Running, scheduled_at: DateTime<Utc>, now: DateTime<Utc>) -> bool {
+    may_overlap(running, scheduled_at) && (now - running.since) * 2 >= scheduled_at - running.tick
 }
 
 /// Whether a live tick of an `overlap = "skip"` job, which waited for its turn behind a backlog
@@ -498,28 +528,34 @@ mod tests {
     }
 
     #[test]
-    fn only_an_on_time_run_going_at_the_tick_overlaps_it() {
-        let job = Job::for_tests("j", "* * * * * *");
+    fn only_a_run_going_for_half_the_ticks_distance_overlaps_a_tick_at_once() {
         let run = |tick: i64, since: i64| Running {
             since: at(since),
             tick: at(tick),
             caught_up: false,
         };
         // A run of tick 0 that started on time and still goes at tick 1000: skip tick 1000.
-        assert!(overlaps(&job, run(0, 3), at(1000)));
+        assert!(overlaps(run(0, 3), at(1000), at(1001)));
         // The same run does not overlap a tick before it started.
-        assert!(!overlaps(&job, run(0, 3), at(0)));
-        // Catch-up: tick 3000 running since 4980, after its next tick (4000) was due: a backlog,
-        // so tick 5000 queues behind it.
-        assert!(!overlaps(&job, run(3000, 4980), at(5000)));
+        assert!(!overlaps(run(0, 3), at(0), at(1001)));
+        // Tick 28000 started 990 ms late (its claim waited for a slow etcd) and still goes at
+        // tick 29000: the tick waits for it, and is skipped only if it runs 1 s or more.
+        assert!(!overlaps(run(28000, 28990), at(29000), at(29008)));
+        assert!(may_overlap(run(28000, 28990), at(29000)));
+        // A run that hangs: from half the distance on, the ticks it meets are skipped as they
+        // come.
+        assert!(overlaps(run(28000, 28990), at(31000), at(31000)));
+        // Catch-up: tick 3000 running since 4980: tick 5000 waits behind it.
+        assert!(!overlaps(run(3000, 4980), at(5000), at(5001)));
         // A claim that waited out an etcd election: tick 15000 started at 17200.
-        assert!(!overlaps(&job, run(15000, 17200), at(17000)));
+        assert!(!may_overlap(run(15000, 17200), at(17000)));
         // The last tick a new leader caught up, started just before the next live tick: still a
-        // backlog, so the live tick queues behind it.
+        // backlog, so the live tick queues behind it, whatever it takes.
         let caught_up = Running {
             caught_up: true,
             ..run(34000, 34900)
         };
-        assert!(!overlaps(&job, caught_up, at(35000)));
+        assert!(!may_overlap(caught_up, at(35000)));
+        assert!(!overlaps(caught_up, at(40000), at(40000)));
     }
 }
