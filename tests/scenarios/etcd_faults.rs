@@ -242,6 +242,40 @@ fn the_lease_of_a_session_lost_in_an_outage_is_revoked_once_etcd_returns() {
     );
 }
 
+/// Runs of 500 ms under an etcd slowed to 700 ms: claims land late, so a run often starts late
+/// enough to still be going at the next tick. The next tick waits for it instead of being
+/// skipped (`overlap = "skip"`): the run is shorter than the time between the ticks.
+#[test]
+fn short_runs_that_start_late_never_make_the_next_tick_skip() {
+    let mut world = World::new();
+    let names = job_names(4, 1);
+    let command = format!("sleep 0.5; {}", world.record_command());
+    let config = world.write_config_running("jobs.toml", 1, 3, &every_second(&names, "catch_up = \"all\""), &command);
+    let proxies = world.start_behind_proxies(&["a"], &config);
+    wait_for(Duration::from_secs(30), "every job runs", || {
+        every_job_ran_since(&world.runs(), &names, 0.0, 2)
+    });
+    step("slow etcd to 700 ms each way for 5 s");
+    sleep_to_mid_second();
+    proxies[0].slow(Duration::from_millis(700));
+    std::thread::sleep(Duration::from_secs(5));
+    proxies[0].slow(Duration::ZERO);
+    let healed = now_secs();
+    wait_for(Duration::from_secs(30), "every job runs live ticks again", || {
+        every_job_ran_a_tick_after(&world.runs(), &names, healed + 2.0)
+    });
+    let log = world.nodes[0].log_text();
+    let skipped = log.lines().filter(|line| line.contains("skipped:")).count();
+    assert_eq!(
+        skipped, 0,
+        "ticks skipped behind runs shorter than the time between ticks:\n{log}"
+    );
+    let runs = world.runs();
+    for name in &names {
+        assert_each_tick_once(&runs, name, 1);
+    }
+}
+
 /// etcd slowed for a few seconds under one node: its claims and lease renewals come late, so
 /// its short runs start late together, each tick behind the last. None is skipped as if it had
 /// waited behind a long run (`overlap = "skip"`, the default): every tick runs once.
