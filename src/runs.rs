@@ -165,7 +165,8 @@ impl Runs {
                 if previous_took.is_some_and(|took| took >= first_at - met) {
                     for tick in ticks {
                         if runs.settle(&tick) {
-                            tracing::info!(job = %job.name, tick = %tick.scheduled_at_text(), previous_tick = %met, "skipped: the previous run of this job was still going at this tick and ran longer than the time between the two ticks (overlap = \"skip\")");
+                            let previous_took_ms = previous_took.map(|took| took.num_milliseconds());
+                            tracing::info!(job = %job.name, tick = %tick.scheduled_at_text(), previous_tick = %met, previous_took_ms, "skipped: the previous run of this job was still going at this tick and ran longer than the time between the two ticks (overlap = \"skip\")");
                             crate::metrics::get().skipped_overlaps.inc();
                             runs.report(&tick, not_run(&tick, Outcome::Skipped));
                         }

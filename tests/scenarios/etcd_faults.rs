@@ -242,15 +242,15 @@ fn the_lease_of_a_session_lost_in_an_outage_is_revoked_once_etcd_returns() {
     );
 }
 
-/// Runs of 500 ms under an etcd slowed to 700 ms: claims land late, so a run often starts late
-/// enough to still be going at the next tick. The next tick waits for it instead of being
-/// skipped (`overlap = "skip"`): the run is shorter than the time between the ticks.
-#[test]
-fn short_runs_that_start_late_never_make_the_next_tick_skip() {
+/// Four per-second jobs, each running `before` and then recording its run, on one node whose
+/// etcd is slowed to 700 ms each way for 5 s: its claims and lease renewals come late, so its
+/// runs start late together. Returns once every job has run live ticks again; each tick ran once.
+fn every_tick_once_through_a_slow_etcd(before: &str) -> World {
     let mut world = World::new();
     let names = job_names(4, 1);
-    let command = format!("sleep 0.5; {}", world.record_command());
-    let config = world.write_config_running("jobs.toml", 1, 3, &every_second(&names, "catch_up = \"all\""), &command);
+    let jobs = every_second(&names, "catch_up = \"all\"");
+    let command = format!("{before}{}", world.record_command());
+    let config = world.write_config_running("jobs.toml", 1, 3, &jobs, &command);
     let proxies = world.start_behind_proxies(&["a"], &config);
     wait_for(Duration::from_secs(30), "every job runs", || {
         every_job_ran_since(&world.runs(), &names, 0.0, 2)
@@ -264,43 +264,32 @@ fn short_runs_that_start_late_never_make_the_next_tick_skip() {
     wait_for(Duration::from_secs(30), "every job runs live ticks again", || {
         every_job_ran_a_tick_after(&world.runs(), &names, healed + 2.0)
     });
+    let runs = world.runs();
+    for name in &names {
+        assert_each_tick_once(&runs, name, 1);
+    }
+    world
+}
+
+/// Runs of 500 ms: a claim that lands late often starts a run late enough to still be going at
+/// the next tick. The next tick waits for it instead of being skipped (`overlap = "skip"`): the
+/// run is shorter than the time between the ticks.
+#[test]
+fn short_runs_that_start_late_never_make_the_next_tick_skip() {
+    let world = every_tick_once_through_a_slow_etcd("sleep 0.5; ");
     let log = world.nodes[0].log_text();
     let skipped = log.lines().filter(|line| line.contains("skipped:")).count();
     assert_eq!(
         skipped, 0,
         "ticks skipped behind runs shorter than the time between ticks:\n{log}"
     );
-    let runs = world.runs();
-    for name in &names {
-        assert_each_tick_once(&runs, name, 1);
-    }
 }
 
-/// etcd slowed for a few seconds under one node: its claims and lease renewals come late, so
-/// its short runs start late together, each tick behind the last. None is skipped as if it had
-/// waited behind a long run (`overlap = "skip"`, the default): every tick runs once.
+/// Short runs delayed together: none is skipped as if it had waited behind a long run
+/// (`overlap = "skip"`, the default).
 #[test]
 fn ticks_delayed_together_by_a_slow_etcd_all_run_once() {
-    let mut world = World::new();
-    let names = job_names(4, 1);
-    let config = world.write_config("jobs.toml", 1, 3, &every_second(&names, "catch_up = \"all\""));
-    let proxies = world.start_behind_proxies(&["a"], &config);
-    wait_for(Duration::from_secs(30), "every job runs", || {
-        every_job_ran_since(&world.runs(), &names, 0.0, 2)
-    });
-    step("slow etcd to 700 ms each way for 5 s");
-    sleep_to_mid_second();
-    proxies[0].slow(Duration::from_millis(700));
-    std::thread::sleep(Duration::from_secs(5));
-    proxies[0].slow(Duration::ZERO);
-    let healed = now_secs();
-    wait_for(Duration::from_secs(30), "every job runs live ticks again", || {
-        every_job_ran_a_tick_after(&world.runs(), &names, healed + 2.0)
-    });
-    let runs = world.runs();
-    for name in &names {
-        assert_each_tick_once(&runs, name, 1);
-    }
+    let world = every_tick_once_through_a_slow_etcd("");
     assert!(
         !world.nodes[0]
             .log_text()
