@@ -90,45 +90,47 @@ impl JobGauges {
         for job in jobs() {
             let after = claimed.get(&job.name).copied().unwrap_or(now);
             let next = job.schedule.next_after(after);
-            let interval = next.and_then(|next| Some((next, job.schedule.next_after(next)? - next)));
-            next_runs.push((job, next, interval));
+            let interval = next.and_then(|next| Some(job.schedule.next_after(next)? - next));
+            next_runs.push((job.name.as_str(), next, interval));
         }
-        let mut family = encoder.encode_descriptor(
+        encode_gauge(
+            &mut encoder,
             "job_last_success_timestamp_seconds",
             "When the job's newest successful run finished (Unix time), exported by its shard's leader",
-            None,
-            MetricType::Gauge,
+            jobs().filter_map(|job| Some((job.name.as_str(), seconds(*succeeded.get(&job.name)?)))),
         )?;
-        for job in jobs() {
-            if let Some(at) = succeeded.get(&job.name) {
-                ConstGauge::new(seconds(*at)).encode(family.encode_family(&JobLabel::new(&job.name))?)?;
-            }
-        }
-        let mut family = encoder.encode_descriptor(
+        encode_gauge(
+            &mut encoder,
             "job_next_run_timestamp_seconds",
             "The job's next tick not claimed yet (Unix time); in the past while its leader is behind",
-            None,
-            MetricType::Gauge,
+            next_runs
+                .iter()
+                .filter_map(|(job, next, _)| Some((*job, seconds((*next)?)))),
         )?;
-        for (job, next, _) in &next_runs {
-            if let Some(next) = next {
-                ConstGauge::new(seconds(*next)).encode(family.encode_family(&JobLabel::new(&job.name))?)?;
-            }
-        }
-        let mut family = encoder.encode_descriptor(
+        encode_gauge(
+            &mut encoder,
             "job_interval_seconds",
             "Seconds between the job's next two ticks",
-            None,
-            MetricType::Gauge,
+            next_runs
+                .iter()
+                .filter_map(|(job, _, interval)| Some((*job, interval.as_ref()?.num_milliseconds() as f64 / 1000.0))),
         )?;
-        for (job, _, interval) in &next_runs {
-            if let Some((_, interval)) = interval {
-                let interval = interval.num_milliseconds() as f64 / 1000.0;
-                ConstGauge::new(interval).encode(family.encode_family(&JobLabel::new(&job.name))?)?;
-            }
-        }
         Ok(())
     }
+}
+
+/// One gauge family: `values` are (job, value) pairs.
+fn encode_gauge<'j>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    values: impl Iterator<Item = (&'j str, f64)>,
+) -> Result<(), std::fmt::Error> {
+    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    for (job, value) in values {
+        ConstGauge::new(value).encode(family.encode_family(&JobLabel::new(job))?)?;
+    }
+    Ok(())
 }
 
 /// Registered with the node's metrics: renders [`JobGauges`] at each scrape.

@@ -56,6 +56,21 @@ impl Drop for LateReservation {
     }
 }
 
+/// Why an `overlap = "skip"` tick is not run.
+#[derive(Clone, Copy)]
+enum Skip {
+    /// The run going had already run half the time between its tick and this one.
+    Overlapped,
+    /// This tick waited for a run that started late, which then took at least the time between
+    /// its tick and this one.
+    BehindLongerRun {
+        previous_tick: DateTime<Utc>,
+        took: chrono::Duration,
+    },
+    /// This tick waited behind a backlog until its own next tick was due ([`outrun`]).
+    Outrun,
+}
+
 /// A run that is going: when it started, by the wall clock, and the tick it runs.
 #[derive(Clone, Copy)]
 struct Running {
@@ -119,13 +134,8 @@ impl Runs {
             match job.overlap {
                 Overlap::Skip if runs.running.is_some_and(|running| overlaps(running, first_at, now)) => {
                     drop(jobs);
-                    for tick in ticks {
-                        if !self.settle(&tick) {
-                            continue;
-                        }
-                        tracing::info!(job = %job.name, tick = %tick.scheduled_at_text(), "skipped: the previous run of this job on this node was still going at this tick (overlap = \"skip\")");
-                        crate::metrics::get().skipped_overlaps.inc();
-                        self.report(&tick, not_run(&tick, Outcome::Skipped));
+                    for tick in &ticks {
+                        self.skip(tick, Skip::Overlapped);
                     }
                     return;
                 }
@@ -162,14 +172,15 @@ impl Runs {
             };
             if let Some(met) = met {
                 let previous_took = runs.last_took(&job.name);
-                if previous_took.is_some_and(|took| took >= first_at - met) {
-                    for tick in ticks {
-                        if runs.settle(&tick) {
-                            let previous_took_ms = previous_took.map(|took| took.num_milliseconds());
-                            tracing::info!(job = %job.name, tick = %tick.scheduled_at_text(), previous_tick = %met, previous_took_ms, "skipped: the previous run of this job was still going at this tick and ran longer than the time between the two ticks (overlap = \"skip\")");
-                            crate::metrics::get().skipped_overlaps.inc();
-                            runs.report(&tick, not_run(&tick, Outcome::Skipped));
-                        }
+                if let Some(took) = previous_took.filter(|took| *took >= first_at - met) {
+                    for tick in &ticks {
+                        runs.skip(
+                            tick,
+                            Skip::BehindLongerRun {
+                                previous_tick: met,
+                                took,
+                            },
+                        );
                     }
                     runs.release_turn(&job.name);
                     return;
@@ -195,12 +206,16 @@ impl Runs {
                     }
                     continue;
                 }
-                if waited && outrun(&tick.job, tick.scheduled_at, tick.caught_up, runs.last_took(&job.name), clock::now()) {
-                    if runs.settle(&tick) {
-                        tracing::info!(job = %job.name, tick = %tick.scheduled_at_text(), "skipped: it waited behind a backlog of this job's runs until its next tick was due (overlap = \"skip\")");
-                        crate::metrics::get().skipped_overlaps.inc();
-                        runs.report(&tick, not_run(&tick, Outcome::Skipped));
-                    }
+                if waited
+                    && outrun(
+                        &tick.job,
+                        tick.scheduled_at,
+                        tick.caught_up,
+                        runs.last_took(&job.name),
+                        clock::now(),
+                    )
+                {
+                    runs.skip(&tick, Skip::Outrun);
                     continue;
                 }
                 // A requested run needs no ticket: no record lists it as owed. Its first attempt
@@ -238,6 +253,27 @@ impl Runs {
             runs.mark_running(&job.name, None);
             runs.release_turn(&job.name);
         });
+    }
+
+    /// Records `tick` skipped under `overlap = "skip"`, if it may be settled without a run.
+    fn skip(&self, tick: &Tick, why: Skip) {
+        if !self.settle(tick) {
+            return;
+        }
+        let (job, at) = (&tick.job.name, tick.scheduled_at_text());
+        match why {
+            Skip::Overlapped => {
+                tracing::info!(%job, tick = %at, "skipped: the previous run of this job on this node was still going at this tick (overlap = \"skip\")")
+            }
+            Skip::BehindLongerRun { previous_tick, took } => {
+                tracing::info!(%job, tick = %at, %previous_tick, previous_took_ms = took.num_milliseconds(), "skipped: the previous run of this job was still going at this tick and ran longer than the time between the two ticks (overlap = \"skip\")")
+            }
+            Skip::Outrun => {
+                tracing::info!(%job, tick = %at, "skipped: it waited behind a backlog of this job's runs until its next tick was due (overlap = \"skip\")")
+            }
+        }
+        crate::metrics::get().skipped_overlaps.inc();
+        self.report(tick, not_run(tick, Outcome::Skipped));
     }
 
     /// A sequence of the job's ticks is over: the job's entry goes once none is left.

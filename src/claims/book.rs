@@ -30,6 +30,13 @@ impl Entry {
         self.record.as_ref()
     }
 
+    /// The record's tick is the job's last claimed one, from which its next-run gauge counts.
+    fn publish_claimed(&self) {
+        if let Some(tick) = self.last() {
+            crate::job_gauges::get().claimed(&self.job.name, tick);
+        }
+    }
+
     /// The revision of the job's record as this leader knows it.
     pub(crate) fn revision(&self) -> i64 {
         self.revision
@@ -51,6 +58,9 @@ impl std::fmt::Debug for Book {
 
 impl Book {
     pub(super) fn new(entries: Vec<Entry>) -> Book {
+        for entry in &entries {
+            entry.publish_claimed();
+        }
         let by_name = entries
             .iter()
             .enumerate()
@@ -76,15 +86,12 @@ impl Book {
         self.holds(index, seen.mod_revision, seen.claim.clone());
     }
 
-    /// etcd holds `record` at `revision` for the job at `index`. Its tick is the job's last
-    /// claimed one, from which the job's next-run gauge counts.
+    /// etcd holds `record` at `revision` for the job at `index`.
     pub(super) fn holds(&mut self, index: usize, revision: i64, record: Option<Claim>) {
         let entry = &mut self.entries[index];
-        if let Some(claim) = &record {
-            crate::job_gauges::get().claimed(&entry.job.name, claim.scheduled_at);
-        }
         entry.revision = revision;
         entry.record = record;
+        entry.publish_claimed();
     }
 }
 

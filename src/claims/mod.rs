@@ -99,10 +99,6 @@ impl Claimer<'_> {
                 },
                 None => {
                     let read = seen.next().unwrap_or_default();
-                    if let Some(claim) = &read.claim {
-                        // A new leader's next-run gauge counts from the last claim it found.
-                        crate::job_gauges::get().claimed(&job.name, claim.scheduled_at);
-                    }
                     Entry {
                         job: Arc::clone(job),
                         revision: read.mod_revision,
