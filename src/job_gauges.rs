@@ -20,7 +20,6 @@ use crate::config::Job;
 use crate::etcd::{self, CoordError};
 use crate::keys::Keys;
 use crate::ledger::MAX_OPS_PER_TXN;
-use crate::metrics::JobLabel;
 use crate::record::RunRecord;
 
 #[derive(Debug, Default)]
@@ -29,6 +28,8 @@ pub(crate) struct JobGauges {
     led: Mutex<HashMap<u32, Vec<Arc<Job>>>>,
     last_claimed: Mutex<HashMap<String, DateTime<Utc>>>,
     last_success: Mutex<HashMap<String, DateTime<Utc>>>,
+    /// Only scrapes take this one.
+    next_runs: Mutex<NextRuns>,
 }
 
 pub(crate) fn get() -> &'static JobGauges {
@@ -73,8 +74,9 @@ impl JobGauges {
         keep_newest(&self.last_success, job, finished_at);
     }
 
-    /// Writes the three gauges of every job of the shards led now, at `now`.
-    fn encode(&self, mut encoder: DescriptorEncoder, now: DateTime<Utc>) -> Result<(), std::fmt::Error> {
+    /// What a scrape needs of every job of the shards led now, read under the locks in one
+    /// pass so that claims (which record their ticks here) wait for a copy, not for a render.
+    fn snapshot(&self) -> Vec<Seen> {
         let led = self.led.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let claimed = self
             .last_claimed
@@ -84,38 +86,108 @@ impl JobGauges {
             .last_success
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let jobs = || led.values().flatten();
+        led.values()
+            .flatten()
+            .map(|job| Seen {
+                job: Arc::clone(job),
+                claimed: claimed.get(&job.name).copied(),
+                succeeded: succeeded.get(&job.name).copied(),
+            })
+            .collect()
+    }
+
+    /// Writes the three gauges of every job of the shards led now, at `now`.
+    fn encode(&self, mut encoder: DescriptorEncoder, now: DateTime<Utc>) -> Result<(), std::fmt::Error> {
+        let jobs = self.snapshot();
         let seconds = |at: DateTime<Utc>| at.timestamp_millis() as f64 / 1000.0;
-        let mut next_runs = Vec::new();
-        for job in jobs() {
-            let after = claimed.get(&job.name).copied().unwrap_or(now);
-            let next = job.schedule.next_after(after);
-            let interval = next.and_then(|next| Some(job.schedule.next_after(next)? - next));
-            next_runs.push((job.name.as_str(), next, interval));
-        }
+        let next_runs = self
+            .next_runs
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .refresh(&jobs, now);
         encode_gauge(
             &mut encoder,
             "job_last_success_timestamp_seconds",
             "When the job's newest successful run finished (Unix time), exported by its shard's leader",
-            jobs().filter_map(|job| Some((job.name.as_str(), seconds(*succeeded.get(&job.name)?)))),
+            jobs.iter()
+                .filter_map(|seen| Some((seen.job.name.as_str(), seconds(seen.succeeded?)))),
         )?;
         encode_gauge(
             &mut encoder,
             "job_next_run_timestamp_seconds",
             "The job's next tick not claimed yet (Unix time); in the past while its leader is behind",
-            next_runs
-                .iter()
-                .filter_map(|(job, next, _)| Some((*job, seconds((*next)?)))),
+            jobs.iter()
+                .zip(&next_runs)
+                .filter_map(|(seen, next)| Some((seen.job.name.as_str(), seconds(next.next?)))),
         )?;
         encode_gauge(
             &mut encoder,
             "job_interval_seconds",
             "Seconds between the job's next two ticks",
-            next_runs
-                .iter()
-                .filter_map(|(job, _, interval)| Some((*job, interval.as_ref()?.num_milliseconds() as f64 / 1000.0))),
+            jobs.iter().zip(&next_runs).filter_map(|(seen, next)| {
+                Some((
+                    seen.job.name.as_str(),
+                    next.interval?.num_milliseconds() as f64 / 1000.0,
+                ))
+            }),
         )?;
         Ok(())
+    }
+}
+
+/// One led job as a scrape saw it.
+struct Seen {
+    job: Arc<Job>,
+    claimed: Option<DateTime<Utc>>,
+    succeeded: Option<DateTime<Utc>>,
+}
+
+/// A job's next tick after `after`, and the time from it to the one after.
+#[derive(Debug, Clone, Copy)]
+struct NextRun {
+    after: DateTime<Utc>,
+    next: Option<DateTime<Utc>>,
+    interval: Option<chrono::Duration>,
+}
+
+impl NextRun {
+    fn of(job: &Job, after: DateTime<Utc>) -> NextRun {
+        let next = job.schedule.next_after(after);
+        let interval = next.and_then(|next| Some(job.schedule.next_after(next)? - next));
+        NextRun { after, next, interval }
+    }
+
+    /// The next tick after any instant from `self.after` up to the tick itself is the same tick.
+    fn holds_for(&self, after: DateTime<Utc>) -> bool {
+        self.after <= after && self.next.is_some_and(|next| after < next)
+    }
+}
+
+/// The next runs of the last scrape, by job: by the address of its config entry, which a reload
+/// that changes the job replaces and which the map keeps alive, so no other job can take it.
+/// Each scrape computes the schedule only of the jobs claimed since the last, not of all.
+#[derive(Debug, Default)]
+struct NextRuns(HashMap<usize, (Arc<Job>, NextRun)>);
+
+impl NextRuns {
+    /// The next run of each of `jobs` (in order) at `now`; forgets jobs no longer led.
+    fn refresh(&mut self, jobs: &[Seen], now: DateTime<Utc>) -> Vec<NextRun> {
+        let mut kept = HashMap::with_capacity(jobs.len());
+        let runs = jobs
+            .iter()
+            .map(|seen| {
+                let key = Arc::as_ptr(&seen.job) as usize;
+                let after = seen.claimed.unwrap_or(now);
+                let run = match self.0.remove(&key) {
+                    Some((_, run)) if run.holds_for(after) => run,
+                    _ => NextRun::of(&seen.job, after),
+                };
+                kept.insert(key, (Arc::clone(&seen.job), run));
+                run
+            })
+            .collect();
+        self.0 = kept;
+        runs
     }
 }
 
@@ -128,7 +200,7 @@ fn encode_gauge<'j>(
 ) -> Result<(), std::fmt::Error> {
     let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
     for (job, value) in values {
-        ConstGauge::new(value).encode(family.encode_family(&JobLabel::new(job))?)?;
+        ConstGauge::new(value).encode(family.encode_family(&[("job", job)].as_slice())?)?;
     }
     Ok(())
 }
