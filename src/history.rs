@@ -110,6 +110,11 @@ impl HistoryQueue {
         lock(&self.entries).extend(entries);
     }
 
+    /// How many runs wait to be written.
+    pub fn waiting(&self) -> usize {
+        lock(&self.entries).len()
+    }
+
     pub fn oldest(&self) -> Option<Instant> {
         lock(&self.entries).iter().map(|entry| entry.since).min()
     }

@@ -54,6 +54,9 @@ pub(crate) struct Metrics {
     pub etcd_errors: Counter,
     pub triggered_runs: Family<JobLabel, Counter>,
     pub runs_in_flight: Gauge,
+    /// Finished runs whose result, or whose history entry, is not in etcd yet.
+    pub results_unwritten: Gauge,
+    pub history_unwritten: Gauge,
     /// As this node's fleet view sees the elections.
     pub shards_without_leader: Gauge,
     pub config_drift_nodes: Gauge,
@@ -82,6 +85,8 @@ impl Metrics {
             etcd_errors: Counter::default(),
             triggered_runs: Family::default(),
             runs_in_flight: Gauge::default(),
+            results_unwritten: Gauge::default(),
+            history_unwritten: Gauge::default(),
             shards_without_leader: Gauge::default(),
             config_drift_nodes: Gauge::default(),
             pauses_in_force: Gauge::default(),
@@ -145,6 +150,16 @@ impl Metrics {
             "runs_in_flight",
             "Commands running on this node now",
             metrics.runs_in_flight.clone(),
+        );
+        registry.register(
+            "results_unwritten",
+            "Jobs whose newest result waits to be written to etcd (by a claim, or on its own)",
+            metrics.results_unwritten.clone(),
+        );
+        registry.register(
+            "history_unwritten",
+            "Finished runs waiting to be added to their jobs' history in etcd",
+            metrics.history_unwritten.clone(),
         );
         registry.register(
             "shards_without_leader",

@@ -204,6 +204,9 @@ pub async fn write_leftovers(
     closed: CancellationToken,
 ) {
     loop {
+        let metrics = crate::metrics::get();
+        metrics.results_unwritten.set(queue.lock().len() as i64);
+        metrics.history_unwritten.set(queue.history.waiting() as i64);
         let answers = queue.take_answers();
         for (request, record) in answers {
             if let Err(err) = triggers::answer(&client, &keys, &request, &record).await {
