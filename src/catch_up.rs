@@ -19,15 +19,8 @@ pub struct Missed {
 /// Ticks of `job` after `last_claimed` up to `now` that nobody ran, filtered by `catch_up` and
 /// `starting_deadline`. A job with no claim yet has missed nothing: it starts from now.
 pub fn missed_ticks(job: &Job, last_claimed: Option<DateTime<Utc>>, now: DateTime<Utc>) -> Missed {
-    let Some(last) = last_claimed else {
+    let Some(floor) = floor(job, last_claimed, now) else {
         return Missed::default();
-    };
-    let floor = match job
-        .starting_deadline
-        .and_then(|deadline| chrono::Duration::from_std(deadline).ok())
-    {
-        Some(deadline) => last.max(now - deadline),
-        None => last,
     };
     let limit = match job.catch_up {
         CatchUp::None => return Missed::default(),
@@ -39,6 +32,30 @@ pub fn missed_ticks(job: &Job, last_claimed: Option<DateTime<Utc>>, now: DateTim
         ticks,
         truncated: more && job.catch_up == CatchUp::All,
     }
+}
+
+/// Whether [`missed_ticks`] has any tick for `job`, in one schedule step instead of up to
+/// [`MAX_CATCH_UP`] of them.
+pub fn misses_any(job: &Job, last_claimed: Option<DateTime<Utc>>, now: DateTime<Utc>) -> bool {
+    job.catch_up != CatchUp::None
+        && floor(job, last_claimed, now)
+            .and_then(|floor| job.schedule.next_after(floor))
+            .is_some_and(|tick| tick <= now)
+}
+
+/// The instant after which a tick counts as missed: the last claimed tick, or the oldest a
+/// `starting_deadline` still runs. None for a job with no claim yet.
+fn floor(job: &Job, last_claimed: Option<DateTime<Utc>>, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
+    let last = last_claimed?;
+    Some(
+        match job
+            .starting_deadline
+            .and_then(|deadline| chrono::Duration::from_std(deadline).ok())
+        {
+            Some(deadline) => last.max(now - deadline),
+            None => last,
+        },
+    )
 }
 
 #[cfg(test)]
@@ -81,6 +98,13 @@ mod tests {
                 missed_ticks(&job, last, now).ticks,
                 expected,
                 "{:?} {:?} from {last:?}",
+                job.catch_up,
+                job.starting_deadline
+            );
+            assert_eq!(
+                misses_any(&job, last, now),
+                !expected.is_empty(),
+                "misses_any, {:?} {:?} from {last:?}",
                 job.catch_up,
                 job.starting_deadline
             );

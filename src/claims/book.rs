@@ -17,6 +17,10 @@ pub(crate) struct Entry {
     pub(super) revision: i64,
     /// The record as etcd holds it, as far as this leader knows.
     pub(super) record: Option<Claim>,
+    /// Whether this leadership has read the record yet: a new leader reads its jobs' records a
+    /// transaction's worth at a time as it settles them, so its first claim waits for one read,
+    /// not for all of them.
+    pub(super) read: bool,
 }
 
 impl Entry {
@@ -78,6 +82,14 @@ impl Book {
         self.by_name.get(name).copied()
     }
 
+    /// Those of `indices` whose records this leadership has not read yet.
+    pub(super) fn unread(&self, indices: impl IntoIterator<Item = usize>) -> Vec<usize> {
+        let mut unread: Vec<usize> = indices.into_iter().filter(|index| !self.entries[*index].read).collect();
+        unread.sort_unstable();
+        unread.dedup();
+        unread
+    }
+
     pub(crate) fn job(&self, index: usize) -> &Arc<Job> {
         &self.entries[index].job
     }
@@ -91,6 +103,7 @@ impl Book {
         let entry = &mut self.entries[index];
         entry.revision = revision;
         entry.record = record;
+        entry.read = true;
         entry.publish_claimed();
     }
 }

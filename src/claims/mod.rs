@@ -73,23 +73,14 @@ pub(crate) struct Claimer<'a> {
 const RETRY_PAUSE: Duration = Duration::from_millis(200);
 
 impl Claimer<'_> {
-    /// The book of `jobs`: what `known` (the previous term of this leadership) knew, and etcd's
-    /// records for the jobs it did not know.
-    pub(crate) async fn open_book(&self, jobs: Vec<Arc<Job>>, known: Book) -> Result<Book, Halt> {
+    /// The book of `jobs`: what `known` (the previous term of this leadership) knew; the
+    /// records of the jobs it did not know are read when they are first needed ([`Self::read`]).
+    pub(crate) fn open_book(jobs: Vec<Arc<Job>>, known: Book) -> Book {
         let mut known: HashMap<String, Entry> = known
             .entries
             .into_iter()
             .map(|entry| (entry.job.name.clone(), entry))
             .collect();
-        let unknown: Vec<&str> = jobs
-            .iter()
-            .map(|job| job.name.as_str())
-            .filter(|name| !known.contains_key(*name))
-            .collect();
-        let seen = self
-            .retry(|| ledger::read_claims(self.session, self.keys, &unknown))
-            .await?;
-        let mut seen = seen.into_iter();
         let entries = jobs
             .iter()
             .map(|job| match known.remove(&job.name) {
@@ -97,17 +88,34 @@ impl Claimer<'_> {
                     job: Arc::clone(job),
                     ..entry
                 },
-                None => {
-                    let read = seen.next().unwrap_or_default();
-                    Entry {
-                        job: Arc::clone(job),
-                        revision: read.mod_revision,
-                        record: read.claim,
-                    }
-                }
+                None => Entry {
+                    job: Arc::clone(job),
+                    revision: 0,
+                    record: None,
+                    read: false,
+                },
             })
             .collect();
-        Ok(Book::new(entries))
+        Book::new(entries)
+    }
+
+    /// Reads the records of those of `indices` this leadership has not read yet.
+    pub(crate) async fn read(&self, book: &mut Book, indices: impl IntoIterator<Item = usize>) -> Result<(), Halt> {
+        let unread = book.unread(indices);
+        if unread.is_empty() {
+            return Ok(());
+        }
+        let names: Vec<&str> = unread
+            .iter()
+            .map(|index| book.entries[*index].job.name.as_str())
+            .collect();
+        let seen = self
+            .retry(|| ledger::read_claims(self.session, self.keys, &names))
+            .await?;
+        for (index, seen) in unread.into_iter().zip(seen) {
+            book.learn(index, &seen);
+        }
+        Ok(())
     }
 
     /// Writes each of `wants`, in transactions of at most [`MAX_OPS_PER_TXN`] records, with the
@@ -133,6 +141,9 @@ impl Claimer<'_> {
     /// One guarded transaction for at most [`MAX_OPS_PER_TXN`] records, repeated after a
     /// rejection or an unknown outcome until every want is settled.
     async fn claim_chunk(&self, book: &mut Book, mut wants: Vec<Want>) -> Result<Vec<Won>, Halt> {
+        // A claim is guarded by the revision it read: a job asked for (a manual run) before the
+        // takeover reached it is read first.
+        self.read(book, wants.iter().map(|want| want.index)).await?;
         for want in &mut wants {
             want.keep_after(book.entries[want.index].last());
         }

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use tokio::sync::watch;
+use tokio_util::task::AbortOnDropHandle;
 
 mod takeover;
 
@@ -151,9 +152,7 @@ pub(crate) async fn run_shard(
             shards_led.inc();
             let gauges = crate::job_gauges::get();
             gauges.leading(shard, shard_jobs.clone());
-            let successes = tokio::spawn(read_successes(session.client(), node.keys.clone(), shard_jobs.clone()));
             let end = term.lead(shard_jobs, book, jobs.clone()).await;
-            successes.abort();
             gauges.not_leading(shard);
             shards_led.dec();
             tracing::info!(shard, fence = term.leadership.fence, reason = ?end, "term ended");
@@ -202,10 +201,7 @@ impl Term {
             return TermEnd::HandedOff;
         }
         let claimer = self.claimer();
-        let mut book = match claimer.open_book(jobs, known).await {
-            Ok(book) => book,
-            Err(halt) => return halt.into(),
-        };
+        let mut book = Claimer::open_book(jobs, known);
         let end = self.fire(&claimer, &mut book, fleet, reloads).await;
         if matches!(end, TermEnd::HandedOff | TermEnd::Stopped) {
             // Nothing this leadership owes starts from here on; the starts it made are written
@@ -253,6 +249,12 @@ impl Term {
             Ok(settled) => self.queue(book, &settled, now),
             Err(halt) => return halt.into(),
         };
+        // After the takeover's claims, which it would only delay.
+        let _successes = AbortOnDropHandle::new(tokio::spawn(read_successes(
+            self.session.client(),
+            self.node.keys.clone(),
+            book.entries().iter().map(|entry| Arc::clone(&entry.job)).collect(),
+        )));
         let mut requests = self.node.triggers.subscribe();
         // When the last instant fired, and its tick.
         let mut last_fired: Option<(DateTime<Utc>, DateTime<Utc>)> = None;

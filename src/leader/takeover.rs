@@ -7,7 +7,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 
 use super::{Late, Term};
-use crate::catch_up::{missed_ticks, Missed, MAX_CATCH_UP};
+use crate::catch_up::{missed_ticks, misses_any, Missed, MAX_CATCH_UP};
 use crate::claims::{Book, Claimer, Halt, Want};
 use crate::clock;
 use crate::config::{Delivery, Job};
@@ -38,6 +38,21 @@ impl Term {
         let mut waiting = VecDeque::new();
         while !behind.is_empty() {
             let chunk: Vec<usize> = behind.drain(..behind.len().min(MAX_OPS_PER_TXN)).collect();
+            claimer.read(book, chunk.iter().copied()).await?;
+            if !self.node.runs.has_late_room() {
+                // Working out ticks there is no room to claim would only keep the workers from
+                // the claims that have room: the jobs that owe nothing fire from now on, the
+                // others wait.
+                for index in chunk {
+                    if self.may_owe(book, index, now) {
+                        waiting.push_back(index);
+                    } else {
+                        settled.push(index);
+                    }
+                }
+                tokio::task::yield_now().await;
+                continue;
+            }
             let (wants, lost) = self.wants(book, &chunk, now);
             let late: usize = wants.iter().map(|want| want.fresh.len() + want.adopt.len()).sum();
             let room = if wants.is_empty() {
@@ -49,6 +64,7 @@ impl Term {
                 let owing: Vec<usize> = wants.iter().map(|want| want.index).collect();
                 settled.extend(chunk.iter().filter(|index| !owing.contains(index)));
                 waiting.extend(owing);
+                tokio::task::yield_now().await;
                 continue;
             }
             if !wants.is_empty() {
@@ -63,6 +79,16 @@ impl Term {
         }
         *behind = waiting;
         Ok(settled)
+    }
+
+    /// Whether [`Self::wants`] may ask anything for the job at `index`, found without working
+    /// out its ticks; true when in doubt.
+    fn may_owe(&self, book: &Book, index: usize, now: DateTime<Utc>) -> bool {
+        let entry = &book.entries()[index];
+        let left_by_another = entry.record().is_some_and(|claim| {
+            !claim.pending.is_empty() && (claim.fence != self.leadership.fence || claim.node != self.node.node_id)
+        });
+        left_by_another || misses_any(&entry.job, entry.last(), now)
     }
 
     /// What to claim for `jobs`: missed ticks as each job's `catch_up` says, and the pending

@@ -10,7 +10,7 @@ use proptest::prelude::*;
 use proptest::sample::{select, Index};
 
 use super::*;
-use crate::catch_up::{missed_ticks, MAX_CATCH_UP};
+use crate::catch_up::{missed_ticks, misses_any, MAX_CATCH_UP};
 use crate::config::{CatchUp, Job};
 
 /// Zones with whole-hour, half-hour (Lord Howe), midnight (Santiago) and :45 (Chatham)
@@ -790,6 +790,7 @@ proptest! {
         let start = forwards.len().saturating_sub(MAX_CATCH_UP);
         prop_assert_eq!(&missed.ticks, &forwards[start..].to_vec());
         prop_assert_eq!(missed.truncated, forwards.len() > MAX_CATCH_UP);
+        prop_assert_eq!(misses_any(&job, Some(from), to), !forwards.is_empty(), "the one-step check agrees");
         prop_assert_eq!(missed_ticks(&job, None, to).ticks, Vec::<DateTime<Utc>>::new());
     }
 }
