@@ -28,6 +28,7 @@
 //!   knows of its jobs and the pure rules for the record it writes; `claims::lead` how far ahead
 //!   of a tick it claims.
 //! - `fleet`: members, the fleet view, handoff decisions and their background tasks.
+//! - `joining`: the order a node enters the elections in: its target shards first.
 //!
 //! Running jobs:
 //! - `runner`: one tick's command in its own process group, with retries.
@@ -63,6 +64,7 @@ mod gate;
 pub mod history;
 pub mod http;
 mod job_gauges;
+mod joining;
 pub mod keys;
 mod leader;
 mod ledger;

@@ -20,6 +20,7 @@ use crate::context::{Loaded, NodeContext};
 use crate::election;
 use crate::etcd::CoordError;
 use crate::fleet;
+use crate::joining;
 use crate::keys::Keys;
 use crate::leader;
 use crate::mirror;
@@ -210,9 +211,10 @@ pub async fn run(
                 continue;
             }
         };
-        let every_shard: Vec<u32> = (0..cluster.shards).collect();
+        let mut tasks = JoinSet::new();
+        let view = fleet::spawn_tasks(&mut tasks, &node, &session, member);
         let entered = tokio::select! {
-            entered = election::enter_all(&session, &node.keys, cluster.shards, &every_shard, &node.node_id) => entered,
+            entered = joining::enter_elections(&session, &node.keys, cluster.shards, &node.node_id, view.clone()) => entered,
             _ = session.ended().cancelled() => Err(CoordError::Protocol("the session ended".into())),
         };
         let candidacies = match entered {
@@ -227,8 +229,6 @@ pub async fn run(
             }
         };
         readiness.set(Stage::Ready);
-        let mut tasks = JoinSet::new();
-        let view = fleet::spawn_tasks(&mut tasks, &node, &session, member);
         tasks.spawn(mirror::keep(
             session.clone(),
             node.keys.clone(),
