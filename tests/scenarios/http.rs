@@ -291,6 +291,14 @@ fn the_last_success_gauge_survives_a_failover() {
         .is_some()
     });
     let last_success = gauge(first_port, "shardcron_job_last_success_timestamp_seconds").expect("last success");
+    // A result reaches etcd with a claim, up to 1.5 s after its run: a SIGKILL before then loses
+    // it, and the next leader rightly continues from the success before. Kill once it is there.
+    wait_for(Duration::from_secs(10), "the last success is in etcd", || {
+        world
+            .etcd_value("/shardcron/test/jobs/flaky/success")
+            .and_then(|value| serde_json::from_slice::<shardcron::record::RunRecord>(&value).ok())
+            .is_some_and(|record| record.finished_at.timestamp_millis() as f64 / 1000.0 == last_success)
+    });
     let index = world
         .nodes
         .iter()

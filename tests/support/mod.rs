@@ -165,6 +165,18 @@ impl World {
         });
     }
 
+    /// The value etcd holds at `key`, if any.
+    pub fn etcd_value(&self, key: &str) -> Option<Vec<u8>> {
+        let runtime = tokio::runtime::Runtime::new().expect("runtime");
+        runtime.block_on(async {
+            let mut client = etcd_client::Client::connect([self.etcd.client_url()], None)
+                .await
+                .ok()?;
+            let read = client.get(key, None).await.ok()?;
+            read.kvs().first().map(|kv| kv.value().to_vec())
+        })
+    }
+
     /// Starts nodes `a` and `b` on a one-shard `config` and returns their roles once the shard's
     /// target leads and runs ticks and the other node stands by.
     pub fn leader_and_standby(&mut self, config: &Path) -> Roles {
