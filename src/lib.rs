@@ -48,6 +48,7 @@
 //! - [`http`]: the HTTP listener: probes, metrics, the JSON API and the dashboard.
 //! - [`etcd_server`]: a throwaway local etcd for `dev` (and, with `test-support`, for tests).
 //! - [`cli`]: the command line.
+//! - [`memory`]: keeping the resident size near the live heap (malloc arenas, periodic trim).
 pub mod assignment;
 pub mod backoff;
 mod catch_up;
@@ -68,6 +69,7 @@ mod joining;
 pub mod keys;
 mod leader;
 mod ledger;
+pub mod memory;
 pub mod metrics;
 mod mirror;
 pub mod node;

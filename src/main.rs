@@ -13,6 +13,7 @@ use shardcron::{etcd, status};
 use tokio_util::sync::CancellationToken;
 
 fn main() -> ExitCode {
+    shardcron::memory::limit_arenas();
     let cli = Cli::parse();
     let result = match &cli.command {
         Command::Check(args) => cli::check(args),
@@ -124,6 +125,7 @@ async fn run(config: Config, args: NodeArgs, dev_endpoints: Option<Vec<String>>)
     let exposure = Exposure::default();
     tokio::spawn(forward_signals(shutdown.clone(), hurry.clone()));
     tokio::spawn(shardcron::notify::follow(readiness.clone()));
+    tokio::spawn(shardcron::memory::trim_until(shutdown.clone()));
     tracing::info!(endpoints = ?endpoints, config = %config.path.display(), digest = %config.digest, "connecting to etcd");
     // Served from the start, so an operator sees etcd errors while the node waits for etcd, and
     // until the node has ended, so `/readyz` says it is stopping while it drains.
@@ -447,10 +449,6 @@ fn load_for_node(path: &std::path::Path) -> Result<Config> {
         .map_err(|_| anyhow::anyhow!("the config parser panicked"))??;
     let config = parsed.clone();
     drop(parsed);
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only returns free heap pages to the OS; it touches no live allocation.
-    unsafe {
-        libc::malloc_trim(0);
-    }
+    shardcron::memory::trim();
     Ok(config)
 }
