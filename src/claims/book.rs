@@ -61,7 +61,30 @@ impl std::fmt::Debug for Book {
 }
 
 impl Book {
-    pub(super) fn new(entries: Vec<Entry>) -> Book {
+    /// The book of `jobs`: what `known` (the previous term of this leadership) knew; the
+    /// records of the jobs it did not know are read when they are first needed
+    /// ([`Claimer::read`](super::Claimer::read)).
+    pub(crate) fn open(jobs: Vec<Arc<Job>>, known: Book) -> Book {
+        let mut known: HashMap<String, Entry> = known
+            .entries
+            .into_iter()
+            .map(|entry| (entry.job.name.clone(), entry))
+            .collect();
+        let entries: Vec<Entry> = jobs
+            .iter()
+            .map(|job| match known.remove(&job.name) {
+                Some(entry) => Entry {
+                    job: Arc::clone(job),
+                    ..entry
+                },
+                None => Entry {
+                    job: Arc::clone(job),
+                    revision: 0,
+                    record: None,
+                    read: false,
+                },
+            })
+            .collect();
         for entry in &entries {
             entry.publish_claimed();
         }

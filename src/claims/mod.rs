@@ -14,18 +14,15 @@
 mod book;
 mod lead;
 
-use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use book::{next_record, resolve, Entry, Resolution, Writer};
+use book::{next_record, resolve, Resolution, Writer};
 pub(crate) use book::{Book, Want, Won};
 pub(crate) use lead::ClaimLead;
 
 use crate::backoff::{sleep_or_cancel, Backoff};
-use crate::config::Job;
 use crate::election::{self, Leadership};
 use crate::etcd::CoordError;
 use crate::history;
@@ -73,32 +70,6 @@ pub(crate) struct Claimer<'a> {
 const RETRY_PAUSE: Duration = Duration::from_millis(200);
 
 impl Claimer<'_> {
-    /// The book of `jobs`: what `known` (the previous term of this leadership) knew; the
-    /// records of the jobs it did not know are read when they are first needed ([`Self::read`]).
-    pub(crate) fn open_book(jobs: Vec<Arc<Job>>, known: Book) -> Book {
-        let mut known: HashMap<String, Entry> = known
-            .entries
-            .into_iter()
-            .map(|entry| (entry.job.name.clone(), entry))
-            .collect();
-        let entries = jobs
-            .iter()
-            .map(|job| match known.remove(&job.name) {
-                Some(entry) => Entry {
-                    job: Arc::clone(job),
-                    ..entry
-                },
-                None => Entry {
-                    job: Arc::clone(job),
-                    revision: 0,
-                    record: None,
-                    read: false,
-                },
-            })
-            .collect();
-        Book::new(entries)
-    }
-
     /// Reads the records of those of `indices` this leadership has not read yet.
     pub(crate) async fn read(&self, book: &mut Book, indices: impl IntoIterator<Item = usize>) -> Result<(), Halt> {
         let unread = book.unread(indices);

@@ -201,7 +201,7 @@ impl Term {
             return TermEnd::HandedOff;
         }
         let claimer = self.claimer();
-        let mut book = Claimer::open_book(jobs, known);
+        let mut book = Book::open(jobs, known);
         let end = self.fire(&claimer, &mut book, fleet, reloads).await;
         if matches!(end, TermEnd::HandedOff | TermEnd::Stopped) {
             // Nothing this leadership owes starts from here on; the starts it made are written

@@ -85,10 +85,18 @@ impl Term {
     /// out its ticks; true when in doubt.
     fn may_owe(&self, book: &Book, index: usize, now: DateTime<Utc>) -> bool {
         let entry = &book.entries()[index];
-        let left_by_another = entry.record().is_some_and(|claim| {
-            !claim.pending.is_empty() && (claim.fence != self.leadership.fence || claim.node != self.node.node_id)
-        });
-        left_by_another || misses_any(&entry.job, entry.last(), now)
+        self.left_pending(entry.record()).is_some() || misses_any(&entry.job, entry.last(), now)
+    }
+
+    /// `record`, if it lists pending ticks of an earlier leader of this election, which is
+    /// deposed since this one leads. Those of another election's leader stay listed for its
+    /// successor.
+    fn left_pending<'r>(&self, record: Option<&'r Claim>) -> Option<&'r Claim> {
+        record.filter(|claim| {
+            !claim.pending.is_empty()
+                && claim.shards.is_none_or(|shards| shards == self.leadership.shards)
+                && (claim.fence != self.leadership.fence || claim.node != self.node.node_id)
+        })
     }
 
     /// What to claim for `jobs`: missed ticks as each job's `catch_up` says, and the pending
@@ -113,13 +121,7 @@ impl Term {
             if missed.truncated {
                 tracing::warn!(job = %entry.job.name, kept = MAX_CATCH_UP, "more ticks were missed than one takeover catches up: running only the newest");
             }
-            // Pending ticks of an earlier leader of this election, which is deposed since this one
-            // leads. Those of another election's leader stay listed for its successor.
-            let left = entry.record().filter(|claim| {
-                !claim.pending.is_empty()
-                    && claim.shards.is_none_or(|shards| shards == self.leadership.shards)
-                    && (claim.fence != self.leadership.fence || claim.node != self.node.node_id)
-            });
+            let left = self.left_pending(entry.record());
             let (adopt, dropped) = match left {
                 Some(claim) => {
                     let (started, unstarted) = self.started_here(&entry.job.name, &claim.pending);
