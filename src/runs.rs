@@ -59,7 +59,7 @@ impl Drop for LateReservation {
 /// Why an `overlap = "skip"` tick is not run.
 #[derive(Clone, Copy)]
 enum Skip {
-    /// The run going had already run half the time between its tick and this one.
+    /// The run going had already run the time between its tick and this one.
     Overlapped,
     /// This tick waited for a run that started late, which then took at least the time between
     /// its tick and this one.
@@ -72,7 +72,7 @@ enum Skip {
 }
 
 /// A run that is going: when it started, by the wall clock, and the tick it runs.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq)]
 struct Running {
     since: DateTime<Utc>,
     tick: DateTime<Utc>,
@@ -116,16 +116,16 @@ impl Runs {
 
     /// Runs `ticks` of one job one after another (a catch-up runs missed ticks in order).
     ///
-    /// With `overlap = "skip"` the ticks are skipped when [`overlaps`] says the running run
-    /// overlaps the first of them; otherwise they wait their turn. With `"replace"` the running
-    /// sequence is stopped and the new ticks run once it has exited.
+    /// With `overlap = "skip"` the ticks are skipped when the running run overlaps the first of
+    /// them ([`overlaps`]), at once or after waiting for it; otherwise they wait their turn. With
+    /// `"replace"` the running sequence is stopped and the new ticks run once it has exited.
     pub fn start(&self, ticks: Vec<Tick>) {
         let ticks: Vec<Tick> = ticks.into_iter().filter(|tick| !self.paused(tick)).collect();
         let Some(first) = ticks.first() else { return };
         let job = Arc::clone(&first.job);
         let first_at = first.scheduled_at;
-        // The tick of the run going when this one came, if it may overlap it: decided once that
-        // run has ended and its length is known.
+        // The run going when this one came, if it may overlap it: decided once that run has
+        // ended or has run the time between the two ticks.
         let mut met = None;
         let turn = {
             let mut jobs = self.jobs.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -140,10 +140,7 @@ impl Runs {
                     return;
                 }
                 Overlap::Skip if ticks.iter().all(|tick| !tick.caught_up) => {
-                    met = runs
-                        .running
-                        .filter(|running| may_overlap(*running, first_at))
-                        .map(|running| running.tick);
+                    met = runs.running.filter(|running| may_overlap(*running, first_at));
                 }
                 Overlap::Replace if runs.pending > 0 => {
                     tracing::info!(job = %job.name, tick = %first.scheduled_at_text(), "replacing the job's running run with this tick (overlap = \"replace\")");
@@ -164,13 +161,34 @@ impl Runs {
                 Some((turn, ticket)) => {
                     let (held, waited) = match turn.try_lock() {
                         Ok(held) => (held, false),
-                        Err(_) => (turn.lock().await, true),
+                        Err(_) => match met {
+                            Some(running) => {
+                                // Waits no longer than the run started late: by then it has run
+                                // the time between the two ticks if it still goes.
+                                let certain = running.since + (first_at - running.tick);
+                                tokio::select! {
+                                    biased;
+                                    held = turn.lock() => (held, true),
+                                    _ = clock::sleep_until(certain) => {
+                                        if runs.still_overlaps(&job.name, running, first_at) {
+                                            for tick in &ticks {
+                                                runs.skip(tick, Skip::Overlapped);
+                                            }
+                                            runs.release_turn(&job.name);
+                                            return;
+                                        }
+                                        (turn.lock().await, true)
+                                    }
+                                }
+                            }
+                            None => (turn.lock().await, true),
+                        },
                     };
                     (Some(held), runs.take_turn(&job.name, job.overlap, *ticket), waited)
                 }
                 None => (None, CancellationToken::new(), false),
             };
-            if let Some(met) = met {
+            if let Some(met) = met.map(|running| running.tick) {
                 let previous_took = runs.last_took(&job.name);
                 if let Some(took) = previous_took.filter(|took| *took >= first_at - met) {
                     for tick in &ticks {
@@ -363,6 +381,15 @@ impl Runs {
         }
     }
 
+    /// Whether `met`, the run a tick of `scheduled_at` came upon, still goes and now overlaps
+    /// that tick for certain.
+    fn still_overlaps(&self, job: &str, met: Running, scheduled_at: DateTime<Utc>) -> bool {
+        let jobs = self.jobs.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        jobs.get(job)
+            .and_then(|entry| entry.running)
+            .is_some_and(|running| running == met && overlaps(running, scheduled_at, clock::now()))
+    }
+
     fn last_took(&self, job: &str) -> Option<chrono::Duration> {
         let jobs = self.jobs.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         jobs.get(job).and_then(|entry| entry.last_took)
@@ -471,17 +498,17 @@ fn may_overlap(running: Running, scheduled_at: DateTime<Utc>) -> bool {
 }
 
 /// Whether `running` overlaps the tick at `scheduled_at` for certain at `now`, so that
-/// `overlap = "skip"` skips the tick at once: it may overlap it and has already run for half
-/// the time between its tick and this one.
+/// `overlap = "skip"` skips the tick: it may overlap it and has already run for the time between
+/// its tick and this one, which a run started on time would have overlapped too.
 ///
 /// A run that started late (its claim waited for a slow etcd, a lease renewal, an election) may
-/// still be going at the next tick only because it started late. Such a tick waits for the run
-/// instead, and is skipped only if the run turns out to have taken longer than the time between
-/// the two ticks: what an on-time start would have overlapped. The half keeps a tick from waiting
-/// behind a run that hangs: once the run has gone that long, its next ticks are skipped as they
-/// come, and at most one waits.
+/// still be going at the next tick only because it started late. Such a tick waits for the run,
+/// at most as long as the run started late: it is skipped once the run has gone on for the time
+/// between the two ticks, or when the run ends having taken that long; otherwise it runs. A run
+/// that hangs therefore keeps at most the ticks of that lateness waiting, one at a time for a
+/// run that started less than a period late.
 fn overlaps(running: Running, scheduled_at: DateTime<Utc>, now: DateTime<Utc>) -> bool {
-    may_overlap(running, scheduled_at) && (now - running.since) * 2 >= scheduled_at - running.tick
+    may_overlap(running, scheduled_at) && now - running.since >= scheduled_at - running.tick
 }
 
 /// Whether a live tick of an `overlap = "skip"` job, which waited for its turn behind a backlog
@@ -565,23 +592,30 @@ mod tests {
     }
 
     #[test]
-    fn only_a_run_going_for_half_the_ticks_distance_overlaps_a_tick_at_once() {
+    fn only_a_run_going_for_the_ticks_distance_overlaps_a_tick() {
         let run = |tick: i64, since: i64| Running {
             since: at(since),
             tick: at(tick),
             caught_up: false,
         };
-        // A run of tick 0 that started on time and still goes at tick 1000: skip tick 1000.
-        assert!(overlaps(run(0, 3), at(1000), at(1001)));
+        // A run of tick 0 that started 3 ms late and still goes at tick 1000: the tick waits
+        // 3 ms, and is skipped if the run still goes then.
+        assert!(!overlaps(run(0, 3), at(1000), at(1001)));
+        assert!(overlaps(run(0, 3), at(1000), at(1003)));
         // The same run does not overlap a tick before it started.
-        assert!(!overlaps(run(0, 3), at(0), at(1001)));
+        assert!(!overlaps(run(0, 3), at(0), at(1003)));
         // Tick 28000 started 990 ms late (its claim waited for a slow etcd) and still goes at
         // tick 29000: the tick waits for it, and is skipped only if it runs 1 s or more.
         assert!(!overlaps(run(28000, 28990), at(29000), at(29008)));
         assert!(may_overlap(run(28000, 28990), at(29000)));
-        // A run that hangs: from half the distance on, the ticks it meets are skipped as they
-        // come.
-        assert!(overlaps(run(28000, 28990), at(31000), at(31000)));
+        assert!(overlaps(run(28000, 28990), at(29000), at(29990)));
+        // Tick 3000 started half a period late and still goes at tick 4000, having run half a
+        // period: it may yet end in less than a period, so tick 4000 waits.
+        assert!(!overlaps(run(3000, 3500), at(4000), at(4000)));
+        assert!(overlaps(run(3000, 3500), at(4000), at(4500)));
+        // A run that hangs: each tick it meets waits the 990 ms it started late, then is skipped.
+        assert!(!overlaps(run(28000, 28990), at(31000), at(31000)));
+        assert!(overlaps(run(28000, 28990), at(31000), at(31990)));
         // Catch-up: tick 3000 running since 4980: tick 5000 waits behind it.
         assert!(!overlaps(run(3000, 4980), at(5000), at(5001)));
         // A claim that waited out an etcd election: tick 15000 started at 17200.
