@@ -20,23 +20,20 @@ pub const REFUSED: i32 = 125;
 /// clock). The check shares the command's first line, so the command's own line numbers in the
 /// shell's messages stay what the operator wrote.
 pub fn script(command: &str, deadline: Instant) -> String {
-    let Some(now) = uptime_centis() else {
-        // Without a boot-time clock the node's own check, just before the spawn, is the last.
-        return format!("echo {PASSED} || exit {REFUSED}; {command}");
-    };
     let left = deadline.saturating_duration_since(Instant::now()).as_millis() as u64 / 10;
     // Both readings are rounded down to 10 ms: one less keeps the child's check on the safe side.
-    let before = (now + left).saturating_sub(1);
+    let before = (boot_centis() + left).saturating_sub(1);
     format!(
         "{{ read -r shardcron_up _ </proc/uptime && [ \"${{shardcron_up%.*}}${{shardcron_up#*.}}\" -lt {before} ] && unset shardcron_up && echo {PASSED}; }} || exit {REFUSED}; {command}"
     )
 }
 
-/// The boot-time clock (it advances like the monotonic one, and through suspend) in 10 ms units.
-fn uptime_centis() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/uptime").ok()?;
-    let (seconds, centis) = text.split_whitespace().next()?.split_once('.')?;
-    Some(seconds.parse::<u64>().ok()? * 100 + centis.parse::<u64>().ok()?)
+/// The boot-time clock (it advances like the monotonic one, and through suspend) in 10 ms units,
+/// rounded down as `/proc/uptime` shows it: that file prints this clock. Read without a file, so
+/// a burst of spawns does not open, read and close one per run.
+fn boot_centis() -> u64 {
+    let now = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
+    now.tv_sec as u64 * 100 + now.tv_nsec as u64 / 10_000_000
 }
 
 #[cfg(test)]
@@ -59,6 +56,16 @@ mod tests {
 
         let (code, out, _) = sh(&script("echo ran", Instant::now()));
         assert_eq!((code, out.as_str()), (Some(REFUSED), ""));
+    }
+
+    #[test]
+    fn the_node_reads_the_clock_the_child_reads_in_proc_uptime() {
+        let before = boot_centis();
+        let text = std::fs::read_to_string("/proc/uptime").expect("/proc/uptime");
+        let after = boot_centis();
+        let (seconds, centis) = text.split_whitespace().next().unwrap().split_once('.').unwrap();
+        let uptime = seconds.parse::<u64>().unwrap() * 100 + centis.parse::<u64>().unwrap();
+        assert!((before..=after).contains(&uptime), "{before} <= {uptime} <= {after}");
     }
 
     #[test]
