@@ -43,6 +43,32 @@ pub fn misses_any(job: &Job, last_claimed: Option<DateTime<Utc>>, now: DateTime<
             .is_some_and(|tick| tick <= now)
 }
 
+/// Ticks of `job` due after `took_over` up to `now`, and after `last_claimed`: the ticks a leader
+/// that took the shard over at `took_over` and claims the job's backlog only now (the node had no
+/// room for it sooner) owes in full. They came due while it led, so neither `catch_up` nor
+/// [`MAX_CATCH_UP`] leaves any out; `starting_deadline` still does, as for any tick that could not
+/// start in time.
+pub fn due_since(
+    job: &Job,
+    last_claimed: Option<DateTime<Utc>>,
+    took_over: DateTime<Utc>,
+    now: DateTime<Utc>,
+) -> Vec<DateTime<Utc>> {
+    let mut after = last_claimed.map_or(took_over, |last| last.max(took_over));
+    if let Some(deadline) = job
+        .starting_deadline
+        .and_then(|deadline| chrono::Duration::from_std(deadline).ok())
+    {
+        after = after.max(now - deadline);
+    }
+    let mut ticks = Vec::new();
+    while let Some(tick) = job.schedule.next_after(after).filter(|tick| *tick <= now) {
+        ticks.push(tick);
+        after = tick;
+    }
+    ticks
+}
+
 /// The instant after which a tick counts as missed: the last claimed tick, or the oldest a
 /// `starting_deadline` still runs. None for a job with no claim yet.
 fn floor(job: &Job, last_claimed: Option<DateTime<Utc>>, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
@@ -109,6 +135,45 @@ mod tests {
                 job.starting_deadline
             );
         }
+    }
+
+    #[test]
+    fn ticks_due_since_the_takeover_are_owed_in_full_whatever_the_policy() {
+        let took_over = at("2027-01-01T00:00:02.500Z");
+        let now = at("2027-01-01T00:00:05.500Z");
+        let secs = |list: &[u32]| {
+            list.iter()
+                .map(|s| at(&format!("2027-01-01T00:00:0{s}Z")))
+                .collect::<Vec<_>>()
+        };
+        let last = Some(at("2027-01-01T00:00:00Z"));
+        let cases = [
+            (job(CatchUp::All, None), last, secs(&[3, 4, 5])),
+            (job(CatchUp::Latest, None), last, secs(&[3, 4, 5])),
+            (job(CatchUp::None, None), last, secs(&[3, 4, 5])),
+            // A job without a claim, deferred for an earlier leader's pending ticks.
+            (job(CatchUp::All, None), None, secs(&[3, 4, 5])),
+            // Claimed past the takeover already: only what follows its claim.
+            (job(CatchUp::All, None), Some(at("2027-01-01T00:00:04Z")), secs(&[5])),
+            (job(CatchUp::All, Some(2)), last, secs(&[4, 5])),
+        ];
+        for (job, last, expected) in cases {
+            assert_eq!(
+                due_since(&job, last, took_over, now),
+                expected,
+                "{:?} {:?} from {last:?}",
+                job.catch_up,
+                job.starting_deadline
+            );
+        }
+        // However many: the cap is for ticks missed before the takeover.
+        let hour = due_since(
+            &job(CatchUp::All, None),
+            last,
+            at("2027-01-01T00:00:00Z"),
+            at("2027-01-01T01:00:00Z"),
+        );
+        assert_eq!(hour.len(), 3600);
     }
 
     #[test]

@@ -245,7 +245,9 @@ impl Term {
         // it, so the queue takes it, however long the claims take.
         let now = clock::now();
         let mut behind: VecDeque<usize> = (0..book.entries().len()).collect();
-        let mut queue = match self.catch_up(claimer, book, &mut behind, now).await {
+        // Where the jobs of `behind` stopped being missed: what is due after it, this leader owes.
+        let mut took_over = now;
+        let mut queue = match self.catch_up(claimer, book, &mut behind, took_over, now).await {
             Ok(settled) => self.queue(book, &settled, now),
             Err(halt) => return halt.into(),
         };
@@ -337,7 +339,7 @@ impl Term {
                 // instant claimed ahead waits to fire.
                 _ = self.node.runs.late_room(), if !behind.is_empty() && claimed.is_none() => {
                     let now = clock::now();
-                    match self.catch_up(claimer, book, &mut behind, now).await {
+                    match self.catch_up(claimer, book, &mut behind, took_over, now).await {
                         Ok(settled) => queue.extend(self.queue(book, &settled, now)),
                         Err(halt) => return halt.into(),
                     }
@@ -361,7 +363,8 @@ impl Term {
                         // job's catch_up, starting_deadline and cap say.
                         tracing::warn!(shard = self.leadership.shard, tick = %due, behind_ms = (now - due).num_milliseconds(), "the wall clock jumped forward or this leader stalled: the ticks passed meanwhile are caught up as each job's catch_up says");
                         behind = (0..book.entries().len()).collect();
-                        queue = match self.catch_up(claimer, book, &mut behind, now).await {
+                        took_over = now;
+                        queue = match self.catch_up(claimer, book, &mut behind, took_over, now).await {
                             Ok(settled) => self.queue(book, &settled, now),
                             Err(halt) => return halt.into(),
                         };

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 
 use super::{Late, Term};
-use crate::catch_up::{missed_ticks, misses_any, Missed, MAX_CATCH_UP};
+use crate::catch_up::{due_since, missed_ticks, misses_any, Missed, MAX_CATCH_UP};
 use crate::claims::{Book, Claimer, Halt, Want};
 use crate::clock;
 use crate::config::{Delivery, Job};
@@ -21,15 +21,17 @@ type Lost = HashMap<usize, (Claim, i64, Vec<DateTime<Utc>>)>;
 impl Term {
     /// Settles, for the jobs of `behind` (front first), what earlier leaders left: ticks they
     /// claimed and never started are delivered again or recorded lost, as each job's `delivery`
-    /// says, and the ticks missed while the shard had no leader run as each job's `catch_up`
-    /// says. Returns the jobs settled, which fire from now on. A job that owes late runs while
-    /// the node has no room for more of them (see [`crate::runs::LATE_ROOM`]) stays in
-    /// `behind`, its live ticks joining its backlog, until the leader has room to claim it.
+    /// says, and the ticks missed before `took_over` (the takeover, or the end of a stall) run
+    /// as each job's `catch_up` says. Returns the jobs settled, which fire from now on. A job
+    /// that owes late runs while the node has no room for more of them (see
+    /// [`crate::runs::LATE_ROOM`]) stays in `behind` until the leader has room to claim it; its
+    /// ticks due meanwhile join its backlog, every one of them ([`due_since`]).
     pub(super) async fn catch_up(
         &self,
         claimer: &Claimer<'_>,
         book: &mut Book,
         behind: &mut VecDeque<usize>,
+        took_over: DateTime<Utc>,
         now: DateTime<Utc>,
     ) -> Result<Vec<usize>, Halt> {
         // A transaction's worth of jobs at a time, yielding between them: a shard of 100,000
@@ -44,7 +46,7 @@ impl Term {
                 // the claims that have room: the jobs that owe nothing fire from now on, the
                 // others wait.
                 for index in chunk {
-                    if self.may_owe(book, index, now) {
+                    if self.may_owe(book, index, took_over, now) {
                         waiting.push_back(index);
                     } else {
                         settled.push(index);
@@ -53,7 +55,7 @@ impl Term {
                 tokio::task::yield_now().await;
                 continue;
             }
-            let (wants, lost) = self.wants(book, &chunk, now);
+            let (wants, lost) = self.wants(book, &chunk, took_over, now);
             let late: usize = wants.iter().map(|want| want.fresh.len() + want.adopt.len()).sum();
             let room = if wants.is_empty() {
                 None
@@ -83,9 +85,12 @@ impl Term {
 
     /// Whether [`Self::wants`] may ask anything for the job at `index`, found without working
     /// out its ticks; true when in doubt.
-    fn may_owe(&self, book: &Book, index: usize, now: DateTime<Utc>) -> bool {
+    fn may_owe(&self, book: &Book, index: usize, took_over: DateTime<Utc>, now: DateTime<Utc>) -> bool {
         let entry = &book.entries()[index];
-        self.left_pending(entry.record()).is_some() || misses_any(&entry.job, entry.last(), now)
+        let after = entry.last().map_or(took_over, |last| last.max(took_over));
+        self.left_pending(entry.record()).is_some()
+            || misses_any(&entry.job, entry.last(), took_over)
+            || entry.job.schedule.next_after(after).is_some_and(|tick| tick <= now)
     }
 
     /// `record`, if it lists pending ticks of an earlier leader of this election, which is
@@ -99,9 +104,10 @@ impl Term {
         })
     }
 
-    /// What to claim for `jobs`: missed ticks as each job's `catch_up` says, and the pending
-    /// ticks earlier leaders left, to run again or (returned apart) to record lost.
-    fn wants(&self, book: &Book, jobs: &[usize], now: DateTime<Utc>) -> (Vec<Want>, Lost) {
+    /// What to claim for `jobs`: ticks missed before `took_over` as each job's `catch_up` says,
+    /// every tick due since, and the pending ticks earlier leaders left, to run again or
+    /// (returned apart) to record lost.
+    fn wants(&self, book: &Book, jobs: &[usize], took_over: DateTime<Utc>, now: DateTime<Utc>) -> (Vec<Want>, Lost) {
         let mut wants = Vec::new();
         let mut lost = Lost::new();
         for &index in jobs {
@@ -111,16 +117,17 @@ impl Term {
                 .record()
                 .and_then(|claim| claim.schedule.as_deref())
                 .filter(|was| *was != label);
-            let missed = match was {
+            let mut missed = match was {
                 Some(was) => {
                     tracing::info!(job = %entry.job.name, was, now = %label, "the schedule changed since the last claim: the ticks the new one would have had before now never existed, none is caught up");
                     Missed::default()
                 }
-                None => missed_ticks(&entry.job, entry.last(), now),
+                None => missed_ticks(&entry.job, entry.last(), took_over),
             };
             if missed.truncated {
                 tracing::warn!(job = %entry.job.name, kept = MAX_CATCH_UP, "more ticks were missed than one takeover catches up: running only the newest");
             }
+            missed.ticks.extend(due_since(&entry.job, entry.last(), took_over, now));
             let left = self.left_pending(entry.record());
             let (adopt, dropped) = match left {
                 Some(claim) => {

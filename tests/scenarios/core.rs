@@ -395,13 +395,24 @@ fn a_backlog_larger_than_the_nodes_room_is_claimed_in_parts_while_other_jobs_fir
             "{name}: from its first caught-up tick on, every tick runs once: {ticks:?}"
         );
         assert!(ticks[0] > seeded, "{name} ran {} before its record", ticks[0]);
-        // However late its part was claimed, the newest 100 ticks reach back before the start.
         assert!(
             ticks[0] < started - 50,
             "{name} caught up nothing from before the start: first tick {}",
             ticks[0]
         );
     }
+    // However late its part was claimed, a job catches up the newest 100 ticks missed before the
+    // takeover, and every tick due since: the ticks that came while its part waited for room
+    // push none of the missed ones out.
+    let firsts: std::collections::BTreeSet<i64> = behind
+        .iter()
+        .map(|name| *ran[name].iter().min().expect("ran"))
+        .collect();
+    assert_eq!(
+        firsts.len(),
+        1,
+        "the parts claimed later caught up from later ticks: first ticks {firsts:?}"
+    );
     // The jobs that owed nothing fired every second from the start, backlogs or not.
     let now = Utc::now().timestamp();
     for name in &fresh {
