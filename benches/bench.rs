@@ -1057,7 +1057,7 @@ fn bench_catch_up(jobs: usize, hours: i64, watch: Duration) {
         .first()
         .map(|(at, _, done, _, _)| (finished - done) / (elapsed - at))
         .unwrap_or(0.0);
-    println!("\n| measure | value | target |");
+    println!("\n| measure | value | target, floor |");
     println!("|---|---|---|");
     match first_claim {
         Some(at) => println!("| first missed tick claimed, after the node started | {at:.2} s | ≤ 1 s |"),
