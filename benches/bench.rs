@@ -47,29 +47,18 @@ fn main() {
         bench_etcd_cost();
     }
     if wants("kills") {
-        let kills = std::env::var("SHARDCRON_BENCH_KILLS")
-            .ok()
-            .and_then(|kills| kills.parse().ok())
-            .unwrap_or(100);
-        bench_kills(kills);
+        bench_kills(number_from_env("SHARDCRON_BENCH_KILLS", 100));
     }
     if wants("scale") || wants("idle") {
         bench_idle_node(100_000);
         bench_idle_node(1_000_000);
     }
     if wants("catch-up") {
-        let watch = std::env::var("SHARDCRON_BENCH_CATCH_UP_SECS")
-            .ok()
-            .and_then(|secs| secs.parse().ok())
-            .unwrap_or(120);
-        bench_catch_up(100_000, 2, Duration::from_secs(watch));
+        let watch = number_from_env("SHARDCRON_BENCH_CATCH_UP_SECS", 120);
+        bench_catch_up(100_000, 2, Duration::from_secs(watch as u64));
     }
     if wants("drain") {
-        let jobs = std::env::var("SHARDCRON_BENCH_DRAIN_JOBS")
-            .ok()
-            .and_then(|jobs| jobs.parse().ok())
-            .unwrap_or(10_000);
-        bench_drain(jobs);
+        bench_drain(number_from_env("SHARDCRON_BENCH_DRAIN_JOBS", 10_000));
     }
     if wants("scale") || wants("shards") {
         bench_many_shards(1024, 3);
@@ -83,6 +72,14 @@ fn main() {
                 .as_path(),
         );
     }
+}
+
+/// The number in the environment variable `name`, or `default` when it is unset or no number.
+fn number_from_env(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(default)
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -202,25 +199,16 @@ fn direct_spawn_lateness(world: &World, count: usize, bursts: usize, period: i64
             for thread in 0..threads {
                 let (command, scheduled_at) = (&command, &scheduled_at);
                 scope.spawn(move || {
-                    let mut children: Vec<_> = (thread..count)
-                        .step_by(threads)
-                        .map(|i| {
-                            Command::new("sh")
-                                .args(["-c", command])
-                                .env("CRON_JOB", format!("direct{i}"))
-                                .env("CRON_SCHEDULED_AT", scheduled_at)
-                                .env("CRON_FENCE", "0")
-                                .env("CRON_TERM", "0")
-                                .env("CRON_NODE", "direct")
-                                .env("CRON_SHARD", "0")
-                                .stdin(Stdio::null())
-                                .spawn()
-                                .expect("spawn sh")
-                        })
-                        .collect();
-                    for child in &mut children {
-                        let _ = child.wait();
-                    }
+                    spawn_all_then_wait((thread..count).step_by(threads).map(|i| {
+                        let mut sh = sh(command);
+                        sh.env("CRON_JOB", format!("direct{i}"))
+                            .env("CRON_SCHEDULED_AT", scheduled_at)
+                            .env("CRON_FENCE", "0")
+                            .env("CRON_TERM", "0")
+                            .env("CRON_NODE", "direct")
+                            .env("CRON_SHARD", "0");
+                        sh
+                    }));
                 });
             }
         });
@@ -982,20 +970,27 @@ fn metric(page: &str, name: &str) -> f64 {
 
 /// `jobs` per-minute jobs over 64 shards whose records are `hours` old, `catch_up = "all"`, on
 /// one node: how soon it claims, how fast it drains the backlog, what that costs.
+/// Writes `<cluster>.toml`: `names` as per-minute jobs over 64 shards running `command`, with
+/// `catch_up = "all"`, on `world`'s etcd.
+fn write_per_minute_jobs(world: &World, cluster: &str, names: &[String], command: &str) -> std::path::PathBuf {
+    let mut text = format!(
+        "[cluster]\nname = \"{cluster}\"\nshards = 64\nlease_ttl = \"10s\"\n\n[etcd]\nendpoints = [\"{}\"]\n\n",
+        world.etcd.client_url()
+    );
+    for name in names {
+        text.push_str(&format!(
+            "[jobs.{name}]\nschedule = \"* * * * *\"\ncommand = '{command}'\ncatch_up = \"all\"\n\n"
+        ));
+    }
+    let path = world.dir.path().join(format!("{cluster}.toml"));
+    std::fs::write(&path, text).expect("write the jobs file");
+    path
+}
+
 fn bench_catch_up(jobs: usize, hours: i64, watch: Duration) {
     let mut world = World::new();
     let names: Vec<String> = (0..jobs).map(|i| format!("job-{i:06}")).collect();
-    let mut text = format!(
-        "[cluster]\nname = \"catchup\"\nshards = 64\nlease_ttl = \"10s\"\n\n[etcd]\nendpoints = [\"{}\"]\n\n",
-        world.etcd.client_url()
-    );
-    for name in &names {
-        text.push_str(&format!(
-            "[jobs.{name}]\nschedule = \"* * * * *\"\ncommand = \":\"\ncatch_up = \"all\"\n\n"
-        ));
-    }
-    let path = world.dir.path().join("catchup.toml");
-    std::fs::write(&path, text).expect("write the jobs file");
+    let path = write_per_minute_jobs(&world, "catchup", &names, ":");
     let now = Utc::now();
     let last =
         DateTime::<Utc>::from_timestamp(now.timestamp() - now.timestamp() % 60 - hours * 3600, 0).expect("instant");
@@ -1094,6 +1089,25 @@ fn bench_catch_up(jobs: usize, hours: i64, watch: Duration) {
     );
 }
 
+/// `sh -c command`, as the node runs a job's command.
+fn sh(command: &str) -> Command {
+    let mut sh = Command::new("sh");
+    sh.args(["-c", command]);
+    sh
+}
+
+/// A plain spawner's batch: spawns every one of `commands`, then waits for them all. Returns how
+/// many ran.
+fn spawn_all_then_wait(commands: impl Iterator<Item = Command>) -> usize {
+    let mut children: Vec<_> = commands
+        .map(|mut command| command.stdin(Stdio::null()).spawn().expect("spawn sh"))
+        .collect();
+    for child in &mut children {
+        let _ = child.wait();
+    }
+    children.len()
+}
+
 /// Runs per second of `command` from a plain spawner on every core for `window`: the most this
 /// machine starts of it, with nothing between.
 fn plain_spawn_rate(command: &str, window: Duration) -> f64 {
@@ -1105,19 +1119,7 @@ fn plain_spawn_rate(command: &str, window: Duration) -> f64 {
                 scope.spawn(|| {
                     let mut runs = 0;
                     while started.elapsed() < window {
-                        let mut children: Vec<_> = (0..50)
-                            .map(|_| {
-                                Command::new("sh")
-                                    .args(["-c", command])
-                                    .stdin(Stdio::null())
-                                    .spawn()
-                                    .expect("spawn sh")
-                            })
-                            .collect();
-                        for child in &mut children {
-                            let _ = child.wait();
-                        }
-                        runs += children.len();
+                        runs += spawn_all_then_wait((0..50).map(|_| sh(command)));
                     }
                     runs
                 })
@@ -1137,17 +1139,7 @@ fn bench_drain(jobs: usize) {
     let names: Vec<String> = (0..jobs).map(|i| format!("job-{i:06}")).collect();
     let file = world.dir.path().join("drain-runs.log");
     let command = format!("echo \"$CRON_JOB $CRON_SCHEDULED_AT\" >> {}", file.display());
-    let mut text = format!(
-        "[cluster]\nname = \"drain\"\nshards = 64\nlease_ttl = \"10s\"\n\n[etcd]\nendpoints = [\"{}\"]\n\n",
-        world.etcd.client_url()
-    );
-    for name in &names {
-        text.push_str(&format!(
-            "[jobs.{name}]\nschedule = \"* * * * *\"\ncommand = '{command}'\ncatch_up = \"all\"\n\n"
-        ));
-    }
-    let path = world.dir.path().join("drain.toml");
-    std::fs::write(&path, text).expect("write the jobs file");
+    let path = write_per_minute_jobs(&world, "drain", &names, &command);
     let minute = |at: DateTime<Utc>| at.timestamp() - at.timestamp().rem_euclid(60);
     let last = minute(Utc::now()) - 99 * 60;
     world.seed_job_records(
