@@ -54,13 +54,7 @@ pub fn due_since(
     took_over: DateTime<Utc>,
     now: DateTime<Utc>,
 ) -> Vec<DateTime<Utc>> {
-    let mut after = last_claimed.map_or(took_over, |last| last.max(took_over));
-    if let Some(deadline) = job
-        .starting_deadline
-        .and_then(|deadline| chrono::Duration::from_std(deadline).ok())
-    {
-        after = after.max(now - deadline);
-    }
+    let mut after = owed_after(job, last_claimed, took_over, now);
     let mut ticks = Vec::new();
     while let Some(tick) = job.schedule.next_after(after).filter(|tick| *tick <= now) {
         ticks.push(tick);
@@ -69,19 +63,41 @@ pub fn due_since(
     ticks
 }
 
+/// Whether [`due_since`] has any tick for `job`, in one schedule step.
+pub fn any_due_since(
+    job: &Job,
+    last_claimed: Option<DateTime<Utc>>,
+    took_over: DateTime<Utc>,
+    now: DateTime<Utc>,
+) -> bool {
+    job.schedule
+        .next_after(owed_after(job, last_claimed, took_over, now))
+        .is_some_and(|tick| tick <= now)
+}
+
+/// The instant after which [`due_since`] counts ticks.
+fn owed_after(
+    job: &Job,
+    last_claimed: Option<DateTime<Utc>>,
+    took_over: DateTime<Utc>,
+    now: DateTime<Utc>,
+) -> DateTime<Utc> {
+    let after = last_claimed.map_or(took_over, |last| last.max(took_over));
+    oldest_to_run(job, now).map_or(after, |oldest| after.max(oldest))
+}
+
 /// The instant after which a tick counts as missed: the last claimed tick, or the oldest a
 /// `starting_deadline` still runs. None for a job with no claim yet.
 fn floor(job: &Job, last_claimed: Option<DateTime<Utc>>, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
     let last = last_claimed?;
-    Some(
-        match job
-            .starting_deadline
-            .and_then(|deadline| chrono::Duration::from_std(deadline).ok())
-        {
-            Some(deadline) => last.max(now - deadline),
-            None => last,
-        },
-    )
+    Some(oldest_to_run(job, now).map_or(last, |oldest| last.max(oldest)))
+}
+
+/// `now` less the job's `starting_deadline`: a tick no later than this is too old to start.
+fn oldest_to_run(job: &Job, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
+    job.starting_deadline
+        .and_then(|deadline| chrono::Duration::from_std(deadline).ok())
+        .map(|deadline| now - deadline)
 }
 
 #[cfg(test)]
@@ -155,6 +171,7 @@ mod tests {
             (job(CatchUp::All, None), None, secs(&[3, 4, 5])),
             // Claimed past the takeover already: only what follows its claim.
             (job(CatchUp::All, None), Some(at("2027-01-01T00:00:04Z")), secs(&[5])),
+            (job(CatchUp::All, None), Some(at("2027-01-01T00:00:05Z")), vec![]),
             (job(CatchUp::All, Some(2)), last, secs(&[4, 5])),
         ];
         for (job, last, expected) in cases {
@@ -162,6 +179,13 @@ mod tests {
                 due_since(&job, last, took_over, now),
                 expected,
                 "{:?} {:?} from {last:?}",
+                job.catch_up,
+                job.starting_deadline
+            );
+            assert_eq!(
+                any_due_since(&job, last, took_over, now),
+                !expected.is_empty(),
+                "any_due_since, {:?} {:?} from {last:?}",
                 job.catch_up,
                 job.starting_deadline
             );

@@ -21,6 +21,18 @@ fn until(target: DateTime<Utc>) -> Duration {
     (target - now()).to_std().unwrap_or_default()
 }
 
+/// Returns at or after `target` by the wall clock, within a millisecond or so: for deadlines
+/// that are no tick, without the fine last stretch of [`sleep_until`].
+pub async fn sleep_past(target: DateTime<Utc>) {
+    loop {
+        let remaining = until(target);
+        if remaining.is_zero() {
+            return;
+        }
+        tokio::time::sleep(remaining).await;
+    }
+}
+
 /// Returns at or after `target` by the wall clock.
 pub async fn sleep_until(target: DateTime<Utc>) {
     loop {

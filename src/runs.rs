@@ -169,7 +169,7 @@ impl Runs {
                                 tokio::select! {
                                     biased;
                                     held = turn.lock() => (held, true),
-                                    _ = clock::sleep_until(certain) => {
+                                    _ = clock::sleep_past(certain) => {
                                         if runs.still_overlaps(&job.name, running, first_at) {
                                             for tick in &ticks {
                                                 runs.skip(tick, Skip::Overlapped);

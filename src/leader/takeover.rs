@@ -7,7 +7,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 
 use super::{Late, Term};
-use crate::catch_up::{due_since, missed_ticks, misses_any, Missed, MAX_CATCH_UP};
+use crate::catch_up::{any_due_since, due_since, missed_ticks, misses_any, Missed, MAX_CATCH_UP};
 use crate::claims::{Book, Claimer, Halt, Want};
 use crate::clock;
 use crate::config::{Delivery, Job};
@@ -87,10 +87,9 @@ impl Term {
     /// out its ticks; true when in doubt.
     fn may_owe(&self, book: &Book, index: usize, took_over: DateTime<Utc>, now: DateTime<Utc>) -> bool {
         let entry = &book.entries()[index];
-        let after = entry.last().map_or(took_over, |last| last.max(took_over));
         self.left_pending(entry.record()).is_some()
             || misses_any(&entry.job, entry.last(), took_over)
-            || entry.job.schedule.next_after(after).is_some_and(|tick| tick <= now)
+            || any_due_since(&entry.job, entry.last(), took_over, now)
     }
 
     /// `record`, if it lists pending ticks of an earlier leader of this election, which is
