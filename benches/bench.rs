@@ -4,7 +4,9 @@
 //! ```text
 //! cargo bench --bench bench -- all          # every section
 //! cargo bench --bench bench -- check        # check over a generated 100,000-job file
-//! cargo bench --bench bench -- lateness     # firing lateness vs. direct spawn
+//! cargo bench --bench bench -- lateness     # firing lateness vs. direct spawn, and the sustained ceiling
+//! cargo bench --bench bench -- bursts       # only the bursts: 1, 20, 200, 2,000 due at once
+//!                                           # (SHARDCRON_BENCH_BURSTS=200,2000 picks the sizes)
 //! cargo bench --bench bench -- failover     # SIGKILL / SIGSTOP / SIGTERM of a leader
 //! cargo bench --bench bench -- etcd-cost    # etcd writes per run, per delivery mode
 //! cargo bench --bench bench -- kills        # ticks lost and doubled per 100 SIGKILLs around ticks
@@ -37,8 +39,11 @@ fn main() {
         bench_check(100_000, 5, "≤ 0.5 s", "≤ 100 MB");
         bench_check(1_000_000, 1, "≤ 5 s", "");
     }
+    if wants("lateness") || wants("bursts") {
+        bench_bursts(&burst_sizes());
+    }
     if wants("lateness") {
-        bench_lateness();
+        bench_ceiling();
     }
     if wants("failover") {
         bench_failover();
@@ -258,12 +263,27 @@ fn node_lateness(count: usize, bursts: usize, period: i64) -> (World, Vec<f64>) 
     (world, lateness)
 }
 
-fn bench_lateness() {
+/// The burst sizes in `SHARDCRON_BENCH_BURSTS` (comma-separated), or every size of the table.
+fn burst_sizes() -> Vec<usize> {
+    let every = vec![1, 20, 200, 2000];
+    match std::env::var("SHARDCRON_BENCH_BURSTS") {
+        Ok(list) => list.split(',').filter_map(|size| size.trim().parse().ok()).collect(),
+        Err(_) => every,
+    }
+}
+
+fn bench_bursts(sizes: &[usize]) {
     println!("\n### Firing lateness: a job's own clock at start minus its tick (one node)\n");
     println!("The floor spawns the same command at each tick from a thread per core, nothing between. 2,000 at once is more than this machine starts in a second, so those jobs fire every 10 s: each burst is measured on its own, not behind the last one's backlog.\n");
     println!("| jobs due at once | every | runs | shardcron p50 | p99 | max | floor p50 | p99 | max |");
     println!("|---|---|---|---|---|---|---|---|---|");
-    for (count, bursts, period) in [(1usize, 30usize, 1i64), (20, 15, 1), (200, 10, 1), (2000, 3, 10)] {
+    for &count in sizes {
+        let (bursts, period) = match count {
+            1 => (30, 1),
+            2..=20 => (15, 1),
+            21..=200 => (10, 1),
+            _ => (3, 10),
+        };
         let (world, lateness) = node_lateness(count, bursts, period);
         let floor = direct_spawn_lateness(&world, count, bursts, period);
         println!(
@@ -277,6 +297,9 @@ fn bench_lateness() {
             ms(percentile(&floor, 100.0)),
         );
     }
+}
+
+fn bench_ceiling() {
     println!(
         "\n### Sustained ceiling: per-second jobs on one node, 10 s a step, doubled until p99 lateness passes 100 ms\n"
     );
