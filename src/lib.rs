@@ -34,6 +34,7 @@
 //! - `runner`: one tick's command in its own process group, with retries.
 //! - `gate`: the child's own lease check right before its command, which keeps the spawn a
 //!   `posix_spawn`.
+//! - `spawner`: the threads that start commands, with a descriptor table of their own.
 //! - `runs`: this node's runs: overlap policies, shutdown grace.
 //! - `results`: run results riding on claims, the rest written after a short window.
 //!
@@ -85,6 +86,7 @@ mod runs;
 pub mod schedule;
 mod session;
 pub mod shard;
+mod spawner;
 mod spread;
 mod starts;
 pub mod status;

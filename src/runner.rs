@@ -4,6 +4,7 @@
 //! log tagged with job and tick; a timeout or a forced shutdown kills the whole process group,
 //! so nothing the command started outlives it.
 
+use std::os::unix::process::CommandExt;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,7 +12,6 @@ use std::time::Duration;
 use chrono::{DateTime, SecondsFormat, Utc};
 use rustix::process::Signal;
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
-use tokio::process::Command;
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff::Backoff;
@@ -19,6 +19,7 @@ use crate::clock;
 use crate::config::{Job, MAX_RETRY_BACKOFF};
 use crate::gate;
 use crate::record::{Outcome, RunRecord, Trigger};
+use crate::spawner::{self, Child};
 use crate::starts::{StartTicket, Starts};
 
 /// Longer output lines are cut, so a job printing without newlines cannot grow the node's memory.
@@ -131,17 +132,9 @@ async fn run_once(tick: &Tick, attempt: u32, stops: &Stops<'_>, ticket: Option<S
         attempts: attempt,
         trigger: tick.trigger(),
     };
-    let may_spawn = match &ticket {
-        Some(ticket) => ticket.may_spawn(),
-        None => tick.starts.may_retry(),
-    };
-    if !may_spawn {
-        return None;
-    }
-    let mut command = Command::new("sh");
+    let mut command = std::process::Command::new("sh");
     command
         .arg("-c")
-        .arg(gate::script(&job.command, tick.starts.lease_deadline()))
         .envs(&job.env)
         .env("CRON_FENCE", tick.fence.to_string())
         .env("CRON_TERM", tick.term.to_string())
@@ -154,8 +147,7 @@ async fn run_once(tick: &Tick, attempt: u32, stops: &Stops<'_>, ticket: Option<S
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .process_group(0)
-        .kill_on_drop(true);
+        .process_group(0);
     if tick.redelivered {
         command.env("CRON_REDELIVERED", "1");
     } else {
@@ -164,8 +156,24 @@ async fn run_once(tick: &Tick, attempt: u32, stops: &Stops<'_>, ticket: Option<S
     if let Some(dir) = &job.working_dir {
         command.current_dir(dir);
     }
-    let mut child = match command.spawn() {
-        Ok(child) => child,
+    // The first attempt's ticket and a retry's leadership both say yes only while the
+    // leadership lasts and its lease holds, read with nothing between the check and the spawn;
+    // the child itself checks the lease's deadline once more before the command.
+    let (starts, job_for_check) = (Arc::clone(&tick.starts), Arc::clone(job));
+    let last_check = move |command: &mut std::process::Command| {
+        if !starts.may_spawn_quietly() {
+            return false;
+        }
+        command.arg(gate::script(&job_for_check.command, starts.lease_deadline()));
+        true
+    };
+    let mut child = match spawner::spawn(command, last_check).await {
+        Ok(Some(child)) => child,
+        Ok(None) => {
+            // A lease the spawner found expired is lost here, on the runtime.
+            let _ = tick.starts.may_spawn();
+            return None;
+        }
         Err(err) => {
             if let Some(ticket) = ticket {
                 ticket.started();
@@ -174,7 +182,7 @@ async fn run_once(tick: &Tick, attempt: u32, stops: &Stops<'_>, ticket: Option<S
             return Some(record(Outcome::SpawnFailed, None));
         }
     };
-    let pid = child.id();
+    let pid = Some(child.id());
     let mut stdout = child.stdout.take().map(BufReader::new);
     if !passed_gate(stdout.as_mut()).await {
         let status = child.wait().await;
@@ -256,7 +264,7 @@ async fn run_once(tick: &Tick, attempt: u32, stops: &Stops<'_>, ticket: Option<S
 /// The shell exiting is not enough: a process it started may ignore SIGTERM and keep the group
 /// alive, so the group itself is watched until it is gone or the grace is over.
 async fn wait_or_kill(
-    child: &mut tokio::process::Child,
+    child: &mut Child,
     pid: Option<u32>,
     grace: Duration,
     kill: &CancellationToken,

@@ -416,7 +416,7 @@ impl Runs {
     fn settle(&self, tick: &Tick) -> bool {
         let may = match tick.request {
             // A requested run is no tick of the schedule: its leadership owes it to no record.
-            Some(_) => tick.starts.may_retry(),
+            Some(_) => tick.starts.may_spawn(),
             None => tick.starts.settle(&tick.job.name, tick.scheduled_at),
         };
         if !may {

@@ -177,9 +177,17 @@ impl Starts {
         &self.here
     }
 
-    /// Whether a started run may try again: the leadership lasts and its lease holds.
-    pub(crate) fn may_retry(&self) -> bool {
+    /// Whether a command of this leadership may start now (a first attempt with its ticket, or
+    /// a retry): the leadership lasts and its lease holds by this node's own clock. Called with
+    /// nothing between it and the spawn.
+    pub(crate) fn may_spawn(&self) -> bool {
         !self.leading.is_cancelled() && self.session.check_live()
+    }
+
+    /// [`Starts::may_spawn`] for a check made off the runtime: a lease found expired does not
+    /// lose the session here, which would wake tasks.
+    pub(crate) fn may_spawn_quietly(&self) -> bool {
+        !self.leading.is_cancelled() && self.session.is_live()
     }
 
     /// Until when, by this node's own monotonic clock, the lease holds: a command may be
@@ -278,7 +286,7 @@ impl Starts {
     }
 
     /// Resolves once no ticket is between its last check and its spawn. Called after the
-    /// leadership ended: a ticket that has not passed [`StartTicket::may_spawn`] gives its tick
+    /// leadership ended: a ticket that has not passed [`Starts::may_spawn`] gives its tick
     /// back, one that has is spawning and records its start, so the last write of starts then
     /// lists as pending exactly the ticks that never started.
     pub(crate) async fn spawns_settled(&self) {
@@ -325,12 +333,6 @@ pub(crate) struct StartTicket {
 }
 
 impl StartTicket {
-    /// Whether the command may be spawned now: the leadership lasts and its lease holds by
-    /// this node's own clock. Called with nothing between it and the spawn.
-    pub(crate) fn may_spawn(&self) -> bool {
-        self.starts.may_retry()
-    }
-
     /// The command was spawned (or failed to be): the start is kept for the leader to write.
     pub(crate) fn started(mut self) {
         self.used = true;
