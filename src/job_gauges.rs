@@ -58,12 +58,22 @@ impl JobGauges {
             .insert(shard, jobs);
     }
 
-    /// This node's term of `shard` ended: the shard's next leader exports its jobs' gauges.
+    /// This node's term of `shard` ended: the shard's next leader exports its jobs' gauges. What
+    /// this term knew is forgotten: should the node lead the shard again, it exports what etcd
+    /// holds then, not its own older runs while it reads them (a takeover showed a last success
+    /// one run old until its read of etcd answered).
     pub(crate) fn not_leading(&self, shard: u32) {
-        self.led
+        let jobs = self
+            .led
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .remove(&shard);
+        for map in [&self.last_claimed, &self.last_success] {
+            let mut map = map.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            for job in jobs.iter().flatten() {
+                map.remove(&job.name);
+            }
+        }
     }
 
     pub(crate) fn claimed(&self, job: &str, tick: DateTime<Utc>) {
@@ -267,7 +277,7 @@ mod tests {
             !render().contains("gauge-test"),
             "a job of a shard not led is not exported"
         );
-        gauges.leading(0, vec![job]);
+        gauges.leading(0, vec![Arc::clone(&job)]);
         let text = render();
         for line in [
             "job_last_success_timestamp_seconds{job=\"gauge-test\"} 1800000012.0",
@@ -278,5 +288,10 @@ mod tests {
         }
         gauges.not_leading(0);
         assert!(!render().contains("gauge-test"), "the next leader exports them");
+        gauges.leading(0, vec![job]);
+        assert!(
+            !render().contains("job_last_success_timestamp_seconds{job=\"gauge-test\"}"),
+            "leading again, the node exports no success from its earlier term"
+        );
     }
 }
