@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, Utc};
-use rustix::process::Signal;
+use rustix::process::{Pid, Signal};
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio_util::sync::CancellationToken;
 
@@ -182,7 +182,7 @@ async fn run_once(tick: &Tick, attempt: u32, stops: &Stops<'_>, ticket: Option<S
             return Some(record(Outcome::SpawnFailed, None));
         }
     };
-    let pid = Some(child.id());
+    let pid = child.pid();
     let mut stdout = child.stdout.take().map(BufReader::new);
     if !passed_gate(stdout.as_mut()).await {
         let status = child.wait().await;
@@ -200,7 +200,7 @@ async fn run_once(tick: &Tick, attempt: u32, stops: &Stops<'_>, ticket: Option<S
     if let Some(ticket) = ticket {
         ticket.started();
     }
-    tracing::info!(job = %job.name, tick = %tick.scheduled_at_text(), fence = tick.fence, attempt, pid, "run started");
+    tracing::info!(job = %job.name, tick = %tick.scheduled_at_text(), fence = tick.fence, attempt, pid = pid.as_raw_pid(), "run started");
     let stdout = stdout.map(|out| tokio::spawn(forward_lines(out, tick.clone(), "stdout")));
     let stderr = child
         .stderr
@@ -265,7 +265,7 @@ async fn run_once(tick: &Tick, attempt: u32, stops: &Stops<'_>, ticket: Option<S
 /// alive, so the group itself is watched until it is gone or the grace is over.
 async fn wait_or_kill(
     child: &mut Child,
-    pid: Option<u32>,
+    pid: Pid,
     grace: Duration,
     kill: &CancellationToken,
     tick: &Tick,
@@ -303,23 +303,16 @@ async fn wait_or_kill(
 /// How often a process group that outlived its shell is checked during the kill grace.
 const GROUP_POLL: Duration = Duration::from_millis(50);
 
-/// The process group a run's command leads (its pid: it was started in a group of its own).
-fn group(pid: Option<u32>) -> Option<rustix::process::Pid> {
-    pid.and_then(|pid| i32::try_from(pid).ok())
-        .and_then(rustix::process::Pid::from_raw)
-}
-
-/// Whether any process of the group `pid` leads still exists.
-fn group_alive(pid: Option<u32>) -> bool {
-    group(pid).is_some_and(|group| rustix::process::test_kill_process_group(group).is_ok())
+/// Whether any process of the group `pid` leads (a run's command starts in a group of its own)
+/// still exists.
+fn group_alive(pid: Pid) -> bool {
+    rustix::process::test_kill_process_group(pid).is_ok()
 }
 
 /// Signals every process of the group `pid` leads. A group that is gone already is not an error:
 /// its processes ended on their own.
-fn signal_group(pid: Option<u32>, signal: Signal) {
-    if let Some(group) = group(pid) {
-        let _ = rustix::process::kill_process_group(group, signal);
-    }
+fn signal_group(pid: Pid, signal: Signal) {
+    let _ = rustix::process::kill_process_group(pid, signal);
 }
 
 /// Reads the child's first line: whether it is the gate's, which says the command runs now.

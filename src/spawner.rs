@@ -44,8 +44,9 @@ enum Exit {
 }
 
 impl Child {
-    pub(crate) fn id(&self) -> u32 {
-        self.pid.as_raw_pid() as u32
+    /// The child's pid, which is also its process group's id.
+    pub(crate) fn pid(&self) -> Pid {
+        self.pid
     }
 
     /// Waits for the child to exit and reaps it; again after that, the same status.
@@ -509,8 +510,8 @@ mod tests {
         }
     }
 
-    fn exists(pid: u32) -> bool {
-        std::path::Path::new(&format!("/proc/{pid}")).exists()
+    fn exists(pid: Pid) -> bool {
+        std::path::Path::new(&format!("/proc/{}", pid.as_raw_pid())).exists()
     }
 
     #[tokio::test]
@@ -523,7 +524,7 @@ mod tests {
             let (out, err) = (read_all(child.stdout.take()).await, read_all(child.stderr.take()).await);
             assert_eq!(child.wait().await.expect("wait").code(), Some(3));
             assert_eq!((out.as_str(), err.as_str()), ("out\n", "err\n"));
-            assert!(!exists(child.id()), "reaped");
+            assert!(!exists(child.pid()), "reaped");
         }
     }
 
@@ -546,22 +547,25 @@ mod tests {
 
     #[tokio::test]
     async fn a_dropped_command_is_killed_with_its_group_and_reaped() {
-        let mut child = spawn(sh("sleep 60 & echo $!; wait"), |_| true)
-            .await
-            .expect("spawn")
-            .expect("allowed");
-        let mut line = String::new();
-        let mut stdout = BufReader::new(child.stdout.take().expect("piped"));
-        stdout.read_line(&mut line).await.expect("the background pid");
-        let (shell, sleeper) = (child.id(), line.trim().parse::<u32>().expect("a pid"));
-        drop(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while exists(shell) || exists(sleeper) {
-            assert!(
-                Instant::now() < deadline,
-                "shell {shell} or sleeper {sleeper} still there"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        for on_thread in [false, true] {
+            let mut child = start(on_thread, sh("sleep 60 & echo $!; wait"), |_| true)
+                .await
+                .expect("spawn")
+                .expect("allowed");
+            let mut line = String::new();
+            let mut stdout = BufReader::new(child.stdout.take().expect("piped"));
+            stdout.read_line(&mut line).await.expect("the background pid");
+            let sleeper = Pid::from_raw(line.trim().parse().expect("a pid")).expect("a pid");
+            let shell = child.pid();
+            drop(child);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while exists(shell) || exists(sleeper) {
+                assert!(
+                    Instant::now() < deadline,
+                    "shell {shell:?} or sleeper {sleeper:?} still there"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
         }
     }
 
