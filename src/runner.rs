@@ -4,7 +4,6 @@
 //! log tagged with job and tick; a timeout or a forced shutdown kills the whole process group,
 //! so nothing the command started outlives it.
 
-use std::os::unix::process::CommandExt;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
@@ -146,8 +145,7 @@ async fn run_once(tick: &Tick, attempt: u32, stops: &Stops<'_>, ticket: Option<S
         .env("CRON_TRIGGER", tick.trigger().as_str())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0);
+        .stderr(Stdio::piped());
     if tick.redelivered {
         command.env("CRON_REDELIVERED", "1");
     } else {

@@ -14,9 +14,9 @@ use std::collections::HashMap;
 use std::io::{self, IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::process::ExitStatusExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Command, ExitStatus};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 
 use rustix::net::{
@@ -102,21 +102,46 @@ static CHILDREN: AtomicUsize = AtomicUsize::new(0);
 /// (inline: noise), 1.07-1.08x, 1.08-1.11x.
 const INLINE_BELOW: usize = 256;
 
-/// Starts `command` (whose stdout and stderr must be piped), if `last_check`, called right
-/// before the spawn, says it may start and finishes it; `Ok(None)` if it said no. While few
-/// children run it is spawned on the calling thread; beyond that on a spawner thread, where
-/// requests wait in a queue, so whatever decides whether and how a command starts (the
-/// leadership, the lease's deadline) is read by `last_check` right before the spawn. It may run
-/// outside the runtime: it must wake no task (no cancelling, no sending).
+/// Starts `command` (whose stdout and stderr must be piped) in a process group of its own, if
+/// `last_check`, called right before the spawn, says it may start and finishes it; `Ok(None)`
+/// if it said no. While few children run it is spawned on the calling thread; beyond that on a
+/// spawner thread, where requests wait in a queue, so whatever decides whether and how a command
+/// starts (the leadership, the lease's deadline) is read by `last_check` right before the spawn.
+/// It may run outside the runtime: it must wake no task (no cancelling, no sending).
 pub(crate) async fn spawn(
     command: Command,
     last_check: impl FnMut(&mut Command) -> bool + Send + 'static,
 ) -> io::Result<Option<Child>> {
-    if CHILDREN.load(Ordering::Relaxed) < INLINE_BELOW {
-        spawn_here(command, last_check)
-    } else {
-        spawn_on_thread(command, last_check).await
+    spawn_with(shared_spawner(), command, last_check).await
+}
+
+async fn spawn_with(
+    spawner: Option<&Spawner>,
+    mut command: Command,
+    last_check: impl FnMut(&mut Command) -> bool + Send + 'static,
+) -> io::Result<Option<Child>> {
+    // A run's stop and kill signal the group, and a dropped child's group is killed.
+    command.process_group(0);
+    match spawner.filter(|spawner| CHILDREN.load(Ordering::Relaxed) >= INLINE_BELOW && spawner.serves()) {
+        Some(spawner) => spawner.spawn(command, last_check).await,
+        None => spawn_here(command, last_check),
     }
+}
+
+/// The node's spawner threads, started on first use. Where they cannot start (a seccomp
+/// profile that refuses `unshare`, a kernel without `close_range`, no thread to be had) the node
+/// spawns every command on the calling thread, as it does while few children run.
+fn shared_spawner() -> Option<&'static Spawner> {
+    static SHARED: OnceLock<Option<Spawner>> = OnceLock::new();
+    SHARED
+        .get_or_init(|| {
+            Spawner::start()
+                .inspect_err(|err| {
+                    tracing::warn!(error = %err, "the spawner threads did not start: every command is spawned on the runtime's threads, with a copy of the node's whole descriptor table");
+                })
+                .ok()
+        })
+        .as_ref()
 }
 
 fn spawn_here(mut command: Command, mut last_check: impl FnMut(&mut Command) -> bool) -> io::Result<Option<Child>> {
@@ -131,32 +156,6 @@ fn spawn_here(mut command: Command, mut last_check: impl FnMut(&mut Command) -> 
             abandon(pid);
             Err(io::Error::other("the command's output was not piped"))
         }
-    }
-}
-
-async fn spawn_on_thread(
-    command: Command,
-    last_check: impl FnMut(&mut Command) -> bool + Send + 'static,
-) -> io::Result<Option<Child>> {
-    let spawner = SPAWNER
-        .get_or_init(Spawner::start)
-        .as_ref()
-        .map_err(|err| io::Error::new(err.kind(), format!("the spawner threads did not start: {err}")))?;
-    let (reply, started) = oneshot::channel();
-    spawner
-        .requests
-        .send(Request {
-            command,
-            last_check: Box::new(last_check),
-            reply,
-        })
-        .map_err(|_| io::Error::other("the spawner threads have stopped"))?;
-    match started
-        .await
-        .map_err(|_| io::Error::other("the spawner threads have stopped"))??
-    {
-        Some(Started { pid, stdout, stderr }) => adopt(pid, stdout, stderr).map(Some),
-        None => Ok(None),
     }
 }
 
@@ -197,13 +196,14 @@ fn receiver(fd: OwnedFd) -> io::Result<pipe::Receiver> {
     pipe::Receiver::from_owned_fd_unchecked(fd)
 }
 
-static SPAWNER: OnceLock<io::Result<Spawner>> = OnceLock::new();
-
 struct Spawner {
     requests: mpsc::Sender<Request>,
     /// The spawners' end of the socket in the node's table: each spawner thread uses its copy
     /// of this descriptor, in its own table.
     _sending: OwnedFd,
+    /// Set once the socket between the spawner threads and the node failed: the node spawns on
+    /// the calling thread from then on.
+    stopped: Arc<AtomicBool>,
 }
 
 struct Request {
@@ -215,10 +215,25 @@ struct Request {
 type LastCheck = Box<dyn FnMut(&mut Command) -> bool + Send>;
 type Reply = oneshot::Sender<io::Result<Option<Started>>>;
 
-struct Started {
-    pid: Pid,
-    stdout: OwnedFd,
-    stderr: OwnedFd,
+/// A child on its way to its run: killed and reaped if it never arrives (a run cancelled after
+/// its answer was sent and before it read it drops it unread).
+struct Started(Option<(Pid, OwnedFd, OwnedFd)>);
+
+impl Started {
+    fn adopt(mut self) -> io::Result<Child> {
+        match self.0.take() {
+            Some((pid, stdout, stderr)) => adopt(pid, stdout, stderr),
+            None => Err(io::Error::other("a started child was adopted twice")),
+        }
+    }
+}
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        if let Some((pid, _, _)) = self.0.take() {
+            abandon(pid);
+        }
+    }
 }
 
 /// Requests a spawner thread has taken, by number, until the receiver thread answers them. The
@@ -240,6 +255,7 @@ impl Spawner {
         // Not one of the standard streams, which a spawner keeps open.
         let sending = rustix::io::fcntl_dupfd_cloexec(&sending, 3)?;
         let in_flight = InFlight::default();
+        let stopped = Arc::new(AtomicBool::new(false));
         let (requests, queue) = mpsc::channel::<Request>();
         let queue = Arc::new(Mutex::new(queue));
         let numbers = Arc::new(AtomicU64::new(0));
@@ -247,7 +263,7 @@ impl Spawner {
         let (ready, readiness) = mpsc::channel();
         for index in 0..threads {
             let (queue, in_flight, numbers) = (Arc::clone(&queue), Arc::clone(&in_flight), Arc::clone(&numbers));
-            let (socket, ready) = (sending.as_raw_fd(), ready.clone());
+            let (socket, ready, stopped) = (sending.as_raw_fd(), ready.clone(), Arc::clone(&stopped));
             std::thread::Builder::new()
                 .name(format!("shardcron-spawn-{index}"))
                 .spawn(move || {
@@ -260,27 +276,59 @@ impl Spawner {
                     };
                     let _ = ready.send(Ok(()));
                     drop(ready);
-                    spawn_loop(&socket, &queue, &in_flight, &numbers);
+                    spawn_loop(&socket, &queue, &in_flight, &numbers, &stopped);
                 })?;
         }
         drop(ready);
-        // A thread that could not make its table its own serves nothing: no spawn at all then,
-        // rather than spawns that hang in a queue.
-        for result in readiness {
-            result?;
-        }
+        // Every thread has made its table its own (or failed to) before `sending` may close.
+        // One that failed would serve nothing: no spawner threads at all then, rather than
+        // spawns that hang in a queue.
+        let made_own: Vec<io::Result<()>> = readiness.into_iter().collect();
+        made_own.into_iter().collect::<io::Result<()>>()?;
+        let receiver_stopped = Arc::clone(&stopped);
         std::thread::Builder::new()
-            .name("shardcron-spawned".to_string())
-            .spawn(move || receive_loop(&receiving, &in_flight))?;
+            .name("shardcron-answer".to_string())
+            .spawn(move || receive_loop(receiving, in_flight, &receiver_stopped))?;
         Ok(Spawner {
             requests,
             _sending: sending,
+            stopped,
         })
+    }
+
+    /// Whether the spawner threads still take requests.
+    fn serves(&self) -> bool {
+        !self.stopped.load(Ordering::Acquire)
+    }
+
+    async fn spawn(
+        &self,
+        command: Command,
+        last_check: impl FnMut(&mut Command) -> bool + Send + 'static,
+    ) -> io::Result<Option<Child>> {
+        let (reply, started) = oneshot::channel();
+        self.requests
+            .send(Request {
+                command,
+                last_check: Box::new(last_check),
+                reply,
+            })
+            .map_err(|_| io::Error::other("the spawner threads have stopped"))?;
+        let answer = started.await.map_err(|_| {
+            io::Error::other("the spawner threads stopped before the command could start (they are not used again)")
+        })??;
+        answer.map(Started::adopt).transpose()
     }
 }
 
 /// A spawner thread, in its own descriptor table: one request at a time.
-fn spawn_loop(socket: &OwnedFd, queue: &Mutex<mpsc::Receiver<Request>>, in_flight: &InFlight, numbers: &AtomicU64) {
+fn spawn_loop(
+    socket: &OwnedFd,
+    queue: &Mutex<mpsc::Receiver<Request>>,
+    in_flight: &InFlight,
+    numbers: &AtomicU64,
+    stopped: &AtomicBool,
+) {
     loop {
         let request = match queue.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).recv() {
             Ok(request) => request,
@@ -291,6 +339,13 @@ fn spawn_loop(socket: &OwnedFd, queue: &Mutex<mpsc::Receiver<Request>>, in_fligh
             mut last_check,
             reply,
         } = request;
+        let number = numbers.fetch_add(1, Ordering::Relaxed);
+        if stopped.load(Ordering::Acquire) {
+            // Nothing reads the socket any more: the receiver thread answers what is left in
+            // flight, that nothing started.
+            lock(in_flight).insert(number, (reply, last_check));
+            continue;
+        }
         let mut pipes = None;
         let (pid, outcome) = if reply.is_closed() {
             // A run cancelled while it waited starts nothing.
@@ -312,11 +367,7 @@ fn spawn_loop(socket: &OwnedFd, queue: &Mutex<mpsc::Receiver<Request>>, in_fligh
                 Err(err) => (0, err.raw_os_error().unwrap_or(libc::EIO)),
             }
         };
-        let number = numbers.fetch_add(1, Ordering::Relaxed);
-        in_flight
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .insert(number, (reply, last_check));
+        lock(in_flight).insert(number, (reply, last_check));
         let mut message = [0u8; MESSAGE];
         message[..8].copy_from_slice(&number.to_le_bytes());
         message[8..12].copy_from_slice(&pid.to_le_bytes());
@@ -327,14 +378,9 @@ fn spawn_loop(socket: &OwnedFd, queue: &Mutex<mpsc::Receiver<Request>>, in_fligh
                 let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
                 let mut control = SendAncillaryBuffer::new(&mut space);
                 control.push(SendAncillaryMessage::ScmRights(&fds));
-                sendmsg(socket, &[IoSlice::new(&message)], &mut control, SendFlags::empty())
+                sendmsg(socket, &[IoSlice::new(&message)], &mut control, SendFlags::NOSIGNAL)
             }
-            None => sendmsg(
-                socket,
-                &[IoSlice::new(&message)],
-                &mut SendAncillaryBuffer::default(),
-                SendFlags::empty(),
-            ),
+            None => send_plain(socket, &message),
         };
         if let Err(err) = sent {
             // The pipes could not cross: the child is killed, and the request answered with the
@@ -344,17 +390,28 @@ fn spawn_loop(socket: &OwnedFd, queue: &Mutex<mpsc::Receiver<Request>>, in_fligh
             }
             message[8..12].copy_from_slice(&0i32.to_le_bytes());
             message[12..].copy_from_slice(&err.raw_os_error().to_le_bytes());
-            if let Err(err) = sendmsg(
-                socket,
-                &[IoSlice::new(&message)],
-                &mut SendAncillaryBuffer::default(),
-                SendFlags::empty(),
-            ) {
-                tracing::error!(error = %err, "the spawner socket failed: a run waits for a start that will never be answered");
+            if let Err(err) = send_plain(socket, &message) {
+                // The receiver thread reads what was sent before, then stops the spawner
+                // threads and answers the rest itself.
+                tracing::error!(error = %err, "the spawner socket failed: commands are spawned on the runtime's threads from now on");
+                let _ = rustix::net::shutdown(socket, rustix::net::Shutdown::Write);
             }
         }
         // The pipes' descriptors close here, in this thread's table: the node's copies remain.
     }
+}
+
+fn send_plain(socket: &OwnedFd, message: &[u8; MESSAGE]) -> rustix::io::Result<usize> {
+    sendmsg(
+        socket,
+        &[IoSlice::new(message)],
+        &mut SendAncillaryBuffer::default(),
+        SendFlags::NOSIGNAL,
+    )
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Gives this thread a descriptor table of its own and closes every descriptor in it but the
@@ -395,30 +452,31 @@ fn private_table_keeping(keep: RawFd) -> io::Result<OwnedFd> {
 
 /// The node's side of the socket: each answer goes to the run that asked, with a started child's
 /// pipes, now in the node's table; a child whose run is gone by then is killed.
-fn receive_loop(socket: &OwnedFd, in_flight: &InFlight) {
+fn receive_loop(socket: OwnedFd, in_flight: InFlight, stopped: &AtomicBool) {
     loop {
         let mut message = [0u8; MESSAGE];
         let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
         let mut control = RecvAncillaryBuffer::new(&mut space);
         let received = recvmsg(
-            socket,
+            &socket,
             &mut [IoSliceMut::new(&mut message)],
             &mut control,
             RecvFlags::CMSG_CLOEXEC,
         );
-        let received = match received {
-            Ok(received) => received,
+        match received {
+            Ok(received) if received.bytes == MESSAGE => {}
             Err(rustix::io::Errno::INTR) => continue,
-            Err(err) => {
-                tracing::error!(error = %err, "the spawner socket failed; runs can no longer start");
-                // The runs waiting for an answer learn it instead of waiting for ever.
-                in_flight
-                    .lock()
-                    .unwrap_or_else(|poisoned| poisoned.into_inner())
-                    .clear();
+            // Every message is whole (a sequenced-packet socket); anything else is its end.
+            failed => {
+                if let Err(err) = failed {
+                    tracing::error!(error = %err, "the spawner socket failed: commands are spawned on the runtime's threads from now on");
+                }
+                stopped.store(true, Ordering::Release);
+                drop(socket);
+                answer_the_rest(&in_flight);
                 return;
             }
-        };
+        }
         let mut pipes: Vec<OwnedFd> = control
             .drain()
             .flat_map(|message| match message {
@@ -426,19 +484,12 @@ fn receive_loop(socket: &OwnedFd, in_flight: &InFlight) {
                 _ => Vec::new(),
             })
             .collect();
-        if received.bytes != MESSAGE {
-            continue;
-        }
         let number = u64::from_le_bytes(message[..8].try_into().unwrap_or_default());
         let pid = Pid::from_raw(i32::from_le_bytes(message[8..12].try_into().unwrap_or_default()));
         let outcome = i32::from_le_bytes(message[12..].try_into().unwrap_or_default());
-        let request = in_flight
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .remove(&number);
         let (stderr, stdout) = (pipes.pop(), pipes.pop());
         let answer = match (outcome, pid, stdout, stderr) {
-            (SPAWNED, Some(pid), Some(stdout), Some(stderr)) => Ok(Some(Started { pid, stdout, stderr })),
+            (SPAWNED, Some(pid), Some(stdout), Some(stderr)) => Ok(Some(Started(Some((pid, stdout, stderr))))),
             (SPAWNED, pid, _, _) => {
                 pid.into_iter().for_each(abandon);
                 Err(io::Error::other("the command's pipes did not reach the node"))
@@ -449,15 +500,24 @@ fn receive_loop(socket: &OwnedFd, in_flight: &InFlight) {
                 Err(io::Error::from_raw_os_error(errno))
             }
         };
-        let Some((reply, _last_check)) = request else {
-            if let Ok(Some(started)) = answer {
-                abandon(started.pid);
-            }
-            continue;
-        };
-        if let Err(Ok(Some(started))) = reply.send(answer) {
-            abandon(started.pid);
+        // A child whose run is gone, and so no answer, is killed as its `Started` drops.
+        if let Some((reply, _last_check)) = lock(&in_flight).remove(&number) {
+            let _ = reply.send(answer);
         }
+    }
+}
+
+/// Once the socket failed, answers the requests the spawner threads still take, until they have
+/// all ended, by dropping them: the runs that asked learn that their commands did not start.
+fn answer_the_rest(in_flight: &InFlight) {
+    const EVERY: std::time::Duration = std::time::Duration::from_millis(100);
+    loop {
+        let left = std::mem::take(&mut *lock(in_flight));
+        drop(left);
+        if Arc::strong_count(in_flight) == 1 {
+            return;
+        }
+        std::thread::sleep(EVERY);
     }
 }
 
@@ -469,7 +529,6 @@ fn abandon(pid: Pid) {
 
 #[cfg(test)]
 mod tests {
-    use std::os::unix::process::CommandExt;
     use std::process::Stdio;
     use std::time::{Duration, Instant};
 
@@ -504,7 +563,10 @@ mod tests {
         last_check: impl FnMut(&mut Command) -> bool + Send + 'static,
     ) -> io::Result<Option<Child>> {
         if on_thread {
-            spawn_on_thread(command, last_check).await
+            shared_spawner()
+                .expect("spawner threads")
+                .spawn(command, last_check)
+                .await
         } else {
             spawn_here(command, last_check)
         }
@@ -572,28 +634,60 @@ mod tests {
     #[tokio::test]
     async fn spawner_threads_keep_a_table_of_their_own_and_take_no_signals() {
         let held: Vec<_> = (0..500).map(|_| std::io::pipe().expect("pipe")).collect();
-        let mut child = spawn_on_thread(sh("exit 0"), |_| true)
+        let mut child = shared_spawner()
+            .expect("spawner threads")
+            .spawn(sh("exit 0"), |_| true)
             .await
             .expect("spawn")
             .expect("allowed");
         child.wait().await.expect("wait");
+        // Another test's spawner threads may be alive too: every one must keep to itself.
         let mut spawners = 0;
         for task in std::fs::read_dir("/proc/self/task").expect("tasks") {
             let task = task.expect("task").path();
-            let status = std::fs::read_to_string(task.join("status")).unwrap_or_default();
-            let blocks_signals = status
-                .lines()
-                .any(|line| line.starts_with("SigBlk:") && !line.ends_with("0000000000000000"));
-            if !blocks_signals {
+            // Thread names are cut to 15 bytes.
+            let name = std::fs::read_to_string(task.join("comm")).unwrap_or_default();
+            if name.trim_end() != "shardcron-spawn" {
                 continue;
             }
+            let status = std::fs::read_to_string(task.join("status")).unwrap_or_default();
+            assert!(
+                status
+                    .lines()
+                    .any(|line| line.starts_with("SigBlk:") && !line.ends_with("0000000000000000")),
+                "a spawner thread takes signals"
+            );
             let descriptors = std::fs::read_dir(task.join("fd")).map_or(0, Iterator::count);
             assert!(descriptors <= 4, "a spawner thread holds {descriptors} descriptors");
             spawners += 1;
         }
         let threads = std::thread::available_parallelism().map_or(2, usize::from);
-        assert_eq!(spawners, threads, "spawner threads with signals blocked");
+        assert!(
+            spawners >= threads,
+            "{spawners} spawner threads, fewer than {threads} cores"
+        );
         assert!(std::fs::read_dir("/proc/self/fd").expect("fds").count() > 1000);
         drop(held);
+    }
+
+    #[tokio::test]
+    async fn spawner_threads_whose_socket_failed_answer_every_run_and_serve_no_more() {
+        let spawner = Spawner::start().expect("spawner threads");
+        let mut child = spawner
+            .spawn(sh("exit 0"), |_| true)
+            .await
+            .expect("spawn")
+            .expect("allowed");
+        child.wait().await.expect("wait");
+        rustix::net::shutdown(&spawner._sending, rustix::net::Shutdown::Write).expect("shutdown");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while spawner.serves() {
+            assert!(Instant::now() < deadline, "the spawner threads still serve");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let asked = tokio::time::timeout(Duration::from_secs(10), spawner.spawn(sh("exit 0"), |_| true))
+            .await
+            .expect("the run is answered");
+        assert!(asked.is_err(), "no command starts through stopped spawner threads");
     }
 }
