@@ -500,8 +500,10 @@ fn receive_loop(socket: OwnedFd, in_flight: InFlight, stopped: &AtomicBool) {
                 Err(io::Error::from_raw_os_error(errno))
             }
         };
-        // A child whose run is gone, and so no answer, is killed as its `Started` drops.
-        if let Some((reply, _last_check)) = lock(&in_flight).remove(&number) {
+        // A child whose run is gone, and so no answer, is killed as its `Started` drops. The
+        // answer is sent after the lock is let go: the spawner threads wait on it.
+        let request = lock(&in_flight).remove(&number);
+        if let Some((reply, _last_check)) = request {
             let _ = reply.send(answer);
         }
     }
