@@ -109,23 +109,17 @@ const INLINE_BELOW: usize = 256;
 /// starts (the leadership, the lease's deadline) is read by `last_check` right before the spawn.
 /// It may run outside the runtime: it must wake no task (no cancelling, no sending).
 pub(crate) async fn spawn(
-    command: Command,
-    last_check: impl FnMut(&mut Command) -> bool + Send + 'static,
-) -> io::Result<Option<Child>> {
-    spawn_with(shared_spawner(), command, last_check).await
-}
-
-async fn spawn_with(
-    spawner: Option<&Spawner>,
     mut command: Command,
     last_check: impl FnMut(&mut Command) -> bool + Send + 'static,
 ) -> io::Result<Option<Child>> {
     // A run's stop and kill signal the group, and a dropped child's group is killed.
     command.process_group(0);
-    match spawner.filter(|spawner| CHILDREN.load(Ordering::Relaxed) >= INLINE_BELOW && spawner.serves()) {
-        Some(spawner) => spawner.spawn(command, last_check).await,
-        None => spawn_here(command, last_check),
+    if CHILDREN.load(Ordering::Relaxed) >= INLINE_BELOW {
+        if let Some(spawner) = shared_spawner().filter(|spawner| spawner.serves()) {
+            return spawner.spawn(command, last_check).await;
+        }
     }
+    spawn_here(command, last_check)
 }
 
 /// The node's spawner threads, started on first use. Where they cannot start (a seccomp
