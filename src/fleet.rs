@@ -19,7 +19,7 @@ use tokio::task::JoinSet;
 use crate::assignment::assign;
 use crate::backoff::{sleep_or_cancel, Backoff};
 use crate::context::NodeContext;
-use crate::election::Ballot;
+use crate::election::{self, Ballot, Candidate, Entered};
 use crate::etcd::{self, CoordError};
 use crate::keys::Keys;
 use crate::record::Member;
@@ -35,6 +35,45 @@ pub struct FleetView {
     pub candidates: Vec<BTreeSet<String>>,
     /// The leader of each election: its node id and fence.
     pub leaders: Vec<Option<(String, i64)>>,
+    /// Candidate keys of this node's elections that no live member put: they never lead.
+    pub foreign: Arc<Vec<Candidate>>,
+}
+
+/// The live members, and the lease each registration lives on: a candidate key leads only on a
+/// member's lease.
+#[derive(Debug, Clone, Default)]
+pub struct Members {
+    pub nodes: BTreeMap<String, Member>,
+    /// By node id; a registration whose record cannot be read still holds its lease, as etcd
+    /// sees it when a foreign key is checked before its removal.
+    leases: BTreeMap<String, i64>,
+}
+
+impl Members {
+    pub fn leases(&self) -> BTreeSet<i64> {
+        self.leases.values().copied().filter(|lease| *lease != 0).collect()
+    }
+
+    fn apply(&mut self, keys: &Keys, key: &[u8], put: Option<(&[u8], i64)>) {
+        let Some(id) = std::str::from_utf8(key).ok().and_then(|key| keys.parse_node(key)) else {
+            return;
+        };
+        let Some((value, lease)) = put else {
+            self.nodes.remove(id);
+            self.leases.remove(id);
+            return;
+        };
+        self.leases.insert(id.to_string(), lease);
+        match serde_json::from_slice::<Member>(value) {
+            Ok(member) => {
+                self.nodes.insert(id.to_string(), member);
+            }
+            Err(err) => {
+                self.nodes.remove(id);
+                tracing::warn!(node = id, error = %err, "unreadable member record; ignoring it");
+            }
+        }
+    }
 }
 
 /// Target owner of every shard, among the members that share `shards`.
@@ -87,14 +126,11 @@ pub async fn register(session: &Session, keys: &Keys, node_id: &str, member: &Me
 const PUBLISH_EVERY: Duration = Duration::from_millis(20);
 
 /// Every live member, by node id, and the revision of the read.
-pub async fn read_members(
-    client: &etcd_client::Client,
-    keys: &Keys,
-) -> Result<(BTreeMap<String, Member>, i64), CoordError> {
+pub async fn read_members(client: &etcd_client::Client, keys: &Keys) -> Result<(Members, i64), CoordError> {
     let (read, revision) = etcd::read_prefix(client, &keys.nodes_prefix()).await?;
-    let mut members = BTreeMap::new();
+    let mut members = Members::default();
     for kv in &read {
-        apply_member(&mut members, keys, kv.key(), Some(kv.value()));
+        members.apply(keys, kv.key(), Some((kv.value(), kv.lease())));
     }
     Ok((members, revision))
 }
@@ -104,9 +140,17 @@ pub async fn read_ballot(client: &etcd_client::Client, keys: &Keys, shards: u32)
     let (read, revision) = etcd::read_prefix(client, &keys.shards_prefix()).await?;
     let mut ballot = Ballot::new(shards);
     for kv in &read {
-        ballot.apply(keys, kv.key(), Some((kv.value(), kv.create_revision())));
+        ballot.apply(keys, kv.key(), Some(entered(kv)));
     }
     Ok((ballot, revision))
+}
+
+fn entered(kv: &etcd_client::KeyValue) -> Entered<'_> {
+    Entered {
+        node: kv.value(),
+        fence: kv.create_revision(),
+        lease: kv.lease(),
+    }
 }
 
 /// Keeps a [`FleetView`] current from etcd until the session ends. Returns when a watch fails;
@@ -116,7 +160,7 @@ async fn watch(session: &Session, keys: &Keys, shards: u32, view: &watch::Sender
     let (mut members, members_read) = read_members(&client, keys).await?;
     let (mut ballot, ballot_read) = read_ballot(&client, keys, shards).await?;
     let from = members_read.min(ballot_read) + 1;
-    let mut targets = Arc::new(self::targets(&members, shards));
+    let mut targets = Arc::new(self::targets(&members.nodes, shards));
     publish(view, &members, &targets, &ballot, (0..shards).collect());
     let mut members_changed = false;
     // Shards whose election changed since the view was last published.
@@ -143,8 +187,8 @@ async fn watch(session: &Session, keys: &Keys, shards: u32, view: &watch::Sender
                 }
                 for event in response.events() {
                     let Some(kv) = event.kv() else { continue };
-                    let value = (event.event_type() == EventType::Put).then(|| kv.value());
-                    apply_member(&mut members, keys, kv.key(), value);
+                    let put = (event.event_type() == EventType::Put).then(|| (kv.value(), kv.lease()));
+                    members.apply(keys, kv.key(), put);
                 }
                 members_changed = true;
             }
@@ -155,32 +199,19 @@ async fn watch(session: &Session, keys: &Keys, shards: u32, view: &watch::Sender
                 }
                 for event in response.events() {
                     let Some(kv) = event.kv() else { continue };
-                    let put = (event.event_type() == EventType::Put).then(|| (kv.value(), kv.create_revision()));
+                    let put = (event.event_type() == EventType::Put).then(|| entered(kv));
                     changed_shards.extend(ballot.apply(keys, kv.key(), put));
                 }
             }
             _ = publishing.tick(), if members_changed || !changed_shards.is_empty() => {
                 if members_changed {
-                    targets = Arc::new(self::targets(&members, shards));
+                    targets = Arc::new(self::targets(&members.nodes, shards));
+                    // Who may lead any shard depends on the members' leases.
+                    changed_shards.extend(0..shards);
                     members_changed = false;
                 }
                 publish(view, &members, &targets, &ballot, std::mem::take(&mut changed_shards));
             }
-        }
-    }
-}
-
-fn apply_member(members: &mut BTreeMap<String, Member>, keys: &Keys, key: &[u8], value: Option<&[u8]>) {
-    let Some(id) = std::str::from_utf8(key).ok().and_then(|key| keys.parse_node(key)) else {
-        return;
-    };
-    match value.map(serde_json::from_slice::<Member>) {
-        Some(Ok(member)) => {
-            members.insert(id.to_string(), member);
-        }
-        Some(Err(err)) => tracing::warn!(node = id, error = %err, "unreadable member record; ignoring it"),
-        None => {
-            members.remove(id);
         }
     }
 }
@@ -190,15 +221,16 @@ fn apply_member(members: &mut BTreeMap<String, Member>, keys: &Keys, key: &[u8],
 /// events costs what it touched, not a copy of every shard's candidates.
 fn publish(
     view: &watch::Sender<FleetView>,
-    members: &BTreeMap<String, Member>,
+    members: &Members,
     targets: &Arc<Vec<Option<String>>>,
     ballot: &Ballot,
     changed: BTreeSet<u32>,
 ) {
+    let member_leases = members.leases();
     view.send_if_modified(|current| {
         let mut modified = false;
-        if *current.members != *members {
-            current.members = Arc::new(members.clone());
+        if *current.members != members.nodes {
+            current.members = Arc::new(members.nodes.clone());
             modified = true;
         }
         if !Arc::ptr_eq(&current.targets, targets) {
@@ -208,13 +240,17 @@ fn publish(
         let shards = targets.len();
         current.candidates.resize(shards, BTreeSet::new());
         current.leaders.resize(shards, None);
+        let any_changed = !changed.is_empty();
         for shard in changed {
             let candidates: BTreeSet<String> = ballot
                 .candidates(shard)
                 .iter()
+                .filter(|candidate| candidate.is_member(&member_leases))
                 .map(|candidate| candidate.node.clone())
                 .collect();
-            let leader = ballot.leader(shard).map(|leader| (leader.node.clone(), leader.fence));
+            let leader = ballot
+                .leader(shard, &member_leases)
+                .map(|leader| (leader.node.clone(), leader.fence));
             let (Some(held), Some(held_leader)) = (
                 current.candidates.get_mut(shard as usize),
                 current.leaders.get_mut(shard as usize),
@@ -224,6 +260,14 @@ fn publish(
             if *held != candidates || *held_leader != leader {
                 *held = candidates;
                 *held_leader = leader;
+                modified = true;
+            }
+        }
+        if any_changed {
+            let foreign: Vec<Candidate> = ballot.foreign(&member_leases).cloned().collect();
+            if *current.foreign != foreign {
+                crate::metrics::get().election_foreign_keys.set(foreign.len() as i64);
+                current.foreign = Arc::new(foreign);
                 modified = true;
             }
         }
@@ -256,6 +300,7 @@ pub(crate) fn spawn_tasks(
     tasks.spawn(keep_view(session.clone(), node.keys.clone(), node.shards, view_sender));
     tasks.spawn(register_reloads(Arc::clone(node), session.clone(), member));
     tasks.spawn(warn_on_drift(Arc::clone(node), session.clone(), view.clone()));
+    tasks.spawn(remove_foreign_keys(session.clone(), node.keys.clone(), view.clone()));
     view
 }
 
@@ -281,6 +326,47 @@ async fn keep_view(session: Session, keys: Keys, shards: u32, view: watch::Sende
         }
         if !sleep_or_cancel(backoff.next_delay(), session.ended()).await {
             return;
+        }
+    }
+}
+
+/// How many foreign keys one pass removes, and how soon the ones left (or whose removal failed)
+/// are tried again: a flood of foreign keys must not crowd out the term's own etcd calls.
+const FOREIGN_PER_PASS: usize = 64;
+const FOREIGN_RECHECK: Duration = Duration::from_secs(1);
+
+/// Warns once of each candidate key that no live member put, and removes it once etcd confirms
+/// that, so the shard's election goes on among members: a leaseless key left in front of an
+/// election would lead it for good once the real leader campaigned again.
+async fn remove_foreign_keys(session: Session, keys: Keys, mut view: watch::Receiver<FleetView>) {
+    let mut reported: BTreeSet<(Vec<u8>, i64)> = BTreeSet::new();
+    loop {
+        let foreign = Arc::clone(&view.borrow_and_update().foreign);
+        let present: BTreeSet<(Vec<u8>, i64)> = foreign
+            .iter()
+            .map(|candidate| (candidate.key.clone(), candidate.fence))
+            .collect();
+        reported.retain(|seen| present.contains(seen));
+        for candidate in foreign.iter().take(FOREIGN_PER_PASS) {
+            let key = String::from_utf8_lossy(&candidate.key);
+            if reported.insert((candidate.key.clone(), candidate.fence)) {
+                tracing::warn!(%key, node = %candidate.node, create_revision = candidate.fence, lease = candidate.lease.map(|lease| format!("{lease:x}")), "a shard election holds a key that no live member put (no lease, or a lease no member holds): it never leads; removing it");
+            }
+            match election::remove_foreign(&session, &keys, candidate).await {
+                Ok(true) => tracing::info!(%key, "removed a foreign key from a shard election"),
+                Ok(false) => {}
+                Err(err) => {
+                    if let Some(left_out) = crate::repeats::log_now("foreign election key") {
+                        tracing::warn!(%key, error = %err, left_out, "cannot remove a foreign election key yet; trying again (left_out: lines like this one not logged since the last)");
+                    }
+                }
+            }
+        }
+        let recheck = !foreign.is_empty();
+        tokio::select! {
+            changed = view.changed() => if changed.is_err() { return },
+            _ = tokio::time::sleep(FOREIGN_RECHECK), if recheck => {}
+            _ = session.ended().cancelled() => return,
         }
     }
 }

@@ -207,11 +207,27 @@ mod tests {
             .await
             .expect("client");
         let keys = Keys::new("fence");
+        // Only members lead: each session registers as a node does before it campaigns.
+        let register = |session: Session, id: &'static str| {
+            let keys = keys.clone();
+            async move {
+                let member = crate::record::Member {
+                    version: "test".into(),
+                    digest: "d".into(),
+                    shards: 1,
+                    started_at: Utc::now(),
+                };
+                crate::fleet::register(&session, &keys, id, &member)
+                    .await
+                    .expect("register");
+            }
+        };
 
         step("node a leads");
         let session_a = Session::open(&client, Duration::from_secs(5), &CancellationToken::new())
             .await
             .expect("session a");
+        register(session_a.clone(), "a").await;
         let mut view_a = crate::fleet::watch_view(&session_a, &keys, 1);
         let admission = election::Admission::new(1);
         let leader_a = election::campaign(&session_a, &keys, 1, 0, "a", &mut view_a, &admission)
@@ -221,6 +237,7 @@ mod tests {
         let session_b = Session::open(&client, Duration::from_secs(5), &CancellationToken::new())
             .await
             .expect("session b");
+        register(session_b.clone(), "b").await;
         let campaign_b = {
             let (session_b, keys) = (session_b.clone(), keys.clone());
             let mut view_b = crate::fleet::watch_view(&session_b, &keys, 1);

@@ -59,6 +59,8 @@ pub(crate) struct Metrics {
     pub history_unwritten: Gauge,
     /// As this node's fleet view sees the elections.
     pub shards_without_leader: Gauge,
+    /// Candidate keys in the elections that no live member put, as this node's view sees them.
+    pub election_foreign_keys: Gauge,
     pub config_drift_nodes: Gauge,
     /// Counted from the node's mirror of the pauses when the page is rendered: a pause ends
     /// by itself at its `until`, with no event.
@@ -88,6 +90,7 @@ impl Metrics {
             results_unwritten: Gauge::default(),
             history_unwritten: Gauge::default(),
             shards_without_leader: Gauge::default(),
+            election_foreign_keys: Gauge::default(),
             config_drift_nodes: Gauge::default(),
             pauses_in_force: Gauge::default(),
             log_lines_dropped: Counter::default(),
@@ -165,6 +168,11 @@ impl Metrics {
             "shards_without_leader",
             "Shards with no leader, as this node's view of the elections sees them",
             metrics.shards_without_leader.clone(),
+        );
+        registry.register(
+            "election_foreign_keys",
+            "Keys in the shard elections that no live member put (no lease, or a lease no member holds); they never lead",
+            metrics.election_foreign_keys.clone(),
         );
         registry.register(
             "config_drift_nodes",

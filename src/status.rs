@@ -81,21 +81,28 @@ pub async fn read(
     let keys = Keys::new(&cluster.name);
     let shards = cluster.shards;
     let (ballot, _) = fleet::read_ballot(client, &keys, shards).await?;
+    let (members, _) = fleet::read_members(client, &keys).await?;
+    let member_leases = members.leases();
     let shard_status: Vec<ShardStatus> = (0..shards)
         .map(|shard| {
-            let leader = ballot.leader(shard);
+            let leader = ballot.leader(shard, &member_leases);
             ShardStatus {
                 shard,
                 leader: leader.map(|leader| leader.node.clone()),
                 term: leader.map(|leader| leader.fence),
                 fence: leader.map(|leader| leader.fence),
-                standby: ballot.candidates(shard).len().saturating_sub(1),
+                standby: ballot
+                    .candidates(shard)
+                    .iter()
+                    .filter(|candidate| candidate.is_member(&member_leases))
+                    .count()
+                    .saturating_sub(usize::from(leader.is_some())),
             }
         })
         .collect();
 
-    let (members, _) = fleet::read_members(client, &keys).await?;
     let nodes = members
+        .nodes
         .into_iter()
         .map(|(id, member)| NodeStatus {
             drift: member.digest != digest,

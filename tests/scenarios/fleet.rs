@@ -186,3 +186,67 @@ fn nodes_with_different_shard_counts_never_run_a_tick_twice() {
         "a warns about b's config"
     );
 }
+
+/// Keys under a shard's election prefix that no member put (one without a lease, one on a lease
+/// no member holds) never lead: once the real leader campaigns again behind them, a member
+/// leads the shard within a TTL, its job fires again, and the node names each key in its log.
+#[test]
+fn keys_no_member_put_never_lead_an_election() {
+    let mut world = World::new();
+    let names = job_names(1, 1);
+    let config = world.write_config("jobs.toml", 1, TTL, &every_second(&names, ""));
+    step("start a; wait until it leads and runs");
+    world.node("a", &config).start();
+    wait_for(Duration::from_secs(15), "a leads and runs", || {
+        world.leader_of(&config, 0).is_some_and(|(leader, _)| leader == "a") && !world.runs().is_empty()
+    });
+
+    step("put two foreign keys in shard 0's election, behind a's key");
+    let prefix = "/shardcron/test/shards/0/n1/";
+    let (runtime, mut client) = world.etcd_client();
+    let leaseless = format!("{prefix}ffffffff");
+    // Named for its own live lease, as a member's key is, but no member registered on that lease.
+    let on_a_stray_lease = runtime.block_on(async {
+        client.put(leaseless.as_str(), "intruder", None).await.expect("put");
+        let lease = client.lease_grant(300, None).await.expect("grant").id();
+        let key = format!("{prefix}{lease:x}");
+        let on_lease = etcd_client::PutOptions::new().with_lease(lease);
+        client
+            .put(key.as_str(), "intruder", Some(on_lease))
+            .await
+            .expect("put on the lease");
+        key
+    });
+
+    step("stop a gracefully, so both keys are first in line, and start it again");
+    world.nodes[0].signal(libc::SIGTERM);
+    assert_eq!(
+        world.nodes[0].wait_exit(Duration::from_secs(20)),
+        Some(0),
+        "a stops cleanly"
+    );
+    let restarted = now_secs();
+    let again = world.node("a", &config).start();
+    wait_for(
+        Duration::from_secs(6 * TTL),
+        "a member leads shard 0 and its job runs again",
+        || {
+            world.leader_of(&config, 0).is_some_and(|(leader, _)| leader == "a")
+                && world.runs().iter().any(|run| run.started > restarted)
+        },
+    );
+    let first_run = world
+        .runs()
+        .iter()
+        .filter(|run| run.started > restarted)
+        .map(|run| run.started)
+        .fold(f64::MAX, f64::min);
+    eprintln!("first run {:.2} s after the restart", first_run - restarted);
+    for key in [&leaseless, &on_a_stray_lease] {
+        assert_eq!(world.etcd_value(key), None, "{key} was removed");
+        assert!(
+            world.nodes[again].log_text().contains(key.as_str()),
+            "the log names {key}"
+        );
+    }
+}

@@ -28,6 +28,7 @@ pub(crate) const KNOWN_METRICS: &[&str] = &[
     "shardcron_pauses_in_force",
     "shardcron_runs_in_flight",
     "shardcron_shards_without_leader",
+    "shardcron_election_foreign_keys",
     "shardcron_config_drift_nodes",
     "shardcron_build_info",
     "shardcron_job_last_success_timestamp_seconds",

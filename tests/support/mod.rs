@@ -165,6 +165,16 @@ impl World {
         });
     }
 
+    /// A client of this world's etcd, on a runtime of its own, for a test that writes to etcd as
+    /// someone other than a node would.
+    pub fn etcd_client(&self) -> (tokio::runtime::Runtime, etcd_client::Client) {
+        let runtime = tokio::runtime::Runtime::new().expect("runtime");
+        let client = runtime
+            .block_on(etcd_client::Client::connect([self.etcd.client_url()], None))
+            .expect("etcd");
+        (runtime, client)
+    }
+
     /// The value etcd holds at `key`, if any.
     pub fn etcd_value(&self, key: &str) -> Option<Vec<u8>> {
         let runtime = tokio::runtime::Runtime::new().expect("runtime");
