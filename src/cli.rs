@@ -175,8 +175,8 @@ pub struct NextArgs {
     /// Start instant (RFC 3339); the instants printed are strictly after it. Default: now.
     #[arg(long)]
     pub from: Option<String>,
-    /// How many instants to print.
-    #[arg(short = 'n', default_value_t = 5)]
+    /// How many instants to print (at most 100,000).
+    #[arg(short = 'n', default_value_t = 5, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100_000))]
     pub count: usize,
     /// The job whose name gives the values of `H` items (hash-spread schedules).
     #[arg(long, value_name = "NAME")]
@@ -193,8 +193,8 @@ pub struct PlanArgs {
     /// End of the window (RFC 3339), excluded. Default: 24 h after --from.
     #[arg(long, conflicts_with = "for_")]
     pub to: Option<String>,
-    /// Length of the window instead of --to, such as 90m or 7d.
-    #[arg(long = "for", id = "for_", value_name = "DURATION", value_parser = humantime::parse_duration)]
+    /// Length of the window instead of --to, such as 90m or 7d (at most 100 years).
+    #[arg(long = "for", id = "for_", value_name = "DURATION", value_parser = crate::bounds::window)]
     pub for_: Option<Duration>,
     /// Only this job; repeat for several. Default: every job.
     #[arg(long = "job", value_name = "NAME")]
@@ -202,8 +202,8 @@ pub struct PlanArgs {
     /// Print a JSON array of objects instead of text.
     #[arg(long)]
     pub json: bool,
-    /// Print at most this many instants; a longer plan is cut, with an error.
-    #[arg(long, default_value_t = 100_000)]
+    /// Print at most this many instants (at most 1,000,000); a longer plan is cut, with an error.
+    #[arg(long, default_value_t = 100_000, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
     pub limit: usize,
 }
 
@@ -224,8 +224,9 @@ pub struct NodeArgs {
     /// etcd endpoints, comma-separated; overrides [etcd] endpoints.
     #[arg(long, env = "SHARDCRON_ENDPOINTS", value_delimiter = ',')]
     pub endpoints: Vec<String>,
-    /// On SIGTERM/SIGINT, how long running commands may go on before they are killed.
-    #[arg(long, env = "SHARDCRON_SHUTDOWN_GRACE", default_value = "30s", value_parser = humantime::parse_duration)]
+    /// On SIGTERM/SIGINT, how long running commands may go on before they are killed (at most
+    /// 1 day).
+    #[arg(long, env = "SHARDCRON_SHUTDOWN_GRACE", default_value = "30s", value_parser = crate::bounds::wait)]
     pub shutdown_grace: Duration,
     /// Serve HTTP at HOST:PORT (a bare PORT: on loopback only): /healthz, /readyz, /metrics,
     /// the JSON API under /api/v1 and the dashboard at /. Also spelled --metrics-addr (and
@@ -308,8 +309,8 @@ pub struct TriggerArgs {
     /// or a run that did not happen: skipped, paused, lost).
     #[arg(long)]
     pub wait: bool,
-    /// How long a leader has to take the request before it is withdrawn (exit 1).
-    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    /// How long a leader has to take the request before it is withdrawn (exit 1; at most 1 day).
+    #[arg(long, default_value = "10s", value_parser = crate::bounds::wait)]
     pub timeout: Duration,
 }
 
@@ -340,8 +341,8 @@ pub struct PauseArgs {
     /// End the pause by itself at this instant (RFC 3339).
     #[arg(long, conflicts_with = "for_")]
     pub until: Option<String>,
-    /// End the pause by itself after this long, such as 2h.
-    #[arg(long = "for", id = "for_", value_name = "DURATION", value_parser = humantime::parse_duration)]
+    /// End the pause by itself after this long, such as 2h (at most 100 years).
+    #[arg(long = "for", id = "for_", value_name = "DURATION", value_parser = crate::bounds::window)]
     pub for_: Option<Duration>,
     /// Why: shown by `status` and logged by the nodes.
     #[arg(long)]
@@ -493,7 +494,10 @@ pub fn plan(args: &PlanArgs) -> Result<()> {
     let from = parse_instant("--from", args.from.as_deref())?.unwrap_or_else(Utc::now);
     let to = match (parse_instant("--to", args.to.as_deref())?, args.for_) {
         (Some(to), _) => to,
-        (None, Some(length)) => from + chrono::Duration::from_std(length).context("--for is too long")?,
+        (None, Some(length)) => chrono::Duration::from_std(length)
+            .ok()
+            .and_then(|length| from.checked_add_signed(length))
+            .context("--for reaches past the last instant a date can hold")?,
         (None, None) => from + chrono::Duration::hours(24),
     };
     anyhow::ensure!(to > from, "the window is empty: --to must be after --from");

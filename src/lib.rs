@@ -12,6 +12,7 @@
 //! - [`record`]: the values etcd holds: claims, run records (with their [`record::Outcome`]),
 //!   members.
 //! - [`backoff`]: the one retry backoff and sleep-or-cancel.
+//! - [`bounds`]: the longest durations taken from config, command line and API.
 //! - `repeats`: warnings every shard can raise at once, folded into one line per cause.
 //! - `clock`: the wall clock, read in one place.
 //!
@@ -52,6 +53,7 @@
 //! - [`memory`]: keeping the resident size near the live heap (malloc arenas, periodic trim).
 pub mod assignment;
 pub mod backoff;
+pub mod bounds;
 mod catch_up;
 mod claims;
 pub mod cli;

@@ -10,25 +10,26 @@ use toml::Spanned;
 use super::error::{ConfigError, Source};
 use super::model::*;
 use super::raw::*;
+use crate::bounds;
 use crate::schedule::{parse_zone, Schedule, ScheduleError};
 use crate::shard::shard_of;
 use crate::spread;
 
+/// A duration field of at most `max` ([`bounds::MAX_WINDOW`] for spans, [`bounds::MAX_WAIT`]
+/// for waits).
 fn parse_duration(
     source: &Source,
     value: &Spanned<String>,
     job: Option<&str>,
     field: &str,
+    max: Duration,
 ) -> Result<Duration, ConfigError> {
-    humantime::parse_duration(value.get_ref().trim()).map_err(|err| {
+    bounds::parse(value.get_ref(), max).map_err(|message| {
         source.error(
             Some(value.span()),
             job,
             Some(field),
-            format!(
-                "invalid duration {:?}: {err} (examples: \"10s\", \"5m\", \"1h 30m\")",
-                value.get_ref()
-            ),
+            format!("invalid duration: {message}"),
         )
     })
 }
@@ -74,7 +75,7 @@ pub(super) fn validate_cluster(source: &Source, raw: Option<Spanned<RawCluster>>
         ));
     }
     let lease_ttl = match &raw.lease_ttl {
-        Some(value) => parse_duration(source, value, None, "cluster.lease_ttl")?,
+        Some(value) => parse_duration(source, value, None, "cluster.lease_ttl", bounds::MAX_WAIT)?,
         None => Duration::from_secs(10),
     };
     if lease_ttl < Duration::from_secs(1) || lease_ttl.subsec_nanos() != 0 {
@@ -217,10 +218,36 @@ pub(super) fn validate_job(
     if command.get_ref().trim().is_empty() {
         return Err(source.error(Some(command.span()), job, Some("command"), "command is empty"));
     }
+    // A NUL cannot pass through exec: every run of the job would fail to start.
+    let nul = |span: std::ops::Range<usize>, field: &str| {
+        source.error(
+            Some(span),
+            job,
+            Some(field),
+            "contains a NUL byte, which no command, variable or path can hold",
+        )
+    };
+    if command.get_ref().contains('\0') {
+        return Err(nul(command.span(), "command"));
+    }
+    if let Some(dir) = raw
+        .working_dir
+        .as_ref()
+        .filter(|dir| dir.get_ref().as_os_str().as_encoded_bytes().contains(&0))
+    {
+        return Err(nul(dir.span(), "working_dir"));
+    }
+    if let Some(env) = raw.env.as_ref().filter(|env| {
+        env.get_ref()
+            .iter()
+            .any(|(key, value)| key.contains('\0') || value.contains('\0'))
+    }) {
+        return Err(nul(env.span(), "env"));
+    }
     let timeout = raw
         .timeout
         .as_ref()
-        .map(|value| parse_duration(source, value, job, "timeout"))
+        .map(|value| parse_duration(source, value, job, "timeout", bounds::MAX_WINDOW))
         .transpose()?;
     if let (Some(Duration::ZERO), Some(value)) = (timeout, &raw.timeout) {
         return Err(source.error(
@@ -233,7 +260,7 @@ pub(super) fn validate_job(
     let kill_grace = raw
         .kill_grace
         .as_ref()
-        .map(|value| parse_duration(source, value, job, "kill_grace"))
+        .map(|value| parse_duration(source, value, job, "kill_grace", bounds::MAX_WAIT))
         .transpose()?
         .unwrap_or(DEFAULT_KILL_GRACE);
     let retries = match &raw.retries {
@@ -251,7 +278,7 @@ pub(super) fn validate_job(
     let retry_backoff = raw
         .retry_backoff
         .as_ref()
-        .map(|value| parse_duration(source, value, job, "retry_backoff"))
+        .map(|value| parse_duration(source, value, job, "retry_backoff", bounds::MAX_WAIT))
         .transpose()?
         .unwrap_or(DEFAULT_RETRY_BACKOFF);
     if let (Some(value), None) = (&raw.retry_backoff, &raw.retries) {
@@ -265,7 +292,7 @@ pub(super) fn validate_job(
     let starting_deadline = raw
         .starting_deadline
         .as_ref()
-        .map(|value| parse_duration(source, value, job, "starting_deadline"))
+        .map(|value| parse_duration(source, value, job, "starting_deadline", bounds::MAX_WINDOW))
         .transpose()?;
     if let Some(env) = &raw.env {
         if let Some(bad) = env
