@@ -20,8 +20,24 @@ pub(crate) trait Mirror: Send + Sync + 'static {
     /// Forgets everything, before a read of the whole prefix.
     fn clear(&self);
 
-    /// A key was put (`Some(value)`) or deleted (`None`).
-    fn apply(&self, keys: &Keys, key: &[u8], value: Option<&[u8]>);
+    /// A key was put (`Some`) or deleted (`None`).
+    fn apply(&self, keys: &Keys, key: &[u8], put: Option<Put>);
+}
+
+/// A key's value as it was put, and the lease it lives on (0 for none).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Put<'a> {
+    pub(crate) value: &'a [u8],
+    pub(crate) lease: i64,
+}
+
+impl<'a> Put<'a> {
+    fn of(kv: &'a etcd_client::KeyValue) -> Put<'a> {
+        Put {
+            value: kv.value(),
+            lease: kv.lease(),
+        }
+    }
 }
 
 /// Reads the whole prefix into `mirror`, replacing what it held; returns the read's revision.
@@ -29,7 +45,7 @@ pub(crate) async fn load<M: Mirror>(client: &etcd_client::Client, keys: &Keys, m
     let (read, revision) = etcd::read_prefix(client, &M::prefix(keys)).await?;
     mirror.clear();
     for kv in &read {
-        mirror.apply(keys, kv.key(), Some(kv.value()));
+        mirror.apply(keys, kv.key(), Some(Put::of(kv)));
     }
     Ok(revision)
 }
@@ -78,8 +94,8 @@ async fn watch<M: Mirror>(session: &Session, keys: &Keys, mirror: &M, read: i64)
         }
         for event in response.events() {
             let Some(kv) = event.kv() else { continue };
-            let value = (event.event_type() == EventType::Put).then(|| kv.value());
-            mirror.apply(keys, kv.key(), value);
+            let put = (event.event_type() == EventType::Put).then(|| Put::of(kv));
+            mirror.apply(keys, kv.key(), put);
         }
     }
 }

@@ -123,12 +123,12 @@ impl Mirror for Pauses {
             .clear();
     }
 
-    fn apply(&self, keys: &Keys, key: &[u8], value: Option<&[u8]>) {
+    fn apply(&self, keys: &Keys, key: &[u8], put: Option<crate::mirror::Put>) {
         let Some(job) = std::str::from_utf8(key).ok().and_then(|key| keys.parse_pause(key)) else {
             return;
         };
         let mut by_job = self.by_job.write().unwrap_or_else(|poisoned| poisoned.into_inner());
-        match value.map(serde_json::from_slice::<Pause>) {
+        match put.map(|put| serde_json::from_slice::<Pause>(put.value)) {
             Some(Ok(pause)) => {
                 tracing::info!(job, until = ?pause.until, reason = ?pause.reason, "pause changed");
                 by_job.insert(job.to_string(), pause);
@@ -257,7 +257,11 @@ mod tests {
             reason: Some("maintenance".into()),
         };
         let value = serde_json::to_vec(&pause).unwrap();
-        pauses.apply(&keys, keys.pause(EVERY_JOB).as_bytes(), Some(&value));
+        let put = crate::mirror::Put {
+            value: &value,
+            lease: 0,
+        };
+        pauses.apply(&keys, keys.pause(EVERY_JOB).as_bytes(), Some(put));
         assert_eq!(pauses.stopping("any", at(10), at(10)), Some(pause));
         pauses.apply(&keys, keys.pause(EVERY_JOB).as_bytes(), None);
         assert_eq!(pauses.stopping("any", at(10), at(10)), None);

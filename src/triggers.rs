@@ -11,20 +11,24 @@
 //! revision is the run's fence, from the same revision sequence as every scheduled claim. The
 //! run goes through the job's `overlap` policy and its pause like a tick of its schedule, and it
 //! leaves the schedule's record alone: the schedule does not move.
+//!
+//! The request and its answer live on a lease of the one who asked, kept alive only while it
+//! waits: a `trigger` command killed or an API client that hangs up leaves no key behind, and a
+//! request nobody waits for any more is never served.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use etcd_client::{Compare, CompareOp, EventType, Txn, TxnOp, TxnOpResponse, WatchOptions};
+use etcd_client::{Compare, CompareOp, EventType, PutOptions, Txn, TxnOp, TxnOpResponse, WatchOptions};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use crate::election::Leadership;
 use crate::etcd::{self, CoordError};
 use crate::keys::Keys;
-use crate::mirror::Mirror;
+use crate::mirror::{Mirror, Put};
 use crate::record::RunRecord;
 use crate::session::Session;
 
@@ -40,6 +44,8 @@ pub(crate) struct Request {
     pub(crate) job: String,
     pub(crate) id: String,
     pub(crate) requested_at: DateTime<Utc>,
+    /// The asker's lease the request lives on, which its answer is put on too; 0 for none.
+    pub(crate) lease: i64,
 }
 
 /// The value of an answer.
@@ -115,13 +121,13 @@ impl Mirror for Triggers {
             .clear();
     }
 
-    fn apply(&self, keys: &Keys, key: &[u8], value: Option<&[u8]>) {
+    fn apply(&self, keys: &Keys, key: &[u8], put: Option<Put>) {
         let Some((job, id)) = std::str::from_utf8(key).ok().and_then(|key| keys.parse_trigger(key)) else {
             return;
         };
         let mut requests = self.requests.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        match value.map(serde_json::from_slice::<RequestValue>) {
-            Some(Ok(request)) => {
+        match put.map(|put| (serde_json::from_slice::<RequestValue>(put.value), put.lease)) {
+            Some((Ok(request), lease)) => {
                 tracing::info!(job, request = id, "a run was asked for by hand");
                 requests.insert(
                     id.to_string(),
@@ -129,12 +135,15 @@ impl Mirror for Triggers {
                         job: job.to_string(),
                         id: id.to_string(),
                         requested_at: request.requested_at,
+                        lease,
                     },
                 );
                 drop(requests);
                 self.arrived.send_modify(|count| *count += 1);
             }
-            Some(Err(err)) => tracing::warn!(job, request = id, error = %err, "unreadable run request; ignoring it"),
+            Some((Err(err), _)) => {
+                tracing::warn!(job, request = id, error = %err, "unreadable run request; ignoring it")
+            }
             None => {
                 requests.remove(id);
             }
@@ -153,8 +162,8 @@ pub(crate) enum Taken {
     Deposed,
 }
 
-/// Claims `request` for `leadership` on `node`: deletes it and creates its answer, if it is
-/// still there and the leadership still holds.
+/// Claims `request` for `leadership` on `node`: deletes it and creates its answer on the
+/// request's lease, if it is still there on that lease and the leadership still holds.
 pub(crate) async fn claim(
     session: &Session,
     keys: &Keys,
@@ -172,14 +181,16 @@ pub(crate) async fn claim(
         run: None,
     };
     let value = serde_json::to_vec(&answer).map_err(|err| CoordError::Protocol(err.to_string()))?;
+    let on_lease = (request.lease != 0).then(|| PutOptions::new().with_lease(request.lease));
     let txn = Txn::new()
         .when([
             leadership.guard(),
             Compare::version(request_key.as_str(), CompareOp::Greater, 0),
+            Compare::lease(request_key.as_str(), CompareOp::Equal, request.lease),
         ])
         .and_then([
             TxnOp::delete(request_key.as_str(), None),
-            TxnOp::put(answer_key.as_str(), value, None),
+            TxnOp::put(answer_key.as_str(), value, on_lease),
         ])
         .or_else([TxnOp::get(request_key.as_str(), None)]);
     match etcd::call(session.client().txn(txn)).await {
@@ -187,10 +198,10 @@ pub(crate) async fn claim(
             Ok(Taken::Ours(response.header().map_or(0, |header| header.revision())))
         }
         Ok(response) => {
-            let still_there = response
-                .op_responses()
-                .iter()
-                .any(|op| matches!(op, TxnOpResponse::Get(get) if !get.kvs().is_empty()));
+            // Put again on another lease, it is a new request that the mirror brings back.
+            let still_there = response.op_responses().iter().any(
+                |op| matches!(op, TxnOpResponse::Get(get) if get.kvs().iter().any(|kv| kv.lease() == request.lease)),
+            );
             Ok(if still_there { Taken::Deposed } else { Taken::Gone })
         }
         Err(err) => {
@@ -228,21 +239,99 @@ pub(crate) async fn answer(
     };
     answer.run = Some(run.clone());
     let value = serde_json::to_vec(&answer).map_err(|err| CoordError::Protocol(err.to_string()))?;
+    // On the lease it has: the answer goes when the asker does.
+    let on_lease = (kv.lease() != 0).then(|| PutOptions::new().with_lease(kv.lease()));
     let txn = Txn::new()
         .when([Compare::mod_revision(key.as_str(), CompareOp::Equal, kv.mod_revision())])
-        .and_then([TxnOp::put(key.as_str(), value, None)]);
+        .and_then([TxnOp::put(key.as_str(), value, on_lease)]);
     etcd::call(client.clone().txn(txn)).await?;
     Ok(())
 }
 
-/// A request a leader took: the run is claimed, with its fence.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A request a leader took: the run is claimed, with its fence. Its answer lives while this
+/// does.
+#[derive(Debug)]
 pub struct Claimed {
     pub id: String,
     pub node: String,
     pub fence: i64,
     /// The revision from which the answer's later changes are watched.
     revision: i64,
+    _lease: AskerLease,
+}
+
+/// The TTL of an asker's lease: how long a request and its answer outlive an asker that
+/// vanished without a word (killed, or frozen).
+const ASKER_TTL: Duration = Duration::from_secs(10);
+
+/// The lease a request and its answer live on, renewed while this value lives and revoked when
+/// it is dropped: an HTTP handler dropped because its client hung up takes both keys with it.
+struct AskerLease {
+    client: etcd_client::Client,
+    id: i64,
+    renewing: tokio::task::JoinHandle<()>,
+}
+
+impl AskerLease {
+    async fn grant(client: &etcd_client::Client) -> Result<AskerLease, CoordError> {
+        let granted = etcd::call(client.clone().lease_grant(ASKER_TTL.as_secs() as i64, None)).await?;
+        Ok(AskerLease {
+            client: client.clone(),
+            id: granted.id(),
+            renewing: tokio::spawn(renew(client.clone(), granted.id())),
+        })
+    }
+}
+
+impl std::fmt::Debug for AskerLease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "AskerLease({:x})", self.id)
+    }
+}
+
+impl Drop for AskerLease {
+    fn drop(&mut self) {
+        self.renewing.abort();
+        // Without a runtime left (a command exiting) the lease lapses within its TTL instead.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let (client, id) = (self.client.clone(), self.id);
+            runtime.spawn(async move {
+                if let Err(err) = crate::session::revoke(&client, id, ASKER_TTL).await {
+                    tracing::debug!(lease = format!("{id:x}"), error = %err, "cannot revoke a trigger's lease; it lapses by itself");
+                }
+            });
+        }
+    }
+}
+
+/// Renews an asker's lease about every third of its TTL until aborted, reopening the stream
+/// after a failure: the lease only has to outlive the asker, not to be exact.
+async fn renew(client: etcd_client::Client, id: i64) {
+    let every = ASKER_TTL / 3;
+    let mut stream = None;
+    loop {
+        tokio::time::sleep(every).await;
+        let renewal = async {
+            let opened = match stream.take() {
+                Some(opened) => opened,
+                None => client.clone().lease_keep_alive(id).await?,
+            };
+            let (keeper, responses) = stream.insert(opened);
+            keeper.keep_alive().await?;
+            responses.message().await
+        };
+        match etcd::within(every, renewal).await {
+            Ok(Some(response)) if response.ttl() > 0 => {}
+            Ok(Some(_)) => {
+                tracing::warn!(
+                    lease = format!("{id:x}"),
+                    "a trigger's lease expired while its asker waited"
+                );
+                return;
+            }
+            Ok(None) | Err(_) => stream = None,
+        }
+    }
 }
 
 /// How long `trigger --wait` still waits for a run's end after the node that claimed it left
@@ -264,14 +353,16 @@ pub async fn ask(
         requested_at: Utc::now(),
     })
     .map_err(|err| CoordError::Protocol(err.to_string()))?;
-    let put = etcd::call(client.clone().put(request_key.as_str(), value, None)).await?;
+    let lease = AskerLease::grant(client).await?;
+    let on_lease = PutOptions::new().with_lease(lease.id);
+    let put = etcd::call(client.clone().put(request_key.as_str(), value, Some(on_lease))).await?;
     let asked = put.header().map_or(0, |header| header.revision());
     let mut answers = etcd::call(client.clone().watch(
         answer_key.as_str(),
         Some(WatchOptions::new().with_start_revision(asked + 1)),
     ))
     .await?;
-    let deadline = tokio::time::Instant::now() + timeout;
+    let deadline = tokio::time::Instant::now() + timeout.min(crate::bounds::MAX_WAIT);
     loop {
         tokio::select! {
             message = answers.message() => {
@@ -284,7 +375,7 @@ pub async fn ask(
                         continue;
                     }
                     let answer: Answer = serde_json::from_slice(kv.value()).map_err(|err| CoordError::Protocol(err.to_string()))?;
-                    return Ok(Some(Claimed { id, node: answer.node, fence: kv.create_revision(), revision: kv.mod_revision() }));
+                    return Ok(Some(Claimed { id, node: answer.node, fence: kv.create_revision(), revision: kv.mod_revision(), _lease: lease }));
                 }
             }
             _ = tokio::time::sleep_until(deadline) => {
@@ -389,7 +480,11 @@ mod tests {
                 requested_at: at(second),
             })
             .unwrap();
-            triggers.apply(&keys, keys.trigger(job, id).as_bytes(), Some(&value));
+            let put = Put {
+                value: &value,
+                lease: 0,
+            };
+            triggers.apply(&keys, keys.trigger(job, id).as_bytes(), Some(put));
         }
         arrived.mark_unchanged();
         triggers.apply(&keys, keys.trigger("a", "r9").as_bytes(), None);

@@ -534,3 +534,72 @@ fn pause_trigger_and_history_hold_across_a_leader_sigkill() {
         "the cap holds across the failover"
     );
 }
+
+/// A `trigger` killed while it waits leaves no key behind: neither the request no leader took
+/// (which is then never served) nor the answer of a run it waited for. Both live on the asker's
+/// lease.
+#[test]
+fn a_trigger_killed_while_it_waits_leaves_no_key_behind() {
+    let mut world = World::new();
+    let log = world.dir.path().join("manual.log");
+    let config = world.write_config_tables(
+        "jobs.toml",
+        1,
+        2,
+        &[(
+            "slow",
+            format!(
+                "schedule = \"0 0 1 1 *\"\ncommand = 'echo ran >> {}; sleep 30'",
+                log.display()
+            ),
+        )],
+    );
+    let ask = |args: &[&str]| {
+        Command::new(SHARDCRON)
+            .args(args)
+            .arg("--config")
+            .arg(&config)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start trigger")
+    };
+    let killed = |mut child: std::process::Child| {
+        child.kill().expect("SIGKILL the trigger");
+        child.wait().expect("reap the trigger");
+        now_secs()
+    };
+
+    step("no node runs: a request waits for a leader; its asker is SIGKILLed");
+    let asker = ask(&["trigger", "slow", "--timeout", "1h"]);
+    wait_for(Duration::from_secs(10), "the request is in etcd", || {
+        keys_under(&world, "/shardcron/test/triggers/") == 1
+    });
+    let at = killed(asker);
+    wait_for(
+        Duration::from_secs(30),
+        "the request went with its asker's lease",
+        || keys_under(&world, "/shardcron/test/triggers/") == 0,
+    );
+    eprintln!("request gone {:.1} s after its asker died", now_secs() - at);
+
+    step("a node takes a run asked for with --wait; its asker is SIGKILLed while the run goes on");
+    world.node("a", &config).start();
+    wait_for(Duration::from_secs(30), "the shard is led", || {
+        world.shard_leaders(&config).iter().all(|(leader, _)| leader.is_some())
+    });
+    assert!(!log.exists(), "the request whose asker died was never served");
+    let asker = ask(&["trigger", "slow", "--wait"]);
+    wait_for(
+        Duration::from_secs(20),
+        "the run started and its answer is in etcd",
+        || log.exists() && keys_under(&world, "/shardcron/test/triggered/") == 1,
+    );
+    let at = killed(asker);
+    wait_for(
+        Duration::from_secs(30),
+        "the answer went with its asker's lease",
+        || keys_under(&world, "/shardcron/test/triggered/") == 0,
+    );
+    eprintln!("answer gone {:.1} s after its asker died", now_secs() - at);
+}
