@@ -12,26 +12,31 @@ pub const MAX_WINDOW: Duration = Duration::from_secs(36_525 * 86_400);
 /// grace, a trigger's timeout, the lease TTL.
 pub const MAX_WAIT: Duration = Duration::from_secs(86_400);
 
+/// Why a duration was refused.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum DurationError {
+    #[error("{0} (examples: \"10s\", \"5m\", \"1h 30m\")")]
+    Unreadable(#[from] humantime::DurationError),
+    #[error("longer than the longest allowed, {}", humantime::format_duration(*.0))]
+    TooLong(Duration),
+}
+
 /// Parses a duration such as `"10s"`, `"5m"` or `"1h 30m"` of at most `max`.
-pub fn parse(text: &str, max: Duration) -> Result<Duration, String> {
-    let duration = humantime::parse_duration(text.trim())
-        .map_err(|err| format!("{text:?} is not a duration such as \"10s\", \"5m\" or \"1h 30m\": {err}"))?;
+pub fn parse(text: &str, max: Duration) -> Result<Duration, DurationError> {
+    let duration = humantime::parse_duration(text.trim())?;
     if duration > max {
-        return Err(format!(
-            "{text:?} is longer than the longest allowed, {}",
-            humantime::format_duration(max)
-        ));
+        return Err(DurationError::TooLong(max));
     }
     Ok(duration)
 }
 
 /// A window ([`MAX_WINDOW`] at most), for clap.
-pub fn window(text: &str) -> Result<Duration, String> {
+pub fn window(text: &str) -> Result<Duration, DurationError> {
     parse(text, MAX_WINDOW)
 }
 
 /// A wait ([`MAX_WAIT`] at most), for clap.
-pub fn wait(text: &str) -> Result<Duration, String> {
+pub fn wait(text: &str) -> Result<Duration, DurationError> {
     parse(text, MAX_WAIT)
 }
 
@@ -42,6 +47,10 @@ mod tests {
     #[test]
     fn durations_past_their_bound_are_refused_with_the_bound() {
         assert_eq!(window("100y"), Ok(MAX_WINDOW));
+        assert_eq!(
+            parse("2s", Duration::from_secs(1)),
+            Err(DurationError::TooLong(Duration::from_secs(1)))
+        );
         assert_eq!(wait(" 1d "), Ok(MAX_WAIT));
         for (text, parsed, message) in [
             (
@@ -55,9 +64,9 @@ mod tests {
                 "longer than the longest allowed, 100years",
             ),
             ("1d 1s", wait("1d 1s"), "longer than the longest allowed, 1day"),
-            ("soon", wait("soon"), "is not a duration"),
+            ("soon", wait("soon"), "expected number at 0 (examples"),
         ] {
-            let err = parsed.expect_err(text);
+            let err = parsed.expect_err(text).to_string();
             assert!(err.contains(message), "{text}: {err}");
         }
     }

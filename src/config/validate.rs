@@ -24,12 +24,12 @@ fn parse_duration(
     field: &str,
     max: Duration,
 ) -> Result<Duration, ConfigError> {
-    bounds::parse(value.get_ref(), max).map_err(|message| {
+    bounds::parse(value.get_ref(), max).map_err(|err| {
         source.error(
             Some(value.span()),
             job,
             Some(field),
-            format!("invalid duration: {message}"),
+            format!("invalid duration {:?}: {err}", value.get_ref()),
         )
     })
 }

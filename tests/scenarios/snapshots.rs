@@ -146,6 +146,14 @@ fn every_kind_of_config_error_keeps_its_format() {
             format!("{cluster}\n[jobs.a]\nschedule = \"* * * * *\"\ncommand = \"true\"\ntimeout = \"soon\"\n"),
         ),
         (
+            "duration too long",
+            format!("{cluster}\n[jobs.a]\nschedule = \"* * * * *\"\ncommand = \"true\"\nkill_grace = \"265000y\"\n"),
+        ),
+        (
+            "NUL byte",
+            format!("{cluster}\n[jobs.a]\nschedule = \"* * * * *\"\ncommand = \"echo a\\u0000b\"\n"),
+        ),
+        (
             "bad overlap",
             format!("{cluster}\n[jobs.a]\nschedule = \"* * * * *\"\ncommand = \"true\"\noverlap = \"sometimes\"\n"),
         ),
