@@ -549,7 +549,7 @@ fn a_trigger_killed_while_it_waits_leaves_no_key_behind() {
         &[(
             "slow",
             format!(
-                "schedule = \"0 0 1 1 *\"\ncommand = 'echo ran >> {}; sleep 30'",
+                "schedule = \"0 0 1 1 *\"\ncommand = 'echo ran >> {}; sleep 8'",
                 log.display()
             ),
         )],
@@ -602,4 +602,50 @@ fn a_trigger_killed_while_it_waits_leaves_no_key_behind() {
         || keys_under(&world, "/shardcron/test/triggered/") == 0,
     );
     eprintln!("answer gone {:.1} s after its asker died", now_secs() - at);
+
+    step("an API client asks for a run with \"wait\": true and hangs up while it goes on");
+    let port = shardcron::etcd_server::free_port().expect("port");
+    let token = "a-token-of-sixteen-bytes-or-more";
+    world
+        .node("b", &config)
+        .args(&[
+            "--http-addr",
+            &port.to_string(),
+            "--api-token-env",
+            "TRIGGER_TEST_TOKEN",
+        ])
+        .env(&[("TRIGGER_TEST_TOKEN", token)])
+        .start();
+    wait_for(Duration::from_secs(20), "b serves HTTP", || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    wait_for(Duration::from_secs(60), "the first run ended", || {
+        keys_under(&world, "/shardcron/test/jobs/slow/result") == 1
+    });
+    std::fs::remove_file(&log).expect("clear the run log");
+    let body = r#"{"wait": true}"#;
+    let mut client = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    std::io::Write::write_all(
+        &mut client,
+        format!(
+            "POST /api/v1/jobs/slow/trigger HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .expect("send the request");
+    wait_for(
+        Duration::from_secs(20),
+        "the run started and its answer is in etcd",
+        || log.exists() && keys_under(&world, "/shardcron/test/triggered/") == 1,
+    );
+    drop(client);
+    let at = now_secs();
+    wait_for(
+        Duration::from_secs(30),
+        "the answer went when the client hung up",
+        || keys_under(&world, "/shardcron/test/triggered/") == 0,
+    );
+    eprintln!("answer gone {:.1} s after the client hung up", now_secs() - at);
 }
