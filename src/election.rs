@@ -320,11 +320,14 @@ impl Ballot {
             .filter(|candidate| candidate.is_member(member_leases))
     }
 
-    /// Every foreign candidate key of every shard.
-    pub fn foreign<'a>(&'a self, member_leases: &'a BTreeSet<i64>) -> impl Iterator<Item = &'a Candidate> + 'a {
-        self.shards
+    /// The foreign candidate keys of `shard`.
+    pub fn foreign<'a>(
+        &'a self,
+        shard: u32,
+        member_leases: &'a BTreeSet<i64>,
+    ) -> impl Iterator<Item = &'a Candidate> + 'a {
+        self.candidates(shard)
             .iter()
-            .flatten()
             .filter(|candidate| !candidate.is_member(member_leases))
     }
 }
@@ -433,7 +436,7 @@ mod tests {
             let mut ballot = Ballot::new(2);
             ballot.apply(&keys, &key, entered(b"a", 7, lease));
             ballot.apply(&keys, keys.candidate(2, 0, 0xb).as_bytes(), entered(b"b", 9, 0xb));
-            let foreign = ballot.foreign(&members).count();
+            let foreign = ballot.foreign(0, &members).count();
             assert_eq!(ballot.leader(0, &members).map(|c| c.node.as_str()), leader, "{case}");
             assert_eq!(foreign, usize::from(leader.is_none()), "{case}");
         }

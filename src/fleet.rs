@@ -161,7 +161,10 @@ async fn watch(session: &Session, keys: &Keys, shards: u32, view: &watch::Sender
     let (mut ballot, ballot_read) = read_ballot(&client, keys, shards).await?;
     let from = members_read.min(ballot_read) + 1;
     let mut targets = Arc::new(self::targets(&members.nodes, shards));
-    publish(view, &members, &targets, &ballot, (0..shards).collect());
+    // The foreign keys of each shard that has any, kept apart so a publish looks only at the
+    // shards that changed.
+    let mut foreign = BTreeMap::new();
+    publish(view, &members, &targets, &ballot, &mut foreign, (0..shards).collect());
     let mut members_changed = false;
     // Shards whose election changed since the view was last published.
     let mut changed_shards = BTreeSet::new();
@@ -210,7 +213,7 @@ async fn watch(session: &Session, keys: &Keys, shards: u32, view: &watch::Sender
                     changed_shards.extend(0..shards);
                     members_changed = false;
                 }
-                publish(view, &members, &targets, &ballot, std::mem::take(&mut changed_shards));
+                publish(view, &members, &targets, &ballot, &mut foreign, std::mem::take(&mut changed_shards));
             }
         }
     }
@@ -224,9 +227,11 @@ fn publish(
     members: &Members,
     targets: &Arc<Vec<Option<String>>>,
     ballot: &Ballot,
+    foreign: &mut BTreeMap<u32, Vec<Candidate>>,
     changed: BTreeSet<u32>,
 ) {
     let member_leases = members.leases();
+    let mut foreign_changed = false;
     view.send_if_modified(|current| {
         let mut modified = false;
         if *current.members != members.nodes {
@@ -240,8 +245,16 @@ fn publish(
         let shards = targets.len();
         current.candidates.resize(shards, BTreeSet::new());
         current.leaders.resize(shards, None);
-        let any_changed = !changed.is_empty();
         for shard in changed {
+            let shard_foreign: Vec<Candidate> = ballot.foreign(shard, &member_leases).cloned().collect();
+            if foreign.get(&shard).map_or(&[][..], Vec::as_slice) != shard_foreign.as_slice() {
+                foreign_changed = true;
+                if shard_foreign.is_empty() {
+                    foreign.remove(&shard);
+                } else {
+                    foreign.insert(shard, shard_foreign);
+                }
+            }
             let candidates: BTreeSet<String> = ballot
                 .candidates(shard)
                 .iter()
@@ -263,13 +276,11 @@ fn publish(
                 modified = true;
             }
         }
-        if any_changed {
-            let foreign: Vec<Candidate> = ballot.foreign(&member_leases).cloned().collect();
-            if *current.foreign != foreign {
-                crate::metrics::get().election_foreign_keys.set(foreign.len() as i64);
-                current.foreign = Arc::new(foreign);
-                modified = true;
-            }
+        if foreign_changed {
+            let every: Vec<Candidate> = foreign.values().flatten().cloned().collect();
+            crate::metrics::get().election_foreign_keys.set(every.len() as i64);
+            current.foreign = Arc::new(every);
+            modified = true;
         }
         if modified {
             let leaderless = current.leaders.iter().filter(|leader| leader.is_none()).count();
