@@ -14,7 +14,7 @@
 
 use std::path::Path;
 
-use crate::secrets::{read_private_file, PrivateFileError};
+use crate::secrets::{read_private_file, PrivateFileError, NOT_GROUP_OR_OTHERS};
 
 /// The largest `env_file` read.
 pub(crate) const MAX_SIZE: u64 = 64 * 1024;
@@ -44,7 +44,7 @@ pub(crate) enum EnvFileError {
 /// the last wins, as a shell would have it).
 pub(crate) fn read(path: &Path) -> Result<Vec<(String, String)>, EnvFileError> {
     let shown = path.display().to_string();
-    let bytes = read_private_file(path, MAX_SIZE).map_err(|source| match source {
+    let bytes = read_private_file(path, MAX_SIZE, NOT_GROUP_OR_OTHERS).map_err(|source| match source {
         PrivateFileError::TooLarge => EnvFileError::TooLarge { path: shown.clone() },
         source => EnvFileError::Unreadable {
             path: shown.clone(),

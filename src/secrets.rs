@@ -3,8 +3,9 @@
 //! A secret comes from one of three places, read once at start: an environment variable the
 //! operator names, a file, or a systemd credential (`LoadCredential=NAME:PATH`, which systemd
 //! puts in `$CREDENTIALS_DIRECTORY/NAME`), the last used only when neither of the others is
-//! given. A file (a credential too) that its group or others may access is refused: the secret
-//! would be one `cat` away for every other user of the machine.
+//! given. A file that its group or others may access is refused, and a credential that others
+//! may (its group bits can be the mask of the ACL systemd gives the node's user): the secret
+//! would be one `cat` away for other users of the machine.
 //!
 //! A job runs as the node's user, so two more things keep the secrets with the node:
 //! [`ChildEnv`], the environment every child starts from, holds none of the variables that
@@ -136,7 +137,7 @@ fn load_from(
         }));
     }
     if let Some(path) = sources.file {
-        let value = read_secret_file(sources.what, path)?;
+        let value = read_secret_file(sources.what, path, NOT_GROUP_OR_OTHERS)?;
         return Ok(Some(Secret {
             value,
             origin: Origin::File(path.to_path_buf()),
@@ -151,7 +152,9 @@ fn load_from(
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         _ => {}
     }
-    let value = read_secret_file(sources.what, &path)?;
+    // systemd may give the node's user a credential through an ACL, whose mask shows as the
+    // group's bits: only others' bits say something about who else may read it.
+    let value = read_secret_file(sources.what, &path, NOT_OTHERS)?;
     Ok(Some(Secret {
         value,
         origin: Origin::Credential(path),
@@ -159,8 +162,8 @@ fn load_from(
 }
 
 /// A secret file's text, with the line ending an editor or `echo` leaves after it removed.
-fn read_secret_file(what: &str, path: &Path) -> Result<String, SecretError> {
-    let bytes = read_private_file(path, MAX_SECRET_FILE).map_err(|err| match err {
+fn read_secret_file(what: &str, path: &Path, forbidden: u32) -> Result<String, SecretError> {
+    let bytes = read_private_file(path, MAX_SECRET_FILE, forbidden).map_err(|err| match err {
         PrivateFileError::Read(source) => SecretError::Read {
             what: what.to_string(),
             path: path.to_path_buf(),
@@ -208,11 +211,16 @@ pub(crate) enum PrivateFileError {
     TooLarge,
 }
 
-/// Reads a regular file of at most `limit` bytes that neither its group nor others may access.
+/// Mode bits a file of secrets must not have: its group's and others'.
+pub(crate) const NOT_GROUP_OR_OTHERS: u32 = 0o077;
+/// Mode bits a systemd credential must not have: others'.
+const NOT_OTHERS: u32 = 0o007;
+
+/// Reads a regular file of at most `limit` bytes whose mode has none of the `forbidden` bits.
 ///
 /// Opened without blocking (a FIFO put in its place would otherwise hang the caller) and
 /// checked on the open descriptor, so the file checked is the file read.
-pub(crate) fn read_private_file(path: &Path, limit: u64) -> Result<Vec<u8>, PrivateFileError> {
+pub(crate) fn read_private_file(path: &Path, limit: u64, forbidden: u32) -> Result<Vec<u8>, PrivateFileError> {
     let file = File::options()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
@@ -223,7 +231,7 @@ pub(crate) fn read_private_file(path: &Path, limit: u64) -> Result<Vec<u8>, Priv
         return Err(PrivateFileError::NotAFile);
     }
     let mode = meta.mode() & 0o7777;
-    if mode & 0o077 != 0 {
+    if mode & forbidden != 0 {
         return Err(PrivateFileError::Mode(mode));
     }
     if meta.len() > limit {
@@ -385,9 +393,12 @@ mod tests {
             }
         }
         let creds = tempfile::tempdir().expect("dir");
-        write(creds.path(), "test-secret", "x", 0o644);
+        let credential = write(creds.path(), "test-secret", "x", 0o604);
         let err = load_from(sources(None, None), &env, Some(creds.path())).expect_err("mode");
-        assert!(err.to_string().contains("mode 0644"), "{err}");
+        assert!(err.to_string().contains("mode 0604"), "{err}");
+        // Group bits may be an ACL's mask, which systemd uses to give the node its credential.
+        std::fs::set_permissions(&credential, std::fs::Permissions::from_mode(0o440)).expect("chmod");
+        assert!(load_from(sources(None, None), &env, Some(creds.path())).is_ok());
     }
 
     #[test]
