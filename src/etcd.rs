@@ -106,7 +106,7 @@ pub enum SetupError {
     Password(#[from] crate::secrets::SecretError),
     /// Checked here and not when the config is validated: the systemd credential is a source
     /// only where the node runs.
-    #[error("field \"etcd.username\": username {0:?} has no password: set password_env or password_file, or give the node the systemd credential {cred} (LoadCredential={cred}:PATH)", cred = crate::secrets::ETCD_PASSWORD_CREDENTIAL)]
+    #[error("field \"etcd.username\": username {0:?} has no password: set password_env or password_file, or give the node the systemd credential {cred} (LoadCredential={cred} or {cred}:PATH)", cred = crate::secrets::ETCD_PASSWORD_CREDENTIAL)]
     NoPassword(String),
     #[error("cannot read {what} file {path}: {source}")]
     TlsFile {
