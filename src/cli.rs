@@ -602,3 +602,31 @@ pub fn plan(args: &PlanArgs) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    #[test]
+    fn an_api_token_is_trimmed_and_must_be_at_least_16_bytes() {
+        let dir = tempfile::tempdir().expect("dir");
+        let token = |text: &str| {
+            let path = dir.path().join("token");
+            std::fs::write(&path, text).expect("write");
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+            api_token(Sources {
+                what: "the test token",
+                env: None,
+                file: Some(&path),
+                credential: "unused",
+            })
+        };
+        let got = token(" 0123456789abcdef \n").expect("16 bytes").expect("a token");
+        assert_eq!(got.value, "0123456789abcdef");
+        let err = token("0123456789abcde\n").expect_err("15 bytes").to_string();
+        assert!(err.contains("15 bytes") && err.contains("at least 16"), "{err}");
+        assert!(!err.contains("0123456789abcde"), "the error shows the token: {err}");
+    }
+}
