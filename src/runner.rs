@@ -1,8 +1,10 @@
 //! Running one tick of a job: `sh -c <command>` in its own process group.
 //!
-//! The child gets the tick's identity in `CRON_*` variables; its output lines go to the node's
-//! log tagged with job and tick; a timeout or a forced shutdown kills the whole process group,
-//! so nothing the command started outlives it.
+//! The child's environment is the node's without its secrets ([`ChildEnv`], made once per
+//! node), then the job's `env_file` (read at each run) and `env`, then the tick's identity in
+//! `CRON_*` variables; it never inherits the node's environment as it is. Its output lines go
+//! to the node's log tagged with job and tick; a timeout or a forced shutdown kills the whole
+//! process group, so nothing the command started outlives it.
 
 use std::process::Stdio;
 use std::sync::Arc;
