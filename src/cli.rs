@@ -12,6 +12,7 @@ use clap::{Args, Parser, Subcommand};
 use crate::config::{self, Config};
 use crate::plan;
 use crate::schedule::{parse_zone, Schedule, ScheduleError};
+use crate::secrets::{self, Secret, Sources};
 
 /// `--version`: the version, the commit of a build from a checkout, and the time zone database
 /// compiled in (a change of a zone's rules needs a rebuild: this says which rules a node uses).
@@ -234,9 +235,32 @@ pub struct NodeArgs {
     #[arg(long, env = "SHARDCRON_HTTP_ADDR", value_name = "HOST:PORT", alias = "metrics-addr", value_parser = parse_listen_address)]
     pub http_addr: Option<std::net::SocketAddr>,
     /// The environment variable that holds the bearer token API writes (trigger, pause,
-    /// resume) need. Without this option every write answers 403.
-    #[arg(long, env = "SHARDCRON_API_TOKEN_ENV", value_name = "VAR")]
+    /// resume) need (at least 16 bytes). Without a token (this, --api-token-file or the systemd
+    /// credential api-token) every write answers 403. Jobs never see the variable.
+    #[arg(
+        long,
+        env = "SHARDCRON_API_TOKEN_ENV",
+        value_name = "VAR",
+        conflicts_with = "api_token_file"
+    )]
     pub api_token_env: Option<String>,
+    /// A file holding the API's write token, readable by the node's user only (mode 0600 or
+    /// 0400). Without this or --api-token-env, the systemd credential api-token is used if given.
+    #[arg(long, env = "SHARDCRON_API_TOKEN_FILE", value_name = "PATH")]
+    pub api_token_file: Option<PathBuf>,
+    /// The environment variable that holds the bearer token API reads need (at least 16
+    /// bytes); probes and /metrics need none. Without a read token (this, --api-read-token-file
+    /// or the systemd credential api-read-token) reads are open.
+    #[arg(
+        long,
+        env = "SHARDCRON_API_READ_TOKEN_ENV",
+        value_name = "VAR",
+        conflicts_with = "api_read_token_file"
+    )]
+    pub api_read_token_env: Option<String>,
+    /// A file holding the API's read token, readable by the node's user only.
+    #[arg(long, env = "SHARDCRON_API_READ_TOKEN_FILE", value_name = "PATH")]
+    pub api_read_token_file: Option<PathBuf>,
     /// Log lines as human-readable text or as one JSON object per line.
     #[arg(long, env = "SHARDCRON_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -256,21 +280,53 @@ impl NodeArgs {
         }
     }
 
-    /// The API's write token, read from the variable `--api-token-env` names.
-    pub fn api_token(&self) -> Result<Option<String>> {
-        let Some(variable) = &self.api_token_env else {
-            return Ok(None);
-        };
-        match std::env::var(variable) {
-            Ok(token) if !token.trim().is_empty() => Ok(Some(token.trim().to_string())),
-            Ok(_) => {
-                anyhow::bail!("--api-token-env names {variable}, which is empty: set it to the token API writes need")
-            }
-            Err(_) => {
-                anyhow::bail!("--api-token-env names {variable}, which is not set: set it to the token API writes need")
-            }
-        }
+    /// The API's write token: from the variable `--api-token-env` names, the file
+    /// `--api-token-file` names, or the systemd credential `api-token`.
+    pub fn api_token(&self) -> Result<Option<Secret>> {
+        api_token(Sources {
+            what: "the API token (--api-token-env, --api-token-file, credential api-token)",
+            env: self.api_token_env.as_deref(),
+            file: self.api_token_file.as_deref(),
+            credential: secrets::API_TOKEN_CREDENTIAL,
+        })
     }
+
+    /// The API's read token, found as the write token is.
+    pub fn api_read_token(&self) -> Result<Option<Secret>> {
+        api_token(Sources {
+            what: "the API read token (--api-read-token-env, --api-read-token-file, credential api-read-token)",
+            env: self.api_read_token_env.as_deref(),
+            file: self.api_read_token_file.as_deref(),
+            credential: secrets::API_READ_TOKEN_CREDENTIAL,
+        })
+    }
+
+    /// The variables that hold the node's secrets, which its jobs must not see.
+    pub fn secret_variables(&self) -> impl Iterator<Item = &str> {
+        [&self.api_token_env, &self.api_read_token_env]
+            .into_iter()
+            .filter_map(|var| var.as_deref())
+    }
+}
+
+/// The shortest API token a node accepts: a short one is guessed by trying.
+pub const MIN_API_TOKEN: usize = 16;
+
+/// A token, with the blanks around it dropped (a stray newline or space is never meant), and
+/// refused if shorter than [`MIN_API_TOKEN`].
+fn api_token(sources: Sources) -> Result<Option<Secret>> {
+    let Some(mut token) = secrets::load(sources)? else {
+        return Ok(None);
+    };
+    token.value = token.value.trim().to_string();
+    anyhow::ensure!(
+        token.value.len() >= MIN_API_TOKEN,
+        "{}: the token from the {} is {} bytes long; it must be at least {MIN_API_TOKEN} (such as `openssl rand -hex 32`)",
+        sources.what,
+        token.origin,
+        token.value.len()
+    );
+    Ok(Some(token))
 }
 
 /// `HOST:PORT`, or a bare `PORT` on loopback: the listener is never public unless asked.
@@ -549,4 +605,32 @@ pub fn plan(args: &PlanArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    #[test]
+    fn an_api_token_is_trimmed_and_must_be_at_least_16_bytes() {
+        let dir = tempfile::tempdir().expect("dir");
+        let token = |text: &str| {
+            let path = dir.path().join("token");
+            std::fs::write(&path, text).expect("write");
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+            api_token(Sources {
+                what: "the test token",
+                env: None,
+                file: Some(&path),
+                credential: "unused",
+            })
+        };
+        let got = token(" 0123456789abcdef \n").expect("16 bytes").expect("a token");
+        assert_eq!(got.value, "0123456789abcdef");
+        let err = token("0123456789abcde\n").expect_err("15 bytes").to_string();
+        assert!(err.contains("15 bytes") && err.contains("at least 16"), "{err}");
+        assert!(!err.contains("0123456789abcde"), "the error shows the token: {err}");
+    }
 }

@@ -102,8 +102,12 @@ where
 /// Why a client could not be built from the config: not retryable, the operator must act.
 #[derive(Debug, thiserror::Error)]
 pub enum SetupError {
-    #[error("etcd.password_env names {0:?}, which is not set in the environment")]
-    MissingPassword(String),
+    #[error(transparent)]
+    Password(#[from] crate::secrets::SecretError),
+    /// Checked here and not when the config is validated: the systemd credential is a source
+    /// only where the node runs.
+    #[error("field \"etcd.username\": username {0:?} has no password: set password_env or password_file, or give the node the systemd credential {cred} (LoadCredential={cred} or {cred}:PATH)", cred = crate::secrets::ETCD_PASSWORD_CREDENTIAL)]
+    NoPassword(String),
     #[error("cannot read {what} file {path}: {source}")]
     TlsFile {
         what: &'static str,
@@ -120,14 +124,17 @@ pub fn connect_options(etcd: &Etcd) -> Result<ConnectOptions, SetupError> {
         .with_keep_alive_while_idle(true)
         .with_require_leader(true);
     if let Some(username) = &etcd.username {
-        let password = match &etcd.password_env {
-            Some(var) => std::env::var(var).map_err(|_| SetupError::MissingPassword(var.clone()))?,
-            None => String::new(),
-        };
+        let password = crate::secrets::load(crate::secrets::Sources {
+            what: "the etcd password",
+            env: etcd.password_env.as_deref(),
+            file: etcd.password_file.as_deref(),
+            credential: crate::secrets::ETCD_PASSWORD_CREDENTIAL,
+        })?
+        .ok_or_else(|| SetupError::NoPassword(username.clone()))?;
         // etcd expires an idle auth token (300 s by default for simple tokens); without a
         // refresh every call after that fails with "invalid auth token", forever.
         options = options
-            .with_user(username.clone(), password)
+            .with_user(username.clone(), password.value)
             .with_auto_token_refresh(true);
     }
     if let Some(tls) = &etcd.tls {

@@ -31,6 +31,11 @@
 //! - `fleet`: members, the fleet view, handoff decisions and their background tasks.
 //! - `joining`: the order a node enters the elections in: its target shards first.
 //!
+//! Secrets:
+//! - [`secrets`]: the node's secrets from a variable, a file or a systemd credential; the
+//!   environment its children start from, without them; the node made not dumpable.
+//! - `env_file`: a job's own secrets, read from its `env_file` at each run.
+//!
 //! Running jobs:
 //! - `runner`: one tick's command in its own process group, with retries.
 //! - `gate`: the child's own lease check right before its command, which keeps the spawn a
@@ -61,6 +66,7 @@ mod clock;
 pub mod config;
 mod context;
 mod election;
+mod env_file;
 pub mod etcd;
 pub mod etcd_server;
 mod fleet;
@@ -86,6 +92,7 @@ mod results;
 mod runner;
 mod runs;
 pub mod schedule;
+pub mod secrets;
 mod session;
 pub mod shard;
 mod spawner;

@@ -21,7 +21,7 @@ fn main() -> ExitCode {
         Command::Man => cli::man(),
         Command::Next(args) => cli::next(args),
         Command::Plan(args) => cli::plan(args),
-        Command::Run(args) => args.config.path().and_then(|path| load_for_node(&path)).and_then(|config| {
+        Command::Run(args) => forbid_inspection().and_then(|()| args.config.path()).and_then(|path| load_for_node(&path)).and_then(|config| {
             let _log_written_out = init_logging(args.node.log_format);
             with_runtime(run(config, args.node.clone(), None))
         }),
@@ -38,7 +38,7 @@ fn main() -> ExitCode {
         Command::History(args) => args.cluster.config.load().and_then(|config| with_runtime(history(config, args))),
         Command::Pause(args) => args.cluster.config.load().and_then(|config| with_runtime(pause(config, args))),
         Command::Resume(args) => args.cluster.config.load().and_then(|config| with_runtime(resume(config, args))),
-        Command::Dev(args) => args.config.path().and_then(|path| load_for_node(&path)).and_then(|config| {
+        Command::Dev(args) => forbid_inspection().and_then(|()| args.config.path()).and_then(|path| load_for_node(&path)).and_then(|config| {
             let _log_written_out = init_logging(args.node.log_format);
             let server = EtcdServer::start(&args.etcd_bin)?;
             tracing::info!(endpoint = %server.client_url(), log = %server.log_path().display(), "throwaway etcd started; Ctrl-C stops the node and removes it");
@@ -55,6 +55,13 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// A node holds secrets and runs jobs as its own user: before it reads any secret, it makes
+/// itself not dumpable, so those jobs cannot read its environment or memory through `/proc`.
+fn forbid_inspection() -> Result<()> {
+    shardcron::secrets::forbid_inspection()
+        .context("cannot mark the node not dumpable (prctl PR_SET_DUMPABLE), which keeps its secrets from its jobs")
 }
 
 fn with_runtime<F: std::future::Future<Output = Result<()>>>(future: F) -> Result<()> {
@@ -113,6 +120,24 @@ async fn run(config: Config, args: NodeArgs, dev_endpoints: Option<Vec<String>>)
     let endpoints = dev_endpoints.unwrap_or_else(|| endpoints(&config, args.endpoints.clone()));
     let listen = args.listen_address()?;
     let token = args.api_token()?;
+    let read_token = args.api_read_token()?;
+    for (name, secret) in [("API token", &token), ("API read token", &read_token)] {
+        if let Some(secret) = secret {
+            tracing::info!(from = %secret.origin, "{name} loaded");
+        }
+    }
+    let token = token.map(|secret| secret.value);
+    let read_token = read_token.map(|secret| secret.value);
+    // Built once for the node: every command starts from the node's environment without the
+    // variables that hold its secrets.
+    let secret_variables: Vec<&str> = args
+        .secret_variables()
+        .chain(config.etcd.password_env.as_deref())
+        .collect();
+    let child_env = std::sync::Arc::new(shardcron::secrets::ChildEnv::of_node(
+        std::env::vars_os(),
+        &secret_variables,
+    ));
     let node_id = match args.node_id {
         Some(id) => id,
         None => hostname::get()
@@ -120,7 +145,7 @@ async fn run(config: Config, args: NodeArgs, dev_endpoints: Option<Vec<String>>)
             .to_string_lossy()
             .into_owned(),
     };
-    let options = etcd::connect_options(&config.etcd)?;
+    let options = etcd::connect_options(&config.etcd).with_context(|| config.path.display().to_string())?;
     let shutdown = CancellationToken::new();
     let hurry = CancellationToken::new();
     let readiness = Readiness::default();
@@ -140,15 +165,22 @@ async fn run(config: Config, args: NodeArgs, dev_endpoints: Option<Vec<String>>)
         let writes = if token.is_some() {
             "on"
         } else {
-            "off (no --api-token-env)"
+            "off (no --api-token-env, --api-token-file or credential api-token)"
         };
-        tracing::info!(%address, writes, "serving HTTP: / (dashboard), /healthz, /readyz, /metrics, /api/v1");
+        let reads = if read_token.is_some() {
+            "need the read token"
+        } else {
+            "open"
+        };
+        tracing::info!(%address, writes, reads, "serving HTTP: / (dashboard), /healthz, /readyz, /metrics, /api/v1");
         let served = shardcron::http::Served {
             cluster: config.cluster.clone(),
             readiness: readiness.clone(),
             exposure: exposure.clone(),
             token,
+            // MERGE(issue 26, wt-http): add `read_token,` here once `Served` has the field.
         };
+        // Until then the read token is loaded and checked (length, file mode) but not enforced.
         tokio::spawn(shardcron::http::serve(listener, served, listener_stop.clone()));
     }
     let probe_key = shardcron::keys::Keys::new(&config.cluster.name).nodes_prefix();
@@ -166,6 +198,7 @@ async fn run(config: Config, args: NodeArgs, dev_endpoints: Option<Vec<String>>)
             hurry,
             readiness,
             exposure,
+            child_env,
         },
         client,
         shutdown,
@@ -270,9 +303,12 @@ async fn reload_on_hangup(path: std::path::PathBuf, reloads: tokio::sync::mpsc::
 
 async fn show_status(config: Config, endpoints_flag: Vec<String>, json: bool) -> Result<()> {
     let endpoints = endpoints(&config, endpoints_flag);
-    let client = etcd::connect(&endpoints, etcd::connect_options(&config.etcd)?)
-        .await
-        .with_context(|| format!("cannot connect to etcd at {endpoints:?}"))?;
+    let client = etcd::connect(
+        &endpoints,
+        etcd::connect_options(&config.etcd).with_context(|| config.path.display().to_string())?,
+    )
+    .await
+    .with_context(|| format!("cannot connect to etcd at {endpoints:?}"))?;
     let jobs: Vec<&shardcron::config::Job> = config.jobs.iter().collect();
     let status = status::read(&config.cluster, &config.digest, &jobs, &client)
         .await
@@ -290,9 +326,12 @@ async fn connect_for_command(
     endpoints_flag: Vec<String>,
 ) -> Result<(etcd_client::Client, Vec<String>)> {
     let endpoints = endpoints(config, endpoints_flag);
-    let client = etcd::connect(&endpoints, etcd::connect_options(&config.etcd)?)
-        .await
-        .with_context(|| format!("cannot connect to etcd at {endpoints:?}"))?;
+    let client = etcd::connect(
+        &endpoints,
+        etcd::connect_options(&config.etcd).with_context(|| config.path.display().to_string())?,
+    )
+    .await
+    .with_context(|| format!("cannot connect to etcd at {endpoints:?}"))?;
     Ok((client, endpoints))
 }
 

@@ -46,6 +46,8 @@ pub struct NodeOptions {
     pub readiness: Readiness,
     /// Filled once the node runs, for the HTTP API.
     pub exposure: Exposure,
+    /// The environment every command starts from: the node's own without its secrets.
+    pub child_env: Arc<crate::secrets::ChildEnv>,
 }
 
 /// What a running node shows its HTTP API: its etcd client and its jobs, once it has them.
@@ -117,7 +119,11 @@ pub async fn run(
         keys,
         shards: cluster.shards,
         jobs: loaded,
-        runs: Runs::new(Arc::clone(&results), Arc::clone(&pauses)),
+        runs: Runs::new(
+            Arc::clone(&results),
+            Arc::clone(&pauses),
+            Arc::clone(&options.child_env),
+        ),
         pauses,
         triggers: Arc::default(),
         results,

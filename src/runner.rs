@@ -1,8 +1,10 @@
 //! Running one tick of a job: `sh -c <command>` in its own process group.
 //!
-//! The child gets the tick's identity in `CRON_*` variables; its output lines go to the node's
-//! log tagged with job and tick; a timeout or a forced shutdown kills the whole process group,
-//! so nothing the command started outlives it.
+//! The child's environment is the node's without its secrets ([`ChildEnv`], made once per
+//! node), then the job's `env_file` (read at each run) and `env`, then the tick's identity in
+//! `CRON_*` variables; it never inherits the node's environment as it is. Its output lines go
+//! to the node's log tagged with job and tick; a timeout or a forced shutdown kills the whole
+//! process group, so nothing the command started outlives it.
 
 use std::process::Stdio;
 use std::sync::Arc;
@@ -16,8 +18,10 @@ use tokio_util::sync::CancellationToken;
 use crate::backoff::Backoff;
 use crate::clock;
 use crate::config::{Job, MAX_RETRY_BACKOFF};
+use crate::env_file;
 use crate::gate;
 use crate::record::{Outcome, RunRecord, Trigger};
+use crate::secrets::ChildEnv;
 use crate::spawner::{self, Child};
 use crate::starts::{StartTicket, Starts};
 
@@ -77,13 +81,18 @@ pub struct Stops<'a> {
 /// Runs `tick` to completion, retrying a failed attempt as the job allows while this node still
 /// leads the shard, and says how the last attempt ended; `None` when the first attempt could
 /// not start because the leadership or its lease ended since `ticket` was given.
-pub async fn run(tick: &Tick, stops: &Stops<'_>, mut ticket: Option<StartTicket>) -> Option<RunRecord> {
+pub async fn run(
+    tick: &Tick,
+    stops: &Stops<'_>,
+    mut ticket: Option<StartTicket>,
+    child_env: &ChildEnv,
+) -> Option<RunRecord> {
     let job = &tick.job;
     let mut attempt = 1;
     let mut backoff = Backoff::new(job.retry_backoff, MAX_RETRY_BACKOFF);
     let mut last = None;
     loop {
-        let Some(mut record) = run_once(tick, attempt, stops, ticket.take()).await else {
+        let Some(mut record) = run_once(tick, attempt, stops, ticket.take(), child_env).await else {
             if attempt > 1 {
                 tracing::warn!(job = %job.name, tick = %tick.scheduled_at_text(), attempt, "this node no longer leads the shard, or its lease may have expired: no more retries");
             }
@@ -117,7 +126,13 @@ pub async fn run(tick: &Tick, stops: &Stops<'_>, mut ticket: Option<StartTicket>
 
 /// One attempt; `None` if it may not start: the first attempt's `ticket` or, for a retry, the
 /// leadership says no, checked with nothing between the check and the spawn.
-async fn run_once(tick: &Tick, attempt: u32, stops: &Stops<'_>, ticket: Option<StartTicket>) -> Option<RunRecord> {
+async fn run_once(
+    tick: &Tick,
+    attempt: u32,
+    stops: &Stops<'_>,
+    ticket: Option<StartTicket>,
+    child_env: &ChildEnv,
+) -> Option<RunRecord> {
     let job = &tick.job;
     let started = std::time::Instant::now();
     let record = |outcome: Outcome, exit_code: Option<i32>| RunRecord {
@@ -131,9 +146,42 @@ async fn run_once(tick: &Tick, attempt: u32, stops: &Stops<'_>, ticket: Option<S
         attempts: attempt,
         trigger: tick.trigger(),
     };
+    // Read at each run, so a changed secret needs no reload and none stays in the node's
+    // memory between runs. Its values go to the child only: no log line or record holds them.
+    let secrets = match &job.env_file {
+        Some(path) => {
+            let path = path.clone();
+            let read = tokio::task::spawn_blocking(move || env_file::read(&path).map_err(|err| err.to_string()))
+                .await
+                .unwrap_or_else(|err| Err(format!("reading the env_file failed: {err}")));
+            match read {
+                Ok(vars) => vars,
+                Err(reason) => {
+                    // A leadership that ended meanwhile records nothing: the tick is its next
+                    // leader's, as when the spawn itself is refused.
+                    if !tick.starts.may_spawn() {
+                        return None;
+                    }
+                    // Recorded like any command that could not start, so retries and alerts on
+                    // `spawn_failed` cover it; the reason is in the log.
+                    if let Some(ticket) = ticket {
+                        ticket.started();
+                    }
+                    tracing::error!(job = %job.name, tick = %tick.scheduled_at_text(), attempt, error = %reason, "could not start the command: its env_file is refused");
+                    return Some(record(Outcome::SpawnFailed, None));
+                }
+            }
+        }
+        None => Vec::new(),
+    };
     let mut command = std::process::Command::new("sh");
+    // The node's environment without its secrets, then the job's env_file and env: the child
+    // never inherits the node's environment as it is.
     command
         .arg("-c")
+        .env_clear()
+        .envs(child_env.vars().iter().map(|(name, value)| (name, value)))
+        .envs(secrets)
         .envs(&job.env)
         .env("CRON_FENCE", tick.fence.to_string())
         .env("CRON_TERM", tick.term.to_string())

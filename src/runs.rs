@@ -16,6 +16,7 @@ use crate::pauses::Pauses;
 use crate::record::{Outcome, RunRecord};
 use crate::results::ResultQueue;
 use crate::runner::{self, Tick};
+use crate::secrets::ChildEnv;
 
 /// Caught-up and redelivered runs that may go at once on a node, per core: a takeover after a
 /// long outage may owe a backlog to every one of 100,000 jobs, and starting them all together
@@ -42,6 +43,8 @@ pub struct Runs {
     kill: CancellationToken,
     results: Arc<ResultQueue>,
     pauses: Arc<Pauses>,
+    /// What every command's environment starts from, made once for the node.
+    child_env: Arc<ChildEnv>,
 }
 
 /// Room for late ticks held by a leader while it claims them (see [`Runs::reserve_late`]).
@@ -100,7 +103,7 @@ struct JobRuns {
 
 impl Runs {
     /// Runs whose results go to `results`, and which `pauses` may stop.
-    pub(crate) fn new(results: Arc<ResultQueue>, pauses: Arc<Pauses>) -> Runs {
+    pub(crate) fn new(results: Arc<ResultQueue>, pauses: Arc<Pauses>, child_env: Arc<ChildEnv>) -> Runs {
         let cores = std::thread::available_parallelism().map_or(2, usize::from);
         Runs {
             tracker: TaskTracker::new(),
@@ -111,6 +114,7 @@ impl Runs {
             kill: CancellationToken::new(),
             results,
             pauses,
+            child_env,
         }
     }
 
@@ -261,7 +265,7 @@ impl Runs {
                     replace: &replace,
                 };
                 let began = clock::now();
-                let record = runner::run(&tick, &stops, ticket).await;
+                let record = runner::run(&tick, &stops, ticket, &runs.child_env).await;
                 runs.took(&job.name, clock::now() - began);
                 match record {
                     Some(record) => runs.report(&tick, record),
@@ -556,7 +560,8 @@ mod tests {
 
     #[test]
     fn shards_taking_over_together_share_the_nodes_room_for_late_ticks() {
-        let runs = Runs::new(Arc::default(), Arc::default());
+        let child_env = Arc::new(ChildEnv::of_node(std::env::vars_os(), &[]));
+        let runs = Runs::new(Arc::default(), Arc::default(), child_env);
         let first = runs.reserve_late(LATE_ROOM - 1_000).expect("room");
         // One claim may pass the room by its own size, never a second one after it.
         let second = runs.reserve_late(5_000).expect("room left before it");

@@ -27,6 +27,7 @@ mod scenarios {
     mod observability;
     mod operations;
     mod package;
+    mod secrets;
     mod security;
     mod snapshots;
     mod split_brain;

@@ -49,6 +49,8 @@ pub struct Etcd {
     pub username: Option<String>,
     /// The name of the environment variable holding the password, never the password itself.
     pub password_env: Option<String>,
+    /// A file holding the password, private to the node's user.
+    pub password_file: Option<PathBuf>,
     pub tls: Option<EtcdTls>,
 }
 
@@ -80,6 +82,8 @@ pub struct Job {
     pub delivery: Delivery,
     pub working_dir: Option<PathBuf>,
     pub env: BTreeMap<String, String>,
+    /// `KEY=VALUE` lines read at each run (the job's secrets): see `env_file` for the format.
+    pub env_file: Option<PathBuf>,
 }
 
 /// What a new leader does with a tick that was claimed and never started: its leader died,
@@ -150,6 +154,7 @@ impl Job {
             delivery: Delivery::default(),
             working_dir: None,
             env: BTreeMap::new(),
+            env_file: None,
         }
     }
 }

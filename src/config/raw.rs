@@ -40,6 +40,7 @@ pub(super) struct RawEtcd {
     pub(super) endpoints: Option<Spanned<Vec<String>>>,
     pub(super) username: Option<Spanned<String>>,
     pub(super) password_env: Option<Spanned<String>>,
+    pub(super) password_file: Option<Spanned<PathBuf>>,
     pub(super) tls: Option<RawTls>,
 }
 
@@ -47,8 +48,8 @@ pub(super) struct RawEtcd {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawTls {
     pub(super) ca: Option<PathBuf>,
-    pub(super) cert: Option<PathBuf>,
-    pub(super) key: Option<PathBuf>,
+    pub(super) cert: Option<Spanned<PathBuf>>,
+    pub(super) key: Option<Spanned<PathBuf>>,
 }
 
 #[derive(Deserialize)]
@@ -67,6 +68,7 @@ pub(super) struct RawJob {
     pub(super) delivery: Option<Spanned<Delivery>>,
     pub(super) working_dir: Option<Spanned<PathBuf>>,
     pub(super) env: Option<Spanned<BTreeMap<String, String>>>,
+    pub(super) env_file: Option<Spanned<PathBuf>>,
 }
 
 /// `schedule`: one expression, or an array of them that the job fires on together.

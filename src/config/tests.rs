@@ -17,6 +17,35 @@ fn parse_str(text: &str) -> Result<Config, ConfigError> {
     parse(Path::new("jobs.toml"), text)
 }
 
+/// `HEAD` with `lines` after `[etcd]`'s endpoints (line 9 on).
+fn with_etcd(lines: &str) -> String {
+    HEAD.replace(
+        "endpoints = [\"http://127.0.0.1:2379\"]",
+        &format!("endpoints = [\"http://127.0.0.1:2379\"]\n{lines}"),
+    )
+}
+
+#[test]
+fn secret_sources_validate() {
+    let config = parse_str(&format!(
+        "{}\n[jobs.backup]\nschedule = \"@daily\"\ncommand = \"true\"\nenv_file = \"/etc/shardcron/secrets/backup.env\"\n",
+        with_etcd(
+            "username = \"cron\"\npassword_file = \"/etc/shardcron/secrets/etcd-password\"\n[etcd.tls]\ncert = \"/c.pem\"\nkey = \"/k.pem\""
+        )
+    ))
+    .unwrap();
+    assert_eq!(
+        config.etcd.password_file.as_deref(),
+        Some(Path::new("/etc/shardcron/secrets/etcd-password"))
+    );
+    assert_eq!(
+        config.jobs[0].env_file.as_deref(),
+        Some(Path::new("/etc/shardcron/secrets/backup.env"))
+    );
+    // The credential is a source only where the node runs: `check` accepts a username alone.
+    assert!(parse_str(&with_etcd("username = \"cron\"")).is_ok());
+}
+
 fn with_job(job: &str) -> String {
     format!("{HEAD}\n[jobs.backup]\n{job}\n")
 }
@@ -362,6 +391,48 @@ fn error_table() {
             None,
             None,
             "invalid job name",
+        ),
+        (
+            with_etcd("username = \"cron\"\npassword_file = \"secrets/etcd\""),
+            Some(10),
+            None,
+            Some("etcd.password_file"),
+            "must be absolute",
+        ),
+        (
+            with_etcd("username = \"cron\"\npassword_env = \"P\"\npassword_file = \"/etc/p\""),
+            Some(11),
+            None,
+            Some("etcd.password_file"),
+            "one way",
+        ),
+        (
+            with_etcd("password_file = \"/etc/p\""),
+            Some(9),
+            None,
+            Some("etcd.password_file"),
+            "needs a username",
+        ),
+        (
+            with_etcd("[etcd.tls]\ncert = \"/etc/shardcron/node.pem\""),
+            Some(10),
+            None,
+            Some("etcd.tls.cert"),
+            "cert needs key",
+        ),
+        (
+            with_etcd("[etcd.tls]\nca = \"/ca.pem\"\nkey = \"/etc/shardcron/node-key.pem\""),
+            Some(11),
+            None,
+            Some("etcd.tls.key"),
+            "key needs cert",
+        ),
+        (
+            with_job("schedule = \"* * * * *\"\ncommand = \"true\"\nenv_file = \"app.env\""),
+            Some(13),
+            Some("backup"),
+            Some("env_file"),
+            "must be absolute",
         ),
         (
             "[etcd]\nendpoints = [\"http://e:2379\"]\n".to_string(),

@@ -1,6 +1,7 @@
 //! Field-by-field checks that turn the raw shapes into the validated model.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -147,17 +148,76 @@ pub(super) fn validate_etcd(source: &Source, raw: Option<Spanned<RawEtcd>>) -> R
                 "password_env needs a username",
             ));
         }
+        if let Some(password_file) = &raw.password_file {
+            return Err(source.error(
+                Some(password_file.span()),
+                None,
+                Some("etcd.password_file"),
+                "give the password one way: password_env or password_file, not both",
+            ));
+        }
     }
+    if let Some(password_file) = &raw.password_file {
+        if raw.username.is_none() {
+            return Err(source.error(
+                Some(password_file.span()),
+                None,
+                Some("etcd.password_file"),
+                "password_file needs a username",
+            ));
+        }
+        secret_path(source, password_file, None, "etcd.password_file")?;
+    }
+    let tls = match raw.tls {
+        Some(tls) => Some(validate_tls(source, tls)?),
+        None => None,
+    };
     Ok(Etcd {
         endpoints: endpoints.into_inner(),
         username: raw.username.map(Spanned::into_inner),
         password_env: raw.password_env.map(Spanned::into_inner),
-        tls: raw.tls.map(|tls| EtcdTls {
-            ca: tls.ca,
-            cert: tls.cert,
-            key: tls.key,
-        }),
+        password_file: raw.password_file.map(Spanned::into_inner),
+        tls,
     })
+}
+
+/// A client certificate needs its key and a key its certificate: either alone would be dropped,
+/// and the node would connect without the identity the operator meant it to have.
+fn validate_tls(source: &Source, raw: RawTls) -> Result<EtcdTls, ConfigError> {
+    let missing = match (&raw.cert, &raw.key) {
+        (Some(cert), None) => Some((
+            cert.span(),
+            "etcd.tls.cert",
+            "cert needs key (the client certificate's private key)",
+        )),
+        (None, Some(key)) => Some((
+            key.span(),
+            "etcd.tls.key",
+            "key needs cert (the client certificate it belongs to)",
+        )),
+        _ => None,
+    };
+    if let Some((span, field, message)) = missing {
+        return Err(source.error(Some(span), None, Some(field), message));
+    }
+    Ok(EtcdTls {
+        ca: raw.ca,
+        cert: raw.cert.map(Spanned::into_inner),
+        key: raw.key.map(Spanned::into_inner),
+    })
+}
+
+/// A path to a secret file: absolute, since a node's working directory differs between a shell
+/// and its unit, and without a NUL byte, which no path can hold.
+fn secret_path(source: &Source, path: &Spanned<PathBuf>, job: Option<&str>, field: &str) -> Result<(), ConfigError> {
+    let error = |message: &str| Err(source.error(Some(path.span()), job, Some(field), message));
+    if path.get_ref().as_os_str().as_encoded_bytes().contains(&0) {
+        return error("the path holds a NUL byte");
+    }
+    if !path.get_ref().is_absolute() {
+        return error("the path must be absolute, such as /etc/shardcron/secrets/NAME");
+    }
+    Ok(())
 }
 
 pub(super) fn validate_job(
@@ -308,6 +368,9 @@ pub(super) fn validate_job(
             ));
         }
     }
+    if let Some(env_file) = &raw.env_file {
+        secret_path(source, env_file, job, "env_file")?;
+    }
     Ok(Job {
         shard: shard_of(&name, cluster.shards),
         name,
@@ -323,5 +386,6 @@ pub(super) fn validate_job(
         delivery: raw.delivery.map(Spanned::into_inner).unwrap_or_default(),
         working_dir: raw.working_dir.map(Spanned::into_inner),
         env: raw.env.map(Spanned::into_inner).unwrap_or_default(),
+        env_file: raw.env_file.map(Spanned::into_inner),
     })
 }

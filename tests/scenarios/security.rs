@@ -129,7 +129,7 @@ fn a_node_runs_against_etcd_over_tls_with_a_client_certificate_and_a_wrong_ca_is
 }
 
 /// Turns on etcd auth with a root user and a `cron` user that may only touch `/shardcron/`.
-fn enable_auth(endpoint: &str, password: &str) {
+pub(crate) fn enable_auth(endpoint: &str, password: &str) {
     use etcd_client::{Client, Permission};
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     runtime.block_on(async {

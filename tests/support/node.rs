@@ -15,6 +15,7 @@ pub struct NodeBuilder<'w> {
     config: PathBuf,
     args: Vec<String>,
     env: Vec<(String, String)>,
+    wrapper: Vec<String>,
 }
 
 impl<'w> NodeBuilder<'w> {
@@ -25,6 +26,7 @@ impl<'w> NodeBuilder<'w> {
             config: config.to_path_buf(),
             args: Vec::new(),
             env: Vec::new(),
+            wrapper: Vec::new(),
         }
     }
 
@@ -36,6 +38,13 @@ impl<'w> NodeBuilder<'w> {
     /// Extra arguments after `run --config …`.
     pub fn args(mut self, args: &[&str]) -> Self {
         self.args.extend(args.iter().map(|arg| arg.to_string()));
+        self
+    }
+
+    /// Starts the node through `wrapper` (a program and its arguments, such as `setpriv ...
+    /// --`), which then execs the node.
+    pub fn under(mut self, wrapper: &[&str]) -> Self {
+        self.wrapper = wrapper.iter().map(|arg| arg.to_string()).collect();
         self
     }
 
@@ -55,6 +64,7 @@ impl<'w> NodeBuilder<'w> {
             config,
             args,
             env,
+            wrapper,
         } = self;
         let log = world.dir.path().join(format!("{id}.log"));
         let log_file = std::fs::OpenOptions::new()
@@ -62,7 +72,15 @@ impl<'w> NodeBuilder<'w> {
             .append(true)
             .open(&log)
             .expect("node log");
-        let child = Command::new(SHARDCRON)
+        let mut command = match wrapper.split_first() {
+            Some((program, rest)) => {
+                let mut command = Command::new(program);
+                command.args(rest).arg(SHARDCRON);
+                command
+            }
+            None => Command::new(SHARDCRON),
+        };
+        let child = command
             .args(["run", "--node-id", &id, "--shutdown-grace", "5s", "--config"])
             .arg(&config)
             .args(&args)
