@@ -299,6 +299,12 @@ fn apply_reload(config: Config, cluster: &Cluster, etcd: &Etcd, loaded: &watch::
         tracing::error!(config = %config.path.display(), "reload refused: the [cluster] or [etcd] section changed; restart the node to apply it (the old jobs keep running)");
         return;
     }
+    // The same file changes nothing: a reload would only end every term of the node between
+    // its ticks for no reason.
+    if config.digest == loaded.borrow().digest {
+        tracing::info!(digest = %config.digest, "reloaded jobs.toml: unchanged, nothing to do");
+        return;
+    }
     tracing::info!(jobs = config.jobs.len(), digest = %config.digest, "reloaded jobs.toml: terms take the new jobs between ticks, keeping their shards");
     loaded.send_replace(Arc::new(Loaded::new(config)));
 }

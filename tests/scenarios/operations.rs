@@ -248,6 +248,23 @@ fn sighup_reloads_jobs_without_giving_up_shards_and_rejects_bad_files() {
     });
     assert_eq!(terms(&world), before, "no reload gave up a shard");
     assert_each_tick_once(&world.runs(), "second", 1);
+
+    step("the file the node runs, unchanged: a SIGHUP does nothing");
+    world.write_config_tables("jobs.toml", 2, 3, &[(&second.0, second.1.clone())]);
+    let terms_ended = |world: &World| world.nodes[0].log_text().matches("term ended").count();
+    let reloads = |world: &World| world.nodes[0].log_text().matches("reloaded jobs.toml").count();
+    let (ended_before, reloads_before) = (terms_ended(&world), reloads(&world));
+    world.nodes[0].signal(libc::SIGHUP);
+    wait_for(Duration::from_secs(10), "the reload is logged", || {
+        reloads(&world) > reloads_before
+    });
+    // A term ends between ticks, within a second of the reload.
+    let logged = now_secs();
+    wait_for(Duration::from_secs(5), "2 s after the reload", || {
+        now_secs() > logged + 2.0
+    });
+    assert_eq!(terms_ended(&world), ended_before, "no term ended for an unchanged file");
+    assert!(world.nodes[0].log_text().contains("unchanged, nothing to do"));
 }
 
 #[test]
