@@ -54,13 +54,30 @@ pub struct ClaimRequest {
     pub claim: Claim,
 }
 
-/// Reads the last claims of `jobs`, in order.
+/// An answer of etcd that cannot be used as it stands: an error that stops the claim until it is
+/// read again, logged by the caller and counted with the failed etcd calls.
+fn unusable(message: String) -> CoordError {
+    crate::metrics::get().etcd_errors.inc();
+    CoordError::Protocol(message)
+}
+
+/// Reads the last claims of `jobs`, in order. A record that cannot be read is an error, never a
+/// job without a record: what it claimed is unknown, and a fresh start could run a claimed tick
+/// again or skip a pending one. It stops the claims of the shard until it is fixed or deleted.
 pub async fn read_claims(session: &Session, keys: &Keys, jobs: &[&str]) -> Result<Vec<Seen>, CoordError> {
     let mut seen = Vec::with_capacity(jobs.len());
     for chunk in jobs.chunks(MAX_OPS_PER_TXN) {
         let gets: Vec<TxnOp> = chunk.iter().map(|job| TxnOp::get(keys.job_last(job), None)).collect();
         let response = etcd::call(session.client().txn(Txn::new().and_then(gets))).await?;
-        for (job, op) in chunk.iter().zip(response.op_responses()) {
+        let answers = response.op_responses();
+        if answers.len() != chunk.len() {
+            return Err(unusable(format!(
+                "etcd answered {} of {} reads of claim records",
+                answers.len(),
+                chunk.len()
+            )));
+        }
+        for (job, op) in chunk.iter().zip(answers) {
             let TxnOpResponse::Get(get) = op else {
                 return Err(CoordError::Protocol("txn of gets answered with another op".into()));
             };
@@ -72,13 +89,10 @@ pub async fn read_claims(session: &Session, keys: &Keys, jobs: &[&str]) -> Resul
                         mod_revision: kv.mod_revision(),
                     },
                     Err(err) => {
-                        // An unreadable record must not stop the job forever; it is treated as
-                        // no record, and the next claim overwrites it (still guarded).
-                        tracing::warn!(job = *job, error = %err, "unreadable claim record; treating the job as new");
-                        Seen {
-                            claim: None,
-                            mod_revision: kv.mod_revision(),
-                        }
+                        return Err(unusable(format!(
+                            "the claim record {} of job {job} cannot be read ({err}): fix or delete it; until then its shard claims nothing rather than guess what was claimed",
+                            keys.job_last(job)
+                        )));
                     }
                 },
             };

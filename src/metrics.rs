@@ -131,7 +131,7 @@ impl Metrics {
         );
         registry.register(
             "etcd_errors",
-            "etcd calls that failed or timed out",
+            "etcd calls that failed or timed out, and answers that could not be used (an unreadable claim record, a short reply)",
             metrics.etcd_errors.clone(),
         );
         registry.register(

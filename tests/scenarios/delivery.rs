@@ -384,3 +384,37 @@ fn a_retry_never_starts_after_a_stall_that_outlasted_the_lease() {
     assert_no_run_of_term_after(&runs, old_term, takeover);
     assert!(world.nodes[roles.leader].log_text().contains("no more retries"));
 }
+
+/// A claim record that cannot be read is never taken for "no record": what it claimed is
+/// unknown. Its shard claims nothing, the node names the record, and once an operator deletes
+/// it the job fires again.
+#[test]
+fn an_unreadable_claim_record_stops_its_claims_instead_of_a_fresh_start() {
+    let mut world = World::new();
+    let names = job_names(1, 1);
+    let config = world.write_config("jobs.toml", 1, TTL, &every_second(&names, ""));
+    let record = "/shardcron/test/jobs/job0/last";
+    let (runtime, mut client) = world.etcd_client();
+    runtime.block_on(client.put(record, "not a claim", None)).expect("put");
+
+    step("start a on a record it cannot read");
+    world.node("a", &config).start();
+    wait_for(Duration::from_secs(15), "a names the record", || {
+        world.nodes[0].log_text().contains(record)
+    });
+    wait_for(Duration::from_secs(15), "a leads the shard", || {
+        world.leader_of(&config, 0).is_some()
+    });
+    let leading = now_secs();
+    wait_for(Duration::from_secs(10), "3 s of ticks", || now_secs() > leading + 3.0);
+    assert!(world.runs().is_empty(), "nothing ran from a fresh start");
+    assert_eq!(
+        world.etcd_value(record).as_deref(),
+        Some(&b"not a claim"[..]),
+        "the record was not overwritten"
+    );
+
+    step("the operator deletes it: the job fires again");
+    runtime.block_on(client.delete(record, None)).expect("delete");
+    wait_for(Duration::from_secs(20), "job0 runs", || !world.runs().is_empty());
+}
