@@ -160,15 +160,33 @@ pub(crate) async fn run_shard(
                 TermEnd::JobsReloaded(book) => known = Some(book),
                 TermEnd::Deposed => {}
                 TermEnd::HandedOff => {
-                    let resigned = node
-                        .elections
-                        .request(election::resign(&session, &term.leadership))
-                        .await;
-                    if let Err(err) = resigned {
-                        tracing::warn!(shard, error = %err, "could not resign; the claims still keep each tick once");
+                    if !resign(&node, &session, &term.leadership).await {
+                        return;
                     }
                 }
                 TermEnd::Stopped | TermEnd::SessionLost => return,
+            }
+        }
+    }
+}
+
+/// Resigns `leadership`, trying again until etcd confirms it; false if the session ended first.
+/// Campaigning again with the key still there would lead again under the same term with an
+/// empty book: the ticks the handed-off term owed would be neither fired nor adopted (claims
+/// stamped with this term look like the new term's own), and its next write would drop them.
+async fn resign(node: &NodeContext, session: &Session, leadership: &Leadership) -> bool {
+    let mut backoff = Backoff::coordination();
+    loop {
+        match node.elections.request(election::resign(session, leadership)).await {
+            Ok(()) => return true,
+            Err(err) => {
+                let wait = backoff.next_delay();
+                if let Some(left_out) = repeats::log_now("resign failed") {
+                    tracing::warn!(shard = leadership.shard, fence = leadership.fence, error = %err, retry_in = ?wait, left_out, "could not resign a handed-off shard; trying again before campaigning (left_out: lines like this one not logged since the last)");
+                }
+                if !sleep_or_cancel(wait, session.ended()).await {
+                    return false;
+                }
             }
         }
     }
