@@ -49,6 +49,9 @@ pub struct ResultQueue {
 /// After a failed write of leftovers, the pause before the next try.
 const RETRY_PAUSE: Duration = Duration::from_secs(1);
 
+/// At most how many answers to runs asked for by hand wait for a write that failed.
+const MAX_UNANSWERED: usize = 10_000;
+
 impl ResultQueue {
     /// A queue whose runs also go to their jobs' histories, `keep` runs per job.
     pub fn new(keep: u32) -> ResultQueue {
@@ -69,6 +72,24 @@ impl ResultQueue {
 
     fn take_answers(&self) -> Vec<(String, RunRecord)> {
         std::mem::take(&mut *self.answers.lock().unwrap_or_else(|poisoned| poisoned.into_inner()))
+    }
+
+    /// Keeps answers whose write failed for the next try, at most [`MAX_UNANSWERED`] (the
+    /// newest): each stands for a command still waiting, and an asker gone meanwhile took its
+    /// answer key with it, which ends the answer's tries.
+    fn put_back_answers(&self, failed: Vec<(String, RunRecord)>) {
+        let mut answers = self.answers.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let arrived_since = std::mem::take(&mut *answers);
+        answers.extend(failed);
+        answers.extend(arrived_since);
+        let over = answers.len().saturating_sub(MAX_UNANSWERED);
+        if over > 0 {
+            tracing::warn!(
+                dropped = over,
+                "too many runs asked for by hand wait to be answered: the oldest commands waiting get no answer"
+            );
+            answers.drain(..over);
+        }
     }
 
     /// A finished (or settled) run of `job`: its result, and its entry in the job's history.
@@ -207,20 +228,36 @@ pub async fn write_leftovers(
         let metrics = crate::metrics::get();
         metrics.results_unwritten.set(queue.lock().len() as i64);
         metrics.history_unwritten.set(queue.history.waiting() as i64);
-        let answers = queue.take_answers();
-        for (request, record) in answers {
+        // A command waits for its answer (`trigger --wait`): one failed write must not leave
+        // it waiting for ever.
+        let mut unanswered = Vec::new();
+        for (request, record) in queue.take_answers() {
             if let Err(err) = triggers::answer(&client, &keys, &request, &record).await {
-                tracing::warn!(error = %err, request, "could not tell the command that asked for a run how it ended (the run is in the job's result and history)");
+                if let Some(left_out) = crate::repeats::log_now("answer failed") {
+                    tracing::warn!(error = %err, request, left_out, "could not tell the command that asked for a run how it ended yet; trying again (left_out: lines like this one not logged since the last)");
+                }
+                unanswered.push((request, record));
             }
         }
+        let answers_wait = !unanswered.is_empty();
+        queue.put_back_answers(unanswered);
+        let retry_answers = async {
+            if answers_wait && !closed.is_cancelled() {
+                tokio::time::sleep(RETRY_PAUSE).await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        };
         match queue.oldest() {
             Some(since) => tokio::select! {
                 _ = tokio::time::sleep_until((since + RIDE_WINDOW).into()) => {}
                 _ = queue.arrived.notified() => continue,
+                _ = retry_answers => continue,
                 _ = closed.cancelled() => {}
             },
             None => tokio::select! {
                 _ = queue.arrived.notified() => continue,
+                _ = retry_answers => continue,
                 _ = closed.cancelled() => {}
             },
         }

@@ -649,3 +649,54 @@ fn a_trigger_killed_while_it_waits_leaves_no_key_behind() {
     );
     eprintln!("answer gone {:.1} s after the client hung up", now_secs() - at);
 }
+
+/// `trigger --wait` gets its answer even when the node's first write of it fails: the node cut
+/// off from etcd as the run ends tries again once etcd answers, and the command exits with the
+/// run's status.
+#[test]
+fn trigger_wait_gets_its_answer_after_a_failed_write() {
+    let mut world = World::new();
+    let log = world.dir.path().join("manual.log");
+    let config = world.write_config_tables(
+        "jobs.toml",
+        1,
+        10,
+        &[(
+            "slow",
+            format!(
+                "schedule = \"0 0 1 1 *\"\ncommand = 'echo ran >> {log}; sleep 2; echo done >> {log}; exit 5'",
+                log = log.display()
+            ),
+        )],
+    );
+    let proxies = world.start_behind_proxies(&["a"], &config);
+    wait_for(Duration::from_secs(30), "the shard is led", || {
+        world.shard_leaders(&config).iter().all(|(leader, _)| leader.is_some())
+    });
+    step("trigger --wait; cut the node off from etcd once the run started");
+    let asker = Command::new(SHARDCRON)
+        .args(["trigger", "slow", "--wait", "--config"])
+        .arg(&config)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start trigger");
+    wait_for(Duration::from_secs(20), "the run started", || log.exists());
+    proxies[0].cut();
+    wait_for(Duration::from_secs(20), "the node could not write the answer", || {
+        world.nodes[0]
+            .log_text()
+            .contains("could not tell the command that asked for a run how it ended")
+    });
+    step("heal: the command gets the run's exit status");
+    proxies[0].heal();
+    let mut asker = asker;
+    let healed = now_secs();
+    let mut status = None;
+    wait_for(Duration::from_secs(20), "the command exits", || {
+        status = asker.try_wait().expect("trigger status");
+        status.is_some()
+    });
+    assert_eq!(status.and_then(|status| status.code()), Some(5));
+    eprintln!("answered {:.1} s after the heal", now_secs() - healed);
+}
