@@ -4,6 +4,7 @@
 //! /shardcron/<cluster>/shards/<k>/n<shards>/<lease-hex>   election candidates of shard k
 //! /shardcron/<cluster>/jobs/<job>/last                     the job's last claimed tick
 //! /shardcron/<cluster>/jobs/<job>/result                   the job's last finished run
+//! /shardcron/<cluster>/jobs/<job>/manual                   the last run asked for by hand a leader took
 //! /shardcron/<cluster>/nodes/<node-id>                     live members
 //! /shardcron/<cluster>/pauses/<job>                        a job's pause (`*`: every job's)
 //! /shardcron/<cluster>/runs/<job>/<tick>                   the job's last runs (`history`)
@@ -117,6 +118,12 @@ impl Keys {
     /// The newest successful run of `job`: a [`crate::record::RunRecord`].
     pub(crate) fn job_success(&self, job: &str) -> String {
         format!("{}jobs/{job}/success", self.root)
+    }
+
+    /// Which leadership took the last run of `job` asked for by hand: what tells a leader whose
+    /// claim's reply was lost that the claim was its own.
+    pub(crate) fn job_manual(&self, job: &str) -> String {
+        format!("{}jobs/{job}/manual", self.root)
     }
 
     pub(crate) fn job_result(&self, job: &str) -> String {

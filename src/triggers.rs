@@ -151,6 +151,14 @@ impl Mirror for Triggers {
     }
 }
 
+/// Who took the last run of a job asked for by hand, written with the answer in the claim.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct TakenBy {
+    id: String,
+    node: String,
+    term: i64,
+}
+
 /// How a claim of a request ended.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Taken {
@@ -181,6 +189,20 @@ pub(crate) async fn claim(
         run: None,
     };
     let value = serde_json::to_vec(&answer).map_err(|err| CoordError::Protocol(err.to_string()))?;
+    let taken_by = TakenBy {
+        id: request.id.clone(),
+        node: node.to_string(),
+        term: leadership.fence,
+    };
+    let marker_key = keys.job_manual(&request.job);
+    let marker = serde_json::to_vec(&taken_by).map_err(|err| CoordError::Protocol(err.to_string()))?;
+    // The answer may be gone at once (a command that does not wait deletes it): the marker,
+    // which no asker touches, is what says a claim whose reply was lost was this one's.
+    let ours = |read: &etcd_client::GetResponse| -> Option<i64> {
+        let kv = read.kvs().first()?;
+        let held: TakenBy = serde_json::from_slice(kv.value()).ok()?;
+        (held == taken_by).then(|| kv.mod_revision())
+    };
     let on_lease = (request.lease != 0).then(|| PutOptions::new().with_lease(request.lease));
     let txn = Txn::new()
         .when([
@@ -191,34 +213,37 @@ pub(crate) async fn claim(
         .and_then([
             TxnOp::delete(request_key.as_str(), None),
             TxnOp::put(answer_key.as_str(), value, on_lease),
+            TxnOp::put(marker_key.as_str(), marker, None),
         ])
-        .or_else([TxnOp::get(request_key.as_str(), None)]);
+        .or_else([
+            TxnOp::get(request_key.as_str(), None),
+            TxnOp::get(marker_key.as_str(), None),
+        ]);
     match etcd::call(session.client().txn(txn)).await {
         Ok(response) if response.succeeded() => {
             Ok(Taken::Ours(response.header().map_or(0, |header| header.revision())))
         }
         Ok(response) => {
+            let answers = response.op_responses();
+            let (Some(TxnOpResponse::Get(request_read)), Some(TxnOpResponse::Get(marker_read))) =
+                (answers.first(), answers.get(1))
+            else {
+                return Err(CoordError::Protocol(
+                    "txn of a request's claim answered with other ops".into(),
+                ));
+            };
             // Put again on another lease, it is a new request that the mirror brings back.
-            let still_there = response.op_responses().iter().any(
-                |op| matches!(op, TxnOpResponse::Get(get) if get.kvs().iter().any(|kv| kv.lease() == request.lease)),
-            );
-            Ok(if still_there { Taken::Deposed } else { Taken::Gone })
+            if request_read.kvs().iter().any(|kv| kv.lease() == request.lease) {
+                return Ok(Taken::Deposed);
+            }
+            // Gone because an earlier try of this claim took it, its reply lost.
+            Ok(ours(marker_read).map_or(Taken::Gone, Taken::Ours))
         }
         Err(err) => {
-            // The outcome is unknown: the answer says whether this leadership's write landed.
-            let read = etcd::call(session.client().get(answer_key.as_str(), None)).await?;
-            match read.kvs().first() {
-                Some(kv) => {
-                    let ours = serde_json::from_slice::<Answer>(kv.value())
-                        .is_ok_and(|held| held.term == leadership.fence && held.node == node);
-                    Ok(if ours {
-                        Taken::Ours(kv.create_revision())
-                    } else {
-                        Taken::Gone
-                    })
-                }
-                None => Err(err),
-            }
+            // The outcome is unknown: the marker says whether this leadership's write landed;
+            // if not, the next try's transaction finds out.
+            let read = etcd::call(session.client().get(marker_key.as_str(), None)).await?;
+            ours(&read).map(Taken::Ours).ok_or(err)
         }
     }
 }
@@ -505,5 +530,74 @@ mod tests {
             triggers.take_for(|_| true).is_empty(),
             "a withdrawn request is forgotten"
         );
+    }
+}
+
+#[cfg(test)]
+mod claim_tests {
+    use std::path::Path;
+
+    use tokio_util::sync::CancellationToken;
+
+    use super::*;
+    use crate::etcd_server::EtcdServer;
+
+    /// The claim of a request committed but its reply was lost, and the command that did not
+    /// wait deleted the answer at once: the leader's next try finds the request gone, and the
+    /// job's marker says the claim was its own, with the same fence.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_claim_tried_again_after_its_reply_was_lost_is_still_ours() {
+        let etcd = EtcdServer::start(Path::new("etcd")).expect("etcd");
+        let client = etcd_client::Client::connect([etcd.client_url()], None)
+            .await
+            .expect("client");
+        let keys = Keys::new("lost-reply");
+        let session = Session::open(&client, Duration::from_secs(5), &CancellationToken::new())
+            .await
+            .expect("session");
+        let key = keys.candidate(1, 0, session.lease());
+        let fence = crate::election::enter(&session, &key, "a").await.expect("enter");
+        let leadership = Leadership {
+            shard: 0,
+            shards: 1,
+            prefix: keys.election_prefix(1, 0),
+            key,
+            fence,
+        };
+        let value = serde_json::to_vec(&RequestValue {
+            requested_at: Utc::now(),
+        })
+        .expect("value");
+        client
+            .clone()
+            .put(keys.trigger("once", "r1"), value, None)
+            .await
+            .expect("request");
+        let request = Request {
+            job: "once".into(),
+            id: "r1".into(),
+            requested_at: Utc::now(),
+            lease: 0,
+        };
+
+        let first = claim(&session, &keys, &leadership, "a", &request).await.expect("claim");
+        let Taken::Ours(run_fence) = first else {
+            panic!("the first claim takes the request: {first:?}");
+        };
+        forget(&client, &keys, "r1")
+            .await
+            .expect("the command deletes the answer");
+        let again = claim(&session, &keys, &leadership, "a", &request)
+            .await
+            .expect("claim again");
+        assert_eq!(again, Taken::Ours(run_fence), "the lost claim is found to be ours");
+
+        let other = Leadership {
+            fence: fence + 1_000,
+            ..leadership.clone()
+        };
+        let by_another = claim(&session, &keys, &other, "a", &request).await.expect("claim");
+        assert_eq!(by_another, Taken::Gone, "the claim is not another term's");
+        session.close().await;
     }
 }
