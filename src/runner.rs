@@ -283,10 +283,18 @@ async fn run_once(
             child.wait().await
         }
     };
-    // The group may still hold the pipes open; stop reading rather than wait for it.
-    for reader in [stdout, stderr].into_iter().flatten() {
-        if tokio::time::timeout(Duration::from_secs(1), reader).await.is_err() {
-            tracing::debug!(job = %job.name, "output reader still open after exit; detached");
+    if outcome == Outcome::Exited && group_alive(pid) {
+        // A run ends with its command: what the shell left running in the background would
+        // outlive the run, its record and its fence, and hold the output pipes open.
+        tracing::info!(job = %job.name, tick = %tick.scheduled_at_text(), attempt, "the command exited and left processes in its group: SIGTERM to the group");
+        signal_group(pid, Signal::TERM);
+        end_group(pid, job.kill_grace, stops.kill, tick).await;
+    }
+    // Whatever still holds the pipes open, the readers stop rather than outlive the run.
+    for mut reader in [stdout, stderr].into_iter().flatten() {
+        if tokio::time::timeout(Duration::from_secs(1), &mut reader).await.is_err() {
+            reader.abort();
+            tracing::debug!(job = %job.name, "output reader still open after exit; stopped");
         }
     }
     let exit_code = status.as_ref().ok().and_then(|status| status.code());
@@ -329,6 +337,20 @@ async fn wait_or_kill(
             return child.wait().await;
         }
     };
+    end_group(
+        pid,
+        deadline.saturating_duration_since(tokio::time::Instant::now()),
+        kill,
+        tick,
+    )
+    .await;
+    status
+}
+
+/// Once a SIGTERM went to the group of a command that exited: waits `grace` for the processes
+/// it started to end, then SIGKILLs the group.
+async fn end_group(pid: Pid, grace: Duration, kill: &CancellationToken, tick: &Tick) {
+    let deadline = tokio::time::Instant::now() + grace;
     while group_alive(pid) {
         tokio::select! {
             _ = tokio::time::sleep(GROUP_POLL) => {}
@@ -343,7 +365,6 @@ async fn wait_or_kill(
             }
         }
     }
-    status
 }
 
 /// How often a process group that outlived its shell is checked during the kill grace.

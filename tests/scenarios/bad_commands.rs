@@ -167,3 +167,47 @@ fn a_second_signal_kills_the_running_commands_before_the_node_exits() {
     );
     assert!(!process_alive(pid), "the command was killed before the node exited");
 }
+
+/// Processes a command leaves running in the background end with its run: the shell's exit
+/// sends SIGTERM to the run's process group (SIGKILL after `kill_grace` to those that ignore
+/// it), so nothing outlives the run, its record and its fence.
+#[test]
+fn what_a_command_leaves_in_the_background_ends_with_its_run() {
+    let mut world = World::new();
+    // Durations no other process uses, so what this test finds is its own.
+    let (plain, stubborn) = (
+        format!("307.{}1", std::process::id()),
+        format!("307.{}2", std::process::id()),
+    );
+    let config = world.write_config_tables(
+        "jobs.toml",
+        1,
+        3,
+        &[(
+            "leaves",
+            format!(
+                "schedule = \"0 0 1 1 *\"\nkill_grace = \"1s\"\n\
+                 command = 'sleep {plain} & (trap \"\" TERM; exec sleep {stubborn}) & echo started'"
+            ),
+        )],
+    );
+    world.node("a", &config).start();
+    wait_for(Duration::from_secs(30), "the shard is led", || {
+        world.shard_leaders(&config).iter().all(|(leader, _)| leader.is_some())
+    });
+    let left = |what: &str| {
+        std::process::Command::new("pgrep")
+            .args(["-f", &format!("^sleep {what}$")])
+            .output()
+            .is_ok_and(|out| out.status.success())
+    };
+    let out = std::process::Command::new(SHARDCRON)
+        .args(["trigger", "leaves", "--wait", "--config"])
+        .arg(&config)
+        .output()
+        .expect("trigger");
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    wait_for(Duration::from_secs(10), "nothing the command started is left", || {
+        !left(&plain) && !left(&stubborn)
+    });
+}
