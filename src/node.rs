@@ -235,6 +235,9 @@ pub async fn run(
             }
         };
         readiness.set(Stage::Ready);
+        // A session that got this far succeeded: the next loss starts from the shortest delay,
+        // not from where the outages before it left the backoff.
+        backoff.reset();
         tasks.spawn(mirror::keep(
             session.clone(),
             node.keys.clone(),
