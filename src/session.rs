@@ -169,18 +169,8 @@ impl Session {
                 .saturating_duration_since(Instant::now())
                 .min(interval * 2);
             let sent_at = Instant::now();
-            let client = self.inner.client.clone();
             let lease = self.inner.lease;
-            let renewal = async {
-                let opened = match stream.take() {
-                    Some(opened) => opened,
-                    None => client.clone().lease_keep_alive(lease).await?,
-                };
-                let (keeper, responses) = stream.insert(opened);
-                keeper.keep_alive().await?;
-                responses.message().await
-            };
-            match etcd::within(limit, renewal).await {
+            match etcd::within(limit, renew_once(&self.inner.client, lease, &mut stream)).await {
                 Ok(Some(response)) if response.ttl() > 0 => {
                     self.renewed(sent_at);
                     tracing::debug!(lease = format!("{:x}", lease), ttl = response.ttl(), "lease renewed");
@@ -201,6 +191,25 @@ impl Session {
             }
         }
     }
+}
+
+/// A lease's keep-alive stream, opened on the first renewal and again after a failure.
+pub(crate) type KeepAliveStream = Option<(etcd_client::LeaseKeeper, etcd_client::LeaseKeepAliveStream)>;
+
+/// Renews `lease` once on `stream`, opening it first if needed; `None` when etcd closed it. A
+/// failed renewal leaves no stream, so the next one opens a new one.
+pub(crate) async fn renew_once(
+    client: &Client,
+    lease: i64,
+    stream: &mut KeepAliveStream,
+) -> Result<Option<etcd_client::LeaseKeepAliveResponse>, etcd_client::Error> {
+    let opened = match stream.take() {
+        Some(opened) => opened,
+        None => client.clone().lease_keep_alive(lease).await?,
+    };
+    let (keeper, responses) = stream.insert(opened);
+    keeper.keep_alive().await?;
+    responses.message().await
 }
 
 /// Revokes `lease` within `limit`. A lease etcd no longer knows counts as revoked.

@@ -336,16 +336,7 @@ async fn renew(client: etcd_client::Client, id: i64) {
     let mut stream = None;
     loop {
         tokio::time::sleep(every).await;
-        let renewal = async {
-            let opened = match stream.take() {
-                Some(opened) => opened,
-                None => client.clone().lease_keep_alive(id).await?,
-            };
-            let (keeper, responses) = stream.insert(opened);
-            keeper.keep_alive().await?;
-            responses.message().await
-        };
-        match etcd::within(every, renewal).await {
+        match etcd::within(every, crate::session::renew_once(&client, id, &mut stream)).await {
             Ok(Some(response)) if response.ttl() > 0 => {}
             Ok(Some(_)) => {
                 tracing::warn!(
