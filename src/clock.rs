@@ -17,6 +17,33 @@ pub fn now() -> DateTime<Utc> {
     Utc::now()
 }
 
+/// A reading of the wall clock beside the monotonic one, which tells a step of the wall clock
+/// (NTP, an operator) from time that really passed (a stall, a slow claim), which both see.
+#[derive(Debug, Clone, Copy)]
+pub struct Reading {
+    wall: DateTime<Utc>,
+    monotonic: std::time::Instant,
+}
+
+impl Reading {
+    pub fn take() -> Reading {
+        Reading {
+            wall: now(),
+            monotonic: std::time::Instant::now(),
+        }
+    }
+
+    pub fn wall(&self) -> DateTime<Utc> {
+        self.wall
+    }
+
+    /// How much further the wall clock went forward than the monotonic one since this reading.
+    pub fn wall_step(&self) -> chrono::Duration {
+        let passed = chrono::Duration::from_std(self.monotonic.elapsed()).unwrap_or(chrono::Duration::MAX);
+        (now() - self.wall).checked_sub(&passed).unwrap_or_default()
+    }
+}
+
 fn until(target: DateTime<Utc>) -> Duration {
     (target - now()).to_std().unwrap_or_default()
 }

@@ -285,6 +285,8 @@ impl Term {
         let mut ahead_allowed: Option<(DateTime<Utc>, bool)> = None;
 
         loop {
+            // Before any wait: what an instant found overdue after it is compared with.
+            let before_wait = clock::Reading::take();
             let next = queue.peek().map(|Reverse((due, _))| *due);
             if let Some(due) = next.filter(|due| ahead_allowed.is_none_or(|(at, _)| at != *due)) {
                 ahead_allowed = Some((due, every_job_at_least_once(book, &queue, due)));
@@ -377,11 +379,19 @@ impl Term {
                     let Some(due) = next else { continue };
                     let now = clock::now();
                     if now - due > OVERDUE_LIMIT {
-                        // Fired one by one, the instants passed would all run, whatever each
-                        // job's catch_up, starting_deadline and cap say.
-                        tracing::warn!(shard = self.leadership.shard, tick = %due, behind_ms = (now - due).num_milliseconds(), "the wall clock jumped forward or this leader stalled: the ticks passed meanwhile are caught up as each job's catch_up says");
+                        // Only a forward step of the wall clock is time no leader had: its ticks
+                        // are missed, and caught up as each job's catch_up says. Ticks due while
+                        // this leader stalled or waited on etcd came due while it led: it owes
+                        // every one (within each job's starting_deadline). Either way they are
+                        // claimed together, not fired one instant after another.
+                        let step = before_wait.wall_step();
+                        if step > OVERDUE_LIMIT {
+                            tracing::warn!(shard = self.leadership.shard, tick = %due, step_ms = step.num_milliseconds(), "the wall clock jumped forward: the ticks it skipped are caught up as each job's catch_up says");
+                            took_over = took_over.max((before_wait.wall() + step).min(now));
+                        } else {
+                            tracing::warn!(shard = self.leadership.shard, tick = %due, behind_ms = (now - due).num_milliseconds(), "this leader fell behind (a stall, or slow etcd calls): every tick due meanwhile is claimed and run late");
+                        }
                         behind = (0..book.entries().len()).collect();
-                        took_over = now;
                         queue = match self.catch_up(claimer, book, &mut behind, took_over, now).await {
                             Ok(settled) => self.queue(book, &settled, now),
                             Err(halt) => return halt.into(),
