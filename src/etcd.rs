@@ -164,15 +164,28 @@ pub(crate) async fn read_prefix(
     client: &etcd_client::Client,
     prefix: &str,
 ) -> Result<(Vec<KeyValue>, i64), CoordError> {
+    let mut read = Vec::new();
+    let revision = scan_prefix(client, prefix, PAGE, |page| read.extend(page)).await?;
+    Ok((read, revision))
+}
+
+/// Hands every key under `prefix` at one revision to `each`, a page of at most `page` keys at
+/// a time, and returns that revision. A page is dropped once `each` returns, so a reader that
+/// keeps only what it parsed never holds the whole range as etcd sent it.
+pub(crate) async fn scan_prefix(
+    client: &etcd_client::Client,
+    prefix: &str,
+    page: i64,
+    mut each: impl FnMut(Vec<KeyValue>),
+) -> Result<i64, CoordError> {
     let mut end = prefix.as_bytes().to_vec();
     if let Some(last) = end.last_mut() {
         *last += 1;
     }
     let mut from = prefix.as_bytes().to_vec();
     let mut revision = 0;
-    let mut read = Vec::new();
     loop {
-        let mut options = GetOptions::new().with_range(end.clone()).with_limit(PAGE);
+        let mut options = GetOptions::new().with_range(end.clone()).with_limit(page);
         if revision > 0 {
             options = options.with_revision(revision);
         }
@@ -181,16 +194,16 @@ pub(crate) async fn read_prefix(
             revision = response.header().map_or(0, |header| header.revision());
         }
         let more = response.more();
-        let page = response.take_kvs();
-        let Some(last) = page.last() else { break };
+        let kvs = response.take_kvs();
+        let Some(last) = kvs.last() else { break };
         from = last.key().to_vec();
         from.push(0);
-        read.extend(page);
+        each(kvs);
         if !more {
             break;
         }
     }
-    Ok((read, revision))
+    Ok(revision)
 }
 
 #[cfg(test)]

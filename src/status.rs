@@ -1,10 +1,10 @@
 //! `shardcron status`: who leads each shard, which nodes are live, and each job's last and next
 //! run, read straight from etcd.
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
-use etcd_client::GetOptions;
+use etcd_client::{GetOptions, Txn, TxnOp, TxnOpResponse};
 use serde::{Deserialize, Serialize};
 
 use crate::clock;
@@ -70,6 +70,10 @@ pub struct JobStatus {
     pub paused: Option<Pause>,
 }
 
+/// Job records per page of a status read: a record is a few hundred bytes, so a page stays far
+/// below etcd-client's 4 MiB answer limit however many jobs there are.
+const RECORDS_PAGE: i64 = 1000;
+
 /// Reads the cluster's state for the shards of `cluster` and for `jobs`, which came from a file
 /// with `digest`.
 pub async fn read(
@@ -78,6 +82,39 @@ pub async fn read(
     jobs: &[&Job],
     client: &etcd_client::Client,
 ) -> Result<Status, CoordError> {
+    let keys = Keys::new(&cluster.name);
+    let (nodes, shards) = read_fleet(cluster, digest, client).await?;
+    // In pages, keeping only the parsed records: one unpaged read fails past 4 MiB (about
+    // 5,700 jobs that have run).
+    let mut records = Records::default();
+    if !jobs.is_empty() {
+        etcd::scan_prefix(client, &keys.jobs_prefix(), RECORDS_PAGE, |page| {
+            for kv in &page {
+                if let Ok(key) = kv.key_str() {
+                    records.take(&keys, key, kv.value());
+                }
+            }
+        })
+        .await?;
+    }
+    let now = clock::now();
+    let pauses = pauses::in_force(client, &keys, now).await?;
+    Ok(Status {
+        cluster: cluster.name.clone(),
+        shard_count: cluster.shards,
+        digest: digest.to_string(),
+        nodes,
+        shards,
+        jobs: job_statuses(jobs, &mut records, &pauses, now),
+    })
+}
+
+/// The nodes and shard leaders of `cluster`, for a config with `digest`.
+pub async fn read_fleet(
+    cluster: &Cluster,
+    digest: &str,
+    client: &etcd_client::Client,
+) -> Result<(Vec<NodeStatus>, Vec<ShardStatus>), CoordError> {
     let keys = Keys::new(&cluster.name);
     let shards = cluster.shards;
     let (ballot, _) = fleet::read_ballot(client, &keys, shards).await?;
@@ -110,55 +147,91 @@ pub async fn read(
             started_at: member.started_at,
         })
         .collect();
+    Ok((nodes, shard_status))
+}
 
-    let records = etcd::call(
-        client
-            .clone()
-            .get(keys.jobs_prefix(), Some(GetOptions::new().with_prefix())),
-    )
-    .await?;
-    let mut claims: BTreeMap<String, Claim> = BTreeMap::new();
-    let mut results: BTreeMap<String, RunRecord> = BTreeMap::new();
-    for kv in records.kvs() {
-        let Ok(key) = kv.key_str() else { continue };
+/// Range reads per transaction of [`read_jobs`]: etcd refuses more than 128 operations in one.
+const READS_PER_TXN: usize = 100;
+
+/// The status of just `jobs` (a page of them): only their own records are read.
+pub async fn read_jobs(
+    cluster: &Cluster,
+    jobs: &[&Job],
+    client: &etcd_client::Client,
+) -> Result<Vec<JobStatus>, CoordError> {
+    let keys = Keys::new(&cluster.name);
+    let mut records = Records::default();
+    for chunk in jobs.chunks(READS_PER_TXN) {
+        let reads: Vec<TxnOp> = chunk
+            .iter()
+            .map(|job| {
+                TxnOp::get(
+                    keys.job_records_prefix(&job.name),
+                    Some(GetOptions::new().with_prefix()),
+                )
+            })
+            .collect();
+        let response = etcd::call(client.clone().txn(Txn::new().and_then(reads))).await?;
+        for answer in response.op_responses() {
+            if let TxnOpResponse::Get(read) = answer {
+                for kv in read.kvs() {
+                    if let Ok(key) = kv.key_str() {
+                        records.take(&keys, key, kv.value());
+                    }
+                }
+            }
+        }
+    }
+    let now = clock::now();
+    let pauses = pauses::in_force(client, &keys, now).await?;
+    Ok(job_statuses(jobs, &mut records, &pauses, now))
+}
+
+/// The parsed records of some jobs, by job name.
+#[derive(Default)]
+struct Records {
+    claims: HashMap<String, Claim>,
+    results: HashMap<String, RunRecord>,
+}
+
+impl Records {
+    /// Keeps the record at `key`, if it is a claim or a result that parses.
+    fn take(&mut self, keys: &Keys, key: &str, value: &[u8]) {
         match keys.parse_job_record(key) {
             Some((job, JobRecord::Last)) => {
-                if let Ok(claim) = serde_json::from_slice(kv.value()) {
-                    claims.insert(job.to_string(), claim);
+                if let Ok(claim) = serde_json::from_slice(value) {
+                    self.claims.insert(job.to_string(), claim);
                 }
             }
             Some((job, JobRecord::Result)) => {
-                if let Ok(result) = serde_json::from_slice(kv.value()) {
-                    results.insert(job.to_string(), result);
+                if let Ok(result) = serde_json::from_slice(value) {
+                    self.results.insert(job.to_string(), result);
                 }
             }
             None => {}
         }
     }
-    let now = clock::now();
-    let pauses = pauses::in_force(client, &keys, now).await?;
+}
+
+fn job_statuses(
+    jobs: &[&Job],
+    records: &mut Records,
+    pauses: &HashMap<String, Pause>,
+    now: DateTime<Utc>,
+) -> Vec<JobStatus> {
     let every_job = pauses.get(pauses::EVERY_JOB);
-    let jobs = jobs
-        .iter()
+    jobs.iter()
         .map(|job| JobStatus {
             name: job.name.clone(),
             shard: job.shard,
             timezone: job.schedule.zone().to_string(),
             schedule: job.schedule.expanded().to_string(),
-            last_claim: claims.remove(&job.name),
-            last_run: results.remove(&job.name),
+            last_claim: records.claims.remove(&job.name),
+            last_run: records.results.remove(&job.name),
             next: job.schedule.next_after(now),
             paused: pauses.get(&job.name).or(every_job).cloned(),
         })
-        .collect();
-    Ok(Status {
-        cluster: cluster.name.clone(),
-        shard_count: shards,
-        digest: digest.to_string(),
-        nodes,
-        shards: shard_status,
-        jobs,
-    })
+        .collect()
 }
 
 /// The human-readable form: nodes, shard leaders and jobs as aligned tables.
