@@ -131,6 +131,12 @@ async fn run(config: Config, args: NodeArgs, dev_endpoints: Option<Vec<String>>)
     tracing::info!(endpoints = ?endpoints, config = %config.path.display(), digest = %config.digest, "connecting to etcd");
     // Served from the start, so an operator sees etcd errors while the node waits for etcd, and
     // until the node has ended, so `/readyz` says it is stopping while it drains.
+    match shardcron::descriptors::raise_limit() {
+        Ok(raised) => {
+            tracing::info!(before = ?raised.before, now = ?raised.now, hard = ?raised.hard, "file descriptor limit (RLIMIT_NOFILE soft) raised to the hard limit; None is unlimited")
+        }
+        Err(err) => tracing::warn!(error = %err, "cannot raise the file descriptor limit to the hard limit"),
+    }
     let listener_stop = CancellationToken::new();
     let _stop_listener = listener_stop.clone().drop_guard();
     if let Some(address) = listen {
@@ -142,12 +148,21 @@ async fn run(config: Config, args: NodeArgs, dev_endpoints: Option<Vec<String>>)
         } else {
             "off (no --api-token-env)"
         };
-        tracing::info!(%address, writes, "serving HTTP: / (dashboard), /healthz, /readyz, /metrics, /api/v1");
+        let max_connections =
+            shardcron::http::connection_cap(args.http_max_connections as usize, shardcron::descriptors::soft_limit());
+        if max_connections < args.http_max_connections as usize {
+            tracing::warn!(asked = args.http_max_connections, max_connections, "--http-max-connections lowered to half the descriptor limit, so clients cannot take the descriptors runs need");
+        }
+        tracing::info!(%address, writes, max_connections, "serving HTTP: / (dashboard), /healthz, /readyz, /metrics, /api/v1");
         let served = shardcron::http::Served {
             cluster: config.cluster.clone(),
             readiness: readiness.clone(),
             exposure: exposure.clone(),
             token,
+            // The read token's flags come with the secrets' own (--api-read-token-env/-file).
+            read_token: None,
+            max_connections,
+            allowed_hosts: args.http_allowed_hosts.clone(),
         };
         tokio::spawn(shardcron::http::serve(listener, served, listener_stop.clone()));
     }
@@ -278,7 +293,12 @@ async fn show_status(config: Config, endpoints_flag: Vec<String>, json: bool) ->
         .await
         .with_context(|| format!("cannot read the cluster state from etcd at {endpoints:?}"))?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&status)?);
+        // Straight to stdout: at 100,000 jobs the document is tens of megabytes.
+        use std::io::Write;
+        let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+        serde_json::to_writer_pretty(&mut out, &status)?;
+        writeln!(out)?;
+        out.flush()?;
     } else {
         print!("{}", status::render(&status));
     }

@@ -22,6 +22,7 @@ mod scenarios {
     mod dev;
     mod etcd_faults;
     mod fleet;
+    mod hostile_clients;
     mod http;
     mod lease_stall;
     mod observability;

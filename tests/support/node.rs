@@ -15,6 +15,7 @@ pub struct NodeBuilder<'w> {
     config: PathBuf,
     args: Vec<String>,
     env: Vec<(String, String)>,
+    descriptor_limit: Option<u64>,
 }
 
 impl<'w> NodeBuilder<'w> {
@@ -25,6 +26,7 @@ impl<'w> NodeBuilder<'w> {
             config: config.to_path_buf(),
             args: Vec::new(),
             env: Vec::new(),
+            descriptor_limit: None,
         }
     }
 
@@ -46,6 +48,13 @@ impl<'w> NodeBuilder<'w> {
         self
     }
 
+    /// Runs the node with `RLIMIT_NOFILE` at `limit`, soft and hard: the node raises its soft
+    /// limit to the hard one, so only a hard limit holds it.
+    pub fn descriptor_limit(mut self, limit: u64) -> Self {
+        self.descriptor_limit = Some(limit);
+        self
+    }
+
     /// Starts the node process, its output appended to `<id>.log`, and returns its index in
     /// `World::nodes`.
     pub fn start(self) -> usize {
@@ -55,6 +64,7 @@ impl<'w> NodeBuilder<'w> {
             config,
             args,
             env,
+            descriptor_limit,
         } = self;
         let log = world.dir.path().join(format!("{id}.log"));
         let log_file = std::fs::OpenOptions::new()
@@ -62,7 +72,19 @@ impl<'w> NodeBuilder<'w> {
             .append(true)
             .open(&log)
             .expect("node log");
-        let child = Command::new(SHARDCRON)
+        // prlimit(1) sets the limit and execs the node: the child's pid is the node's.
+        let mut command = match descriptor_limit {
+            Some(limit) => {
+                let mut command = Command::new("prlimit");
+                command
+                    .arg(format!("--nofile={limit}:{limit}"))
+                    .arg("--")
+                    .arg(SHARDCRON);
+                command
+            }
+            None => Command::new(SHARDCRON),
+        };
+        let child = command
             .args(["run", "--node-id", &id, "--shutdown-grace", "5s", "--config"])
             .arg(&config)
             .args(&args)
