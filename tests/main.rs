@@ -28,6 +28,7 @@ mod scenarios {
     mod observability;
     mod operations;
     mod package;
+    mod read_path;
     mod security;
     mod snapshots;
     mod split_brain;
