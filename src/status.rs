@@ -153,11 +153,14 @@ pub async fn read_fleet(
 /// Range reads per transaction of [`read_jobs`]: etcd refuses more than 128 operations in one.
 const READS_PER_TXN: usize = 100;
 
-/// The status of just `jobs` (a page of them): only their own records are read.
+/// The status of just `jobs` (a page of them), with `pauses` in force at `now` (from
+/// [`pauses::in_force`]): only their own records are read.
 pub async fn read_jobs(
     cluster: &Cluster,
     jobs: &[&Job],
     client: &etcd_client::Client,
+    pauses: &HashMap<String, Pause>,
+    now: DateTime<Utc>,
 ) -> Result<Vec<JobStatus>, CoordError> {
     let keys = Keys::new(&cluster.name);
     let mut records = Records::default();
@@ -182,9 +185,7 @@ pub async fn read_jobs(
             }
         }
     }
-    let now = clock::now();
-    let pauses = pauses::in_force(client, &keys, now).await?;
-    Ok(job_statuses(jobs, &mut records, &pauses, now))
+    Ok(job_statuses(jobs, &mut records, pauses, now))
 }
 
 /// The parsed records of some jobs, by job name.

@@ -245,8 +245,9 @@ const PER_PAGE_DEFAULT: usize = 100;
 const FILTER_LIMIT: usize = 256;
 
 /// `GET /api/v1/jobs?filter=&page=&per_page=`: one page of jobs sorted by name, as in
-/// `status`, of those whose name, schedule or time zone contains `filter` (any case). Only the
-/// page's own records are read from etcd.
+/// `status`, of those whose name, schedule or time zone contains `filter` (any case), with how
+/// many matched, how many there are and how many are paused. Only the page's own records are
+/// read from etcd.
 pub(super) async fn jobs(State(app): State<Arc<App>>, headers: HeaderMap, Query(query): Query<JobsQuery>) -> Answer {
     app.authorize_read(&headers)?;
     let exposed = app.exposed()?;
@@ -263,9 +264,20 @@ pub(super) async fn jobs(State(app): State<Arc<App>>, headers: HeaderMap, Query(
         return Err(bad_request(format!("the filter is longer than {FILTER_LIMIT} bytes")));
     }
     let _permit = app.reads.permit().await?;
+    let now = Utc::now();
+    let pauses = crate::pauses::in_force(&exposed.client, &app.keys(), now)
+        .await
+        .map_err(etcd_failed)?;
     let all = jobs_by_name(exposed);
     let total = all.len();
-    let (matched, shown) = tokio::task::spawn_blocking(move || {
+    let pause_all = pauses.contains_key(crate::pauses::EVERY_JOB);
+    let paused_names: std::collections::HashSet<String> = pauses.keys().cloned().collect();
+    let (matched, paused, shown) = tokio::task::spawn_blocking(move || {
+        let paused = if pause_all {
+            all.len()
+        } else {
+            all.iter().filter(|job| paused_names.contains(&job.name)).count()
+        };
         let matching: Vec<Arc<Job>> = all.into_iter().filter(|job| job_matches(job, &filter)).collect();
         let matched = matching.len();
         let shown: Vec<Arc<Job>> = matching
@@ -273,12 +285,12 @@ pub(super) async fn jobs(State(app): State<Arc<App>>, headers: HeaderMap, Query(
             .skip((page - 1).saturating_mul(per_page))
             .take(per_page)
             .collect();
-        (matched, shown)
+        (matched, paused, shown)
     })
     .await
     .map_err(|err| Failure(StatusCode::INTERNAL_SERVER_ERROR, err.to_string()))?;
     let shown: Vec<&Job> = shown.iter().map(Arc::as_ref).collect();
-    let statuses = crate::status::read_jobs(&app.cluster, &shown, &exposed.client)
+    let statuses = crate::status::read_jobs(&app.cluster, &shown, &exposed.client, &pauses, now)
         .await
         .map_err(etcd_failed)?;
     Ok(Json(json!({
@@ -287,6 +299,7 @@ pub(super) async fn jobs(State(app): State<Arc<App>>, headers: HeaderMap, Query(
         "per_page": per_page,
         "matched": matched,
         "total": total,
+        "paused": paused,
     }))
     .into_response())
 }

@@ -1,12 +1,17 @@
 'use strict';
 const TOKEN_KEY = 'shardcron-token';
 const REFRESH_MS = 3000;
-const MAX_ROWS = 500;
+// Jobs are read a page at a time, filtered by the node: a fleet may run 100,000 of them.
+const PER_PAGE = 100;
+const FILTER_DELAY_MS = 250;
 const $ = (css) => document.querySelector(css);
 
-let status = null;  // the last status read
+let status = null;  // the last status read: nodes and shards, no jobs
+let jobsPage = null; // the last page of jobs read
+let pageNo = 1;
 let timer = 0;
-let seq = 0;        // the number of the newest status request; older answers are dropped
+let filterTimer = 0;
+let seq = 0;        // the number of the newest read; older answers are dropped
 
 // A DOM node; children may be strings (inserted as text, never parsed as HTML).
 function el(tag, attrs, ...children) {
@@ -56,18 +61,19 @@ function duration(ms) {
 
 // ---- rendering ----
 function render() {
-  const { cluster, shard_count: shardCount, nodes, shards, jobs } = status;
+  const { cluster, shard_count: shardCount, nodes, shards } = status;
   document.title = `shardcron — ${cluster}`;
   $('#cluster').textContent = `— ${cluster}`;
 
   const leaderless = shards.filter((s) => s.leader == null).length;
-  const paused = jobs.filter((j) => j.paused).length;
+  const total = jobsPage ? jobsPage.total : 0;
+  const paused = jobsPage ? jobsPage.paused : 0;
   const drifting = nodes.filter((n) => n.drift).length;
   const chips = [
     [`${nodes.length} node${nodes.length === 1 ? '' : 's'}`, nodes.length ? '' : 'bad'],
     [`${shardCount} shards`, ''],
     [`${leaderless} without leader`, leaderless ? 'bad' : ''],
-    [`${jobs.length} jobs`, ''],
+    [`${total} jobs`, ''],
     [`${paused} paused`, paused ? 'warn' : ''],
   ];
   if (drifting) chips.push([`${drifting} with config drift`, 'bad']);
@@ -157,12 +163,8 @@ function fillRow(tr, job) {
 
 function renderJobs() {
   const tbody = $('#jobs tbody');
-  const jobs = status ? status.jobs : [];
-  const query = $('#job-filter').value.trim().toLowerCase();
-  const matched = query
-    ? jobs.filter((j) => `${j.name}\n${j.schedule}\n${j.timezone}`.toLowerCase().includes(query))
-    : jobs;
-  const shown = matched.slice(0, MAX_ROWS);
+  const shown = jobsPage ? jobsPage.jobs : [];
+  const query = $('#job-filter').value.trim();
   const names = new Set();
   let previous = null;
   for (const job of shown) {
@@ -180,34 +182,72 @@ function renderJobs() {
     if (!names.has(name)) { row.tr.remove(); rows.delete(name); }
   }
 
-  const hidden = matched.length - shown.length;
-  let count = query ? `${matched.length} of ${jobs.length} match` : `${jobs.length} jobs`;
-  if (hidden) count += ` · first ${shown.length} shown, ${hidden} hidden: narrow the filter`;
-  $('#job-count').textContent = status ? count : '';
+  const matched = jobsPage ? jobsPage.matched : 0;
+  const total = jobsPage ? jobsPage.total : 0;
+  const pages = Math.max(1, Math.ceil(matched / PER_PAGE));
+  $('#job-count').textContent = jobsPage ? (query ? `${matched} of ${total} match` : `${total} jobs`) : '';
+  $('.pager').hidden = !jobsPage || pages < 2;
+  $('#page-info').textContent = `page ${Math.min(pageNo, pages)} of ${pages}`;
+  $('#page-prev').disabled = pageNo <= 1;
+  $('#page-next').disabled = pageNo >= pages;
   const empty = $('#jobs-empty');
-  empty.hidden = !status || shown.length > 0;
+  empty.hidden = !jobsPage || shown.length > 0;
   empty.textContent = query ? 'No job matches the filter.' : 'No jobs.';
 }
 
 // ---- reading ----
+// Reads send the stored token when there is one: a node may want one for reads too.
+function readHeaders() {
+  const headers = { Accept: 'application/json' };
+  const stored = sessionStorage.getItem(TOKEN_KEY);
+  if (stored) headers.Authorization = `Bearer ${stored}`;
+  return headers;
+}
+
+class NeedsToken extends Error {}
+
+async function read(path) {
+  const res = await fetch(path, { cache: 'no-store', headers: readHeaders() });
+  const data = await res.json().catch(() => null);
+  if (res.status === 401) {
+    sessionStorage.removeItem(TOKEN_KEY);
+    throw new NeedsToken(data && data.error ? data.error : 'this node needs a token for reads');
+  }
+  if (!res.ok || !data) {
+    throw new Error(data && data.error ? `${data.error} (HTTP ${res.status})` : `HTTP ${res.status} ${res.statusText}`);
+  }
+  return data;
+}
+
 async function refresh() {
   clearTimeout(timer);
+  timer = 0;
   const mine = ++seq;
+  const filter = $('#job-filter').value.trim();
+  const query = new URLSearchParams({ filter, page: String(pageNo), per_page: String(PER_PAGE) });
   try {
-    const res = await fetch('api/v1/status', { cache: 'no-store', headers: { Accept: 'application/json' } });
-    const data = await res.json().catch(() => null);
-    if (!res.ok || !data) {
-      throw new Error(data && data.error ? `${data.error} (HTTP ${res.status})` : `HTTP ${res.status} ${res.statusText}`);
-    }
+    const [fleet, page] = await Promise.all([read('api/v1/status?jobs=false'), read(`api/v1/jobs?${query}`)]);
     if (mine !== seq) return;
-    status = data;
+    const pages = Math.max(1, Math.ceil(page.matched / PER_PAGE));
+    if (pageNo > pages) {  // the list shrank under this page: show its last one
+      pageNo = pages;
+      timer = setTimeout(refresh, 0);
+      return;
+    }
+    status = fleet;
+    jobsPage = page;
     render();
     $('#error').textContent = '';
     $('#updated').textContent = `updated ${clock(new Date())}`;
   } catch (err) {
-    if (mine === seq) $('#error').textContent = `refresh failed: ${err.message}`;
+    if (mine !== seq) return;
+    if (err instanceof NeedsToken) {
+      const given = await token(err.message);
+      if (given) { timer = setTimeout(refresh, 0); return; }
+    }
+    $('#error').textContent = `refresh failed: ${err.message}`;
   } finally {
-    if (mine === seq) timer = setTimeout(refresh, REFRESH_MS);
+    if (mine === seq && !timer) timer = setTimeout(refresh, REFRESH_MS);
   }
 }
 
@@ -297,6 +337,11 @@ $('#jobs tbody').addEventListener('click', (event) => {
   const button = event.target.closest('button[data-action]');
   if (button) act(button.closest('tr').dataset.job, button.dataset.action, button);
 });
-$('#job-filter').addEventListener('input', renderJobs);
+$('#job-filter').addEventListener('input', () => {
+  clearTimeout(filterTimer);
+  filterTimer = setTimeout(() => { pageNo = 1; refresh(); }, FILTER_DELAY_MS);
+});
+$('#page-prev').addEventListener('click', () => { if (pageNo > 1) { pageNo -= 1; refresh(); } });
+$('#page-next').addEventListener('click', () => { pageNo += 1; refresh(); });
 setInterval(tick, 1000);
 refresh();
