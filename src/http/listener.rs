@@ -2,16 +2,18 @@
 //! a slot without a request in progress.
 //!
 //! `axum::serve` keeps every connection a client opens for as long as the client likes; a few
-//! hundred idle ones fill the node's descriptor table and every run then fails to spawn. Here a
-//! connection is accepted only with a slot from a semaphore (past the cap, clients wait in the
-//! kernel's backlog, holding none of the node's descriptors), and a watchdog closes it when
-//! its request head takes longer than [`HEADER_TIMEOUT`] or it sits idle between requests
-//! longer than [`IDLE_TIMEOUT`]. While every slot is taken, both limits shrink to
-//! [`CROWDED_TIMEOUT`]: the slots go to clients that send a request.
+//! hundred idle ones fill the node's descriptor table and every run then fails to spawn. Here at
+//! most `cap` connections are open (one more for a moment while a slot is being freed), and a
+//! watchdog closes a connection whose request head takes longer than [`HEADER_TIMEOUT`] or that
+//! sits idle between requests longer than [`IDLE_TIMEOUT`]. When a client connects while every
+//! slot is taken, the connection that has waited longest for a request head is closed to make
+//! room: a client that sends its request at once (a probe, a dashboard) is served, and idle or
+//! slow clients cannot keep it in the kernel's queue.
 
+use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -19,7 +21,7 @@ use axum::Router;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower_service::Service;
@@ -29,8 +31,6 @@ use tower_service::Service;
 pub(crate) const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a kept-alive connection may wait for its next request.
 pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
-/// Both limits while every connection slot is taken.
-pub(crate) const CROWDED_TIMEOUT: Duration = Duration::from_secs(1);
 /// How often a connection's watchdog looks at it.
 const WATCH_EVERY: Duration = Duration::from_millis(250);
 /// How long open requests may go on once the listener stops.
@@ -50,13 +50,9 @@ pub fn connection_cap(asked: usize, soft_limit: Option<u64>) -> usize {
 /// requests finish for up to [`STOP_GRACE`].
 pub(crate) async fn run(listener: TcpListener, app: Router, cap: usize, stop: CancellationToken) {
     let slots = Arc::new(Semaphore::new(cap));
+    let open = Arc::new(Open::default());
     let connections = TaskTracker::new();
     loop {
-        let slot = tokio::select! {
-            slot = Arc::clone(&slots).acquire_owned() => slot,
-            _ = stop.cancelled() => break,
-        };
-        let Ok(slot) = slot else { break };
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
             _ = stop.cancelled() => break,
@@ -74,14 +70,69 @@ pub(crate) async fn run(listener: TcpListener, app: Router, cap: usize, stop: Ca
                 continue;
             }
         };
-        let crowded = {
-            let slots = Arc::clone(&slots);
-            move || slots.available_permits() == 0
+        let slot = match Arc::clone(&slots).try_acquire_owned() {
+            Ok(slot) => slot,
+            Err(_) => {
+                // Every slot taken: the longest wait for a request head gives way. If every
+                // connection is in a request, the new one waits for one to end.
+                open.evict_longest_waiting();
+                let slot = tokio::select! {
+                    slot = Arc::clone(&slots).acquire_owned() => slot,
+                    _ = stop.cancelled() => break,
+                };
+                let Ok(slot) = slot else { break };
+                slot
+            }
         };
-        connections.spawn(serve_connection(stream, app.clone(), crowded, stop.clone(), slot));
+        connections.spawn(serve_connection(
+            stream,
+            app.clone(),
+            Arc::clone(&open),
+            stop.clone(),
+            slot,
+        ));
     }
     connections.close();
     connections.wait().await;
+}
+
+/// The open connections, each with what its watchdog reads and a way to close it.
+#[derive(Default)]
+struct Open {
+    next_id: AtomicU64,
+    connections: Mutex<HashMap<u64, (Arc<Activity>, CancellationToken)>>,
+}
+
+impl Open {
+    fn add(&self, activity: Arc<Activity>) -> (u64, CancellationToken) {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let evict = CancellationToken::new();
+        if let Ok(mut connections) = self.connections.lock() {
+            connections.insert(id, (activity, evict.clone()));
+        }
+        (id, evict)
+    }
+
+    fn remove(&self, id: u64) {
+        if let Ok(mut connections) = self.connections.lock() {
+            connections.remove(&id);
+        }
+    }
+
+    /// Closes the connection not in a request that has waited longest for its next request
+    /// head, if there is one.
+    fn evict_longest_waiting(&self) {
+        let Ok(connections) = self.connections.lock() else {
+            return;
+        };
+        let longest = connections
+            .values()
+            .filter(|(activity, evict)| !evict.is_cancelled() && !activity.in_request.load(Ordering::Relaxed))
+            .max_by_key(|(activity, _)| activity.waited());
+        if let Some((_, evict)) = longest {
+            evict.cancel();
+        }
+    }
 }
 
 /// What a connection's watchdog reads: whether a request is in progress, and when the
@@ -141,22 +192,28 @@ impl Activity {
     }
 
     /// Why the connection should be closed now, if it should.
-    fn overdue(&self, crowded: bool) -> Option<&'static str> {
+    fn overdue(&self) -> Option<&'static str> {
         if self.in_request.load(Ordering::Relaxed) {
             return None;
         }
-        let (header_limit, idle_limit) = if crowded {
-            (CROWDED_TIMEOUT, CROWDED_TIMEOUT)
-        } else {
-            (HEADER_TIMEOUT, IDLE_TIMEOUT)
-        };
         let now = self.now();
         let head_started = self.head_started.load(Ordering::Relaxed);
         if head_started != NO_HEAD {
-            return (now.saturating_sub(head_started) >= millis(header_limit)).then_some("request head too slow");
+            return (now.saturating_sub(head_started) >= millis(HEADER_TIMEOUT)).then_some("request head too slow");
         }
         let last_moved = self.last_moved.load(Ordering::Relaxed);
-        (now.saturating_sub(last_moved) >= millis(idle_limit)).then_some("idle")
+        (now.saturating_sub(last_moved) >= millis(IDLE_TIMEOUT)).then_some("idle")
+    }
+
+    /// How long the connection has waited for a request head: since the head began, or since
+    /// it last moved when idle. Milliseconds, ranked across connections by their own clocks.
+    fn waited(&self) -> Duration {
+        let now = self.now();
+        let since = match self.head_started.load(Ordering::Relaxed) {
+            NO_HEAD => self.last_moved.load(Ordering::Relaxed),
+            started => started,
+        };
+        Duration::from_millis(now.saturating_sub(since))
     }
 }
 
@@ -167,17 +224,29 @@ fn millis(duration: Duration) -> u64 {
 async fn serve_connection(
     stream: TcpStream,
     app: Router,
-    crowded: impl Fn() -> bool,
+    open: Arc<Open>,
     stop: CancellationToken,
-    _slot: tokio::sync::OwnedSemaphorePermit,
+    _slot: OwnedSemaphorePermit,
 ) {
     let activity = Arc::new(Activity::new());
+    let (id, evict) = open.add(Arc::clone(&activity));
+    serve_watched(stream, app, &activity, &evict, &stop).await;
+    open.remove(id);
+}
+
+async fn serve_watched(
+    stream: TcpStream,
+    app: Router,
+    activity: &Arc<Activity>,
+    evict: &CancellationToken,
+    stop: &CancellationToken,
+) {
     let io = TokioIo::new(Watched {
         stream,
-        activity: Arc::clone(&activity),
+        activity: Arc::clone(activity),
     });
     let service = {
-        let activity = Arc::clone(&activity);
+        let activity = Arc::clone(activity);
         hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
             let mut app = app.clone();
             let activity = Arc::clone(&activity);
@@ -206,10 +275,14 @@ async fn serve_connection(
                 return;
             }
             _ = watch.tick() => {
-                if let Some(why) = activity.overdue(crowded()) {
+                if let Some(why) = activity.overdue() {
                     tracing::debug!(why, "closing an HTTP connection");
                     return;
                 }
+            }
+            _ = evict.cancelled() => {
+                tracing::debug!("closing an HTTP connection that waited longest: every slot is taken");
+                return;
             }
             _ = stop.cancelled() => break,
         }
@@ -285,20 +358,46 @@ mod tests {
     #[test]
     fn a_fresh_connection_owes_its_head_and_a_busy_one_is_never_overdue() {
         let activity = Activity::new();
-        assert_eq!(activity.overdue(false), None);
-        // Pretend the connection is old: its head started long ago.
-        activity.head_started.store(0, Ordering::Relaxed);
+        assert_eq!(activity.overdue(), None);
         let old = Activity {
-            origin: Instant::now() - Duration::from_secs(11),
+            origin: Instant::now()
+                .checked_sub(Duration::from_secs(61))
+                .expect("a minute after boot"),
             ..Activity::new()
         };
-        assert_eq!(old.overdue(false), Some("request head too slow"));
+        assert_eq!(old.overdue(), Some("request head too slow"));
         old.request_began();
-        assert_eq!(old.overdue(true), None, "a request in progress is never cut");
+        assert_eq!(old.overdue(), None, "a request in progress is never cut");
         old.request_ended();
-        assert_eq!(old.overdue(false), None, "idle for 0 s after its answer");
+        assert_eq!(old.overdue(), None, "idle for 0 s after its answer");
+        old.last_moved.store(50_000, Ordering::Relaxed);
+        assert_eq!(old.overdue(), None, "idle 11 s is within the idle limit");
         old.last_moved.store(0, Ordering::Relaxed);
-        assert_eq!(old.overdue(false), None, "idle 11 s is within the idle limit");
-        assert_eq!(old.overdue(true), Some("idle"), "but not while every slot is taken");
+        assert_eq!(old.overdue(), Some("idle"));
+    }
+
+    #[test]
+    fn at_the_cap_the_longest_wait_for_a_request_gives_way() {
+        let open = Open::default();
+        let at = |seconds_ago: u64| {
+            Arc::new(Activity {
+                origin: Instant::now()
+                    .checked_sub(Duration::from_secs(seconds_ago))
+                    .expect("after boot"),
+                ..Activity::new()
+            })
+        };
+        let (busy, newest, oldest) = (at(30), at(1), at(5));
+        busy.request_began();
+        let (_, busy_evict) = open.add(busy);
+        let (_, newest_evict) = open.add(newest);
+        let (oldest_id, oldest_evict) = open.add(oldest);
+        open.evict_longest_waiting();
+        assert!(oldest_evict.is_cancelled());
+        assert!(!newest_evict.is_cancelled() && !busy_evict.is_cancelled());
+        open.remove(oldest_id);
+        open.evict_longest_waiting();
+        assert!(newest_evict.is_cancelled());
+        assert!(!busy_evict.is_cancelled(), "a connection in a request is never evicted");
     }
 }
