@@ -28,6 +28,12 @@ impl From<etcd_client::Error> for CoordError {
 }
 
 impl CoordError {
+    /// Whether the answer was larger than etcd-client takes (4 MiB): a smaller read may pass.
+    pub(crate) fn is_too_large(&self) -> bool {
+        matches!(self, CoordError::Etcd(etcd_client::Error::GRpcStatus(status))
+            if status.code() == tonic::Code::OutOfRange || status.message().contains("message length too large"))
+    }
+
     /// Whether etcd pushed back: it answered "too many requests", or did not answer in time.
     /// Every request of the node should slow down, not just the one that failed.
     pub fn is_pushback(&self) -> bool {
@@ -175,7 +181,7 @@ pub(crate) async fn read_prefix(
 pub(crate) async fn scan_prefix(
     client: &etcd_client::Client,
     prefix: &str,
-    page: i64,
+    mut page: i64,
     mut each: impl FnMut(Vec<KeyValue>),
 ) -> Result<i64, CoordError> {
     let mut end = prefix.as_bytes().to_vec();
@@ -189,7 +195,15 @@ pub(crate) async fn scan_prefix(
         if revision > 0 {
             options = options.with_revision(revision);
         }
-        let mut response = call(client.clone().get(from.clone(), Some(options))).await?;
+        let mut response = match call(client.clone().get(from.clone(), Some(options))).await {
+            Ok(response) => response,
+            // Past etcd-client's answer limit: the same keys again, in smaller pages.
+            Err(err) if err.is_too_large() && page > 1 => {
+                page /= 2;
+                continue;
+            }
+            Err(err) => return Err(err),
+        };
         if revision == 0 {
             revision = response.header().map_or(0, |header| header.revision());
         }

@@ -1,6 +1,7 @@
 //! `shardcron status`: who leads each shard, which nodes are live, and each job's last and next
 //! run, read straight from etcd.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
@@ -70,9 +71,10 @@ pub struct JobStatus {
     pub paused: Option<Pause>,
 }
 
-/// Job records per page of a status read: a record is a few hundred bytes, so a page stays far
-/// below etcd-client's 4 MiB answer limit however many jobs there are.
-const RECORDS_PAGE: i64 = 1000;
+/// Job records per page of a status read: a record is a few hundred bytes, so a page stays
+/// below etcd-client's 4 MiB answer limit (a page that does not is read again in halves). Few
+/// large pages: at 100,000 jobs the read is mostly waiting for etcd, once per page.
+const RECORDS_PAGE: i64 = 5000;
 
 /// Reads the cluster's state for the shards of `cluster` and for `jobs`, which came from a file
 /// with `digest`.
@@ -82,11 +84,72 @@ pub async fn read(
     jobs: &[&Job],
     client: &etcd_client::Client,
 ) -> Result<Status, CoordError> {
+    let document = read_document(cluster, digest, jobs, client).await?;
+    let jobs = document.jobs.collect();
+    Ok(Status {
+        cluster: document.cluster,
+        shard_count: document.shard_count,
+        digest: document.digest,
+        nodes: document.nodes,
+        shards: document.shards,
+        jobs,
+    })
+}
+
+/// What [`Status`] holds, read, with each job's entry built only as it is written: the JSON of
+/// 100,000 jobs is written without a second copy of them all in memory.
+#[derive(Serialize)]
+pub struct Document<'a> {
+    cluster: String,
+    shard_count: u32,
+    digest: String,
+    nodes: Vec<NodeStatus>,
+    shards: Vec<ShardStatus>,
+    jobs: LazyJobs<'a>,
+}
+
+/// The jobs of a [`Document`] and what their entries are made of.
+struct LazyJobs<'a> {
+    jobs: &'a [&'a Job],
+    /// Taken out as each job's entry is made.
+    records: RefCell<Records>,
+    pauses: HashMap<String, Pause>,
+    now: DateTime<Utc>,
+}
+
+impl LazyJobs<'_> {
+    fn collect(self) -> Vec<JobStatus> {
+        job_statuses(self.jobs, &mut self.records.into_inner(), &self.pauses, self.now)
+    }
+}
+
+impl Serialize for LazyJobs<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let every_job = self.pauses.get(pauses::EVERY_JOB);
+        serializer.collect_seq(
+            self.jobs
+                .iter()
+                .map(|job| job_status(job, &mut self.records.borrow_mut(), &self.pauses, every_job, self.now)),
+        )
+    }
+}
+
+/// Reads what `status` shows, for `jobs` of a file with `digest`, to be written as JSON.
+pub async fn read_document<'a>(
+    cluster: &Cluster,
+    digest: &str,
+    jobs: &'a [&'a Job],
+    client: &etcd_client::Client,
+) -> Result<Document<'a>, CoordError> {
     let keys = Keys::new(&cluster.name);
     let (nodes, shards) = read_fleet(cluster, digest, client).await?;
     // In pages, keeping only the parsed records: one unpaged read fails past 4 MiB (about
     // 5,700 jobs that have run).
-    let mut records = Records::default();
+    // Sized once: growing a table of 100,000 records holds the old one and the new at once.
+    let mut records = Records {
+        claims: HashMap::with_capacity(jobs.len()),
+        results: HashMap::with_capacity(jobs.len()),
+    };
     if !jobs.is_empty() {
         etcd::scan_prefix(client, &keys.jobs_prefix(), RECORDS_PAGE, |page| {
             for kv in &page {
@@ -99,13 +162,18 @@ pub async fn read(
     }
     let now = clock::now();
     let pauses = pauses::in_force(client, &keys, now).await?;
-    Ok(Status {
+    Ok(Document {
         cluster: cluster.name.clone(),
         shard_count: cluster.shards,
         digest: digest.to_string(),
         nodes,
         shards,
-        jobs: job_statuses(jobs, &mut records, &pauses, now),
+        jobs: LazyJobs {
+            jobs,
+            records: RefCell::new(records),
+            pauses,
+            now,
+        },
     })
 }
 
@@ -222,17 +290,27 @@ fn job_statuses(
 ) -> Vec<JobStatus> {
     let every_job = pauses.get(pauses::EVERY_JOB);
     jobs.iter()
-        .map(|job| JobStatus {
-            name: job.name.clone(),
-            shard: job.shard,
-            timezone: job.schedule.zone().to_string(),
-            schedule: job.schedule.expanded().to_string(),
-            last_claim: records.claims.remove(&job.name),
-            last_run: records.results.remove(&job.name),
-            next: job.schedule.next_after(now),
-            paused: pauses.get(&job.name).or(every_job).cloned(),
-        })
+        .map(|job| job_status(job, records, pauses, every_job, now))
         .collect()
+}
+
+fn job_status(
+    job: &Job,
+    records: &mut Records,
+    pauses: &HashMap<String, Pause>,
+    every_job: Option<&Pause>,
+    now: DateTime<Utc>,
+) -> JobStatus {
+    JobStatus {
+        name: job.name.clone(),
+        shard: job.shard,
+        timezone: job.schedule.zone().to_string(),
+        schedule: job.schedule.expanded().to_string(),
+        last_claim: records.claims.remove(&job.name),
+        last_run: records.results.remove(&job.name),
+        next: job.schedule.next_after(now),
+        paused: pauses.get(&job.name).or(every_job).cloned(),
+    }
 }
 
 /// The human-readable form: nodes, shard leaders and jobs as aligned tables.

@@ -216,7 +216,7 @@ pub(super) async fn status(
             let jobs = if with_jobs { jobs_by_name(exposed) } else { Vec::new() };
             let digest = exposed.jobs.borrow().digest.clone();
             let jobs: Vec<&Job> = jobs.iter().map(Arc::as_ref).collect();
-            let status = crate::status::read(&app.cluster, &digest, &jobs, &exposed.client)
+            let status = crate::status::read_document(&app.cluster, &digest, &jobs, &exposed.client)
                 .await
                 .map_err(etcd_failed)?;
             serde_json::to_vec(&status)
