@@ -288,10 +288,10 @@ async fn show_status(config: Config, endpoints_flag: Vec<String>, json: bool) ->
     let client = etcd::connect(&endpoints, etcd::connect_options(&config.etcd)?)
         .await
         .with_context(|| format!("cannot connect to etcd at {endpoints:?}"))?;
-    let jobs: Vec<&shardcron::config::Job> = config.jobs.iter().collect();
+    let jobs: Vec<std::sync::Arc<shardcron::config::Job>> = config.jobs.into_iter().map(std::sync::Arc::new).collect();
     let context = || format!("cannot read the cluster state from etcd at {endpoints:?}");
     if json {
-        let document = status::read_document(&config.cluster, &config.digest, &jobs, &client)
+        let document = status::read_document(&config.cluster, &config.digest, jobs, &client)
             .await
             .with_context(context)?;
         // Straight to stdout, each job's entry made as it is written: at 100,000 jobs the
@@ -302,7 +302,7 @@ async fn show_status(config: Config, endpoints_flag: Vec<String>, json: bool) ->
         writeln!(out)?;
         out.flush()?;
     } else {
-        let status = status::read(&config.cluster, &config.digest, &jobs, &client)
+        let status = status::read(&config.cluster, &config.digest, jobs, &client)
             .await
             .with_context(context)?;
         print!("{}", status::render(&status));

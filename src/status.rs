@@ -3,6 +3,7 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use etcd_client::{GetOptions, Txn, TxnOp, TxnOpResponse};
@@ -81,7 +82,7 @@ const RECORDS_PAGE: i64 = 5000;
 pub async fn read(
     cluster: &Cluster,
     digest: &str,
-    jobs: &[&Job],
+    jobs: Vec<Arc<Job>>,
     client: &etcd_client::Client,
 ) -> Result<Status, CoordError> {
     let document = read_document(cluster, digest, jobs, client).await?;
@@ -99,31 +100,36 @@ pub async fn read(
 /// What [`Status`] holds, read, with each job's entry built only as it is written: the JSON of
 /// 100,000 jobs is written without a second copy of them all in memory.
 #[derive(Serialize)]
-pub struct Document<'a> {
+pub struct Document {
     cluster: String,
     shard_count: u32,
     digest: String,
     nodes: Vec<NodeStatus>,
     shards: Vec<ShardStatus>,
-    jobs: LazyJobs<'a>,
+    jobs: LazyJobs,
 }
 
 /// The jobs of a [`Document`] and what their entries are made of.
-struct LazyJobs<'a> {
-    jobs: &'a [&'a Job],
+struct LazyJobs {
+    jobs: Vec<Arc<Job>>,
     /// Taken out as each job's entry is made.
     records: RefCell<Records>,
     pauses: HashMap<String, Pause>,
     now: DateTime<Utc>,
 }
 
-impl LazyJobs<'_> {
+impl LazyJobs {
     fn collect(self) -> Vec<JobStatus> {
-        job_statuses(self.jobs, &mut self.records.into_inner(), &self.pauses, self.now)
+        job_statuses(
+            self.jobs.iter().map(Arc::as_ref),
+            &mut self.records.into_inner(),
+            &self.pauses,
+            self.now,
+        )
     }
 }
 
-impl Serialize for LazyJobs<'_> {
+impl Serialize for LazyJobs {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let every_job = self.pauses.get(pauses::EVERY_JOB);
         serializer.collect_seq(
@@ -135,12 +141,12 @@ impl Serialize for LazyJobs<'_> {
 }
 
 /// Reads what `status` shows, for `jobs` of a file with `digest`, to be written as JSON.
-pub async fn read_document<'a>(
+pub async fn read_document(
     cluster: &Cluster,
     digest: &str,
-    jobs: &'a [&'a Job],
+    jobs: Vec<Arc<Job>>,
     client: &etcd_client::Client,
-) -> Result<Document<'a>, CoordError> {
+) -> Result<Document, CoordError> {
     let keys = Keys::new(&cluster.name);
     let (nodes, shards) = read_fleet(cluster, digest, client).await?;
     // In pages, keeping only the parsed records: one unpaged read fails past 4 MiB (about
@@ -253,7 +259,7 @@ pub async fn read_jobs(
             }
         }
     }
-    Ok(job_statuses(jobs, &mut records, pauses, now))
+    Ok(job_statuses(jobs.iter().copied(), &mut records, pauses, now))
 }
 
 /// The parsed records of some jobs, by job name.
@@ -282,15 +288,14 @@ impl Records {
     }
 }
 
-fn job_statuses(
-    jobs: &[&Job],
+fn job_statuses<'j>(
+    jobs: impl Iterator<Item = &'j Job>,
     records: &mut Records,
     pauses: &HashMap<String, Pause>,
     now: DateTime<Utc>,
 ) -> Vec<JobStatus> {
     let every_job = pauses.get(pauses::EVERY_JOB);
-    jobs.iter()
-        .map(|job| job_status(job, records, pauses, every_job, now))
+    jobs.map(|job| job_status(job, records, pauses, every_job, now))
         .collect()
 }
 
