@@ -288,7 +288,7 @@ async fn show_status(config: Config, endpoints_flag: Vec<String>, json: bool) ->
     let client = etcd::connect(&endpoints, etcd::connect_options(&config.etcd)?)
         .await
         .with_context(|| format!("cannot connect to etcd at {endpoints:?}"))?;
-    let jobs: Vec<std::sync::Arc<shardcron::config::Job>> = config.jobs.into_iter().map(std::sync::Arc::new).collect();
+    let jobs: Vec<&shardcron::config::Job> = config.jobs.iter().collect();
     let context = || format!("cannot read the cluster state from etcd at {endpoints:?}");
     if json {
         let document = status::read_document(&config.cluster, &config.digest, jobs, &client)

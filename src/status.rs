@@ -1,9 +1,9 @@
 //! `shardcron status`: who leads each shard, which nodes are live, and each job's last and next
 //! run, read straight from etcd.
 
+use std::borrow::Borrow;
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use etcd_client::{GetOptions, Txn, TxnOp, TxnOpResponse};
@@ -79,10 +79,10 @@ const RECORDS_PAGE: i64 = 5000;
 
 /// Reads the cluster's state for the shards of `cluster` and for `jobs`, which came from a file
 /// with `digest`.
-pub async fn read(
+pub async fn read<J: Borrow<Job>>(
     cluster: &Cluster,
     digest: &str,
-    jobs: Vec<Arc<Job>>,
+    jobs: Vec<J>,
     client: &etcd_client::Client,
 ) -> Result<Status, CoordError> {
     let document = read_document(cluster, digest, jobs, client).await?;
@@ -99,29 +99,34 @@ pub async fn read(
 
 /// What [`Status`] holds, read, with each job's entry built only as it is written: the JSON of
 /// 100,000 jobs is written without a second copy of them all in memory.
+///
+/// `J` is how the caller holds its jobs: `&Job` borrowed from a config, `Arc<Job>` to send the
+/// document to another thread. Wrapping a config's 100,000 jobs in new `Arc`s would hold them
+/// twice for a moment.
 #[derive(Serialize)]
-pub struct Document {
+#[serde(bound = "")]
+pub struct Document<J: Borrow<Job>> {
     cluster: String,
     shard_count: u32,
     digest: String,
     nodes: Vec<NodeStatus>,
     shards: Vec<ShardStatus>,
-    jobs: LazyJobs,
+    jobs: LazyJobs<J>,
 }
 
 /// The jobs of a [`Document`] and what their entries are made of.
-struct LazyJobs {
-    jobs: Vec<Arc<Job>>,
+struct LazyJobs<J> {
+    jobs: Vec<J>,
     /// Taken out as each job's entry is made.
     records: RefCell<Records>,
     pauses: HashMap<String, Pause>,
     now: DateTime<Utc>,
 }
 
-impl LazyJobs {
+impl<J: Borrow<Job>> LazyJobs<J> {
     fn collect(self) -> Vec<JobStatus> {
         job_statuses(
-            self.jobs.iter().map(Arc::as_ref),
+            self.jobs.iter().map(Borrow::borrow),
             &mut self.records.into_inner(),
             &self.pauses,
             self.now,
@@ -129,24 +134,28 @@ impl LazyJobs {
     }
 }
 
-impl Serialize for LazyJobs {
+impl<J: Borrow<Job>> Serialize for LazyJobs<J> {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let every_job = self.pauses.get(pauses::EVERY_JOB);
-        serializer.collect_seq(
-            self.jobs
-                .iter()
-                .map(|job| job_status(job, &mut self.records.borrow_mut(), &self.pauses, every_job, self.now)),
-        )
+        serializer.collect_seq(self.jobs.iter().map(|job| {
+            job_status(
+                job.borrow(),
+                &mut self.records.borrow_mut(),
+                &self.pauses,
+                every_job,
+                self.now,
+            )
+        }))
     }
 }
 
 /// Reads what `status` shows, for `jobs` of a file with `digest`, to be written as JSON.
-pub async fn read_document(
+pub async fn read_document<J: Borrow<Job>>(
     cluster: &Cluster,
     digest: &str,
-    jobs: Vec<Arc<Job>>,
+    jobs: Vec<J>,
     client: &etcd_client::Client,
-) -> Result<Document, CoordError> {
+) -> Result<Document<J>, CoordError> {
     let keys = Keys::new(&cluster.name);
     let (nodes, shards) = read_fleet(cluster, digest, client).await?;
     // In pages, keeping only the parsed records: one unpaged read fails past 4 MiB (about
