@@ -7,6 +7,7 @@
 //! once while the others wait for it.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
@@ -25,14 +26,17 @@ pub(super) const STATUS_FRESH_FOR: Duration = Duration::from_secs(1);
 pub(super) struct Reads {
     permits: Semaphore,
     /// The status answer with jobs, and the one without them (`?jobs=false`).
-    status: [Mutex<Option<(Instant, Bytes)>>; 2],
+    status: [Arc<Mutex<Cached>>; 2],
 }
+
+/// A status answer and when it was read.
+type Cached = Option<(Instant, Bytes)>;
 
 impl Default for Reads {
     fn default() -> Self {
         Reads {
             permits: Semaphore::new(PERMITS),
-            status: [Mutex::new(None), Mutex::new(None)],
+            status: [Arc::default(), Arc::default()],
         }
     }
 }
@@ -66,7 +70,18 @@ impl Reads {
         *cached = None;
         let _permit = self.permit().await?;
         let body = read.await?;
-        *cached = Some((Instant::now(), body.clone()));
+        let at = Instant::now();
+        *cached = Some((at, body.clone()));
+        // Dropped once stale rather than at the next call: at 100,000 jobs it is tens of
+        // megabytes, and the next call may never come.
+        let slot = Arc::clone(&self.status[usize::from(with_jobs)]);
+        tokio::spawn(async move {
+            tokio::time::sleep(STATUS_FRESH_FOR).await;
+            let mut cached = slot.lock().await;
+            if cached.as_ref().is_some_and(|(stored, _)| *stored == at) {
+                *cached = None;
+            }
+        });
         Ok(body)
     }
 }
@@ -100,5 +115,17 @@ mod tests {
             assert_eq!(caller.await.unwrap(), Ok(Bytes::from_static(b"{}")));
         }
         assert_eq!(computed.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stale_answer_is_dropped_without_another_call() {
+        let reads = Reads::default();
+        let body = reads.status(true, async { Ok(Bytes::from_static(b"{}")) }).await;
+        assert!(body.is_ok());
+        assert!(reads.status[1].lock().await.is_some());
+        tokio::time::sleep(STATUS_FRESH_FOR + Duration::from_millis(10)).await;
+        // Let the dropping task take the lock.
+        tokio::task::yield_now().await;
+        assert!(reads.status[1].lock().await.is_none());
     }
 }
