@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
 
 /// How long after a spawn failed for want of descriptors `/readyz` still says so.
-pub const EXHAUSTION_SHOWN_FOR: Duration = Duration::from_secs(60);
+pub(crate) const EXHAUSTION_SHOWN_FOR: Duration = Duration::from_secs(60);
 
 /// The soft `RLIMIT_NOFILE` before and after [`raise_limit`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,7 +73,7 @@ pub(crate) fn note_exhaustion() {
 
 /// How long ago a spawn last failed for want of descriptors, if within
 /// [`EXHAUSTION_SHOWN_FOR`].
-pub fn recent_exhaustion() -> Option<Duration> {
+pub(crate) fn recent_exhaustion() -> Option<Duration> {
     let last = (*LAST_EXHAUSTED.lock().ok()?)?;
     let ago = last.elapsed();
     (ago < EXHAUSTION_SHOWN_FOR).then_some(ago)

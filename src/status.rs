@@ -193,7 +193,7 @@ pub async fn read_document<J: Borrow<Job>>(
 }
 
 /// The nodes and shard leaders of `cluster`, for a config with `digest`.
-pub async fn read_fleet(
+pub(crate) async fn read_fleet(
     cluster: &Cluster,
     digest: &str,
     client: &etcd_client::Client,
@@ -238,7 +238,7 @@ const READS_PER_TXN: usize = 100;
 
 /// The status of just `jobs` (a page of them), with `pauses` in force at `now` (from
 /// [`pauses::in_force`]): only their own records are read.
-pub async fn read_jobs(
+pub(crate) async fn read_jobs(
     cluster: &Cluster,
     jobs: &[&Job],
     client: &etcd_client::Client,
