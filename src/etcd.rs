@@ -177,7 +177,8 @@ pub(crate) async fn read_prefix(
 
 /// Hands every key under `prefix` at one revision to `each`, a page of at most `page` keys at
 /// a time, and returns that revision. A page is dropped once `each` returns, so a reader that
-/// keeps only what it parsed never holds the whole range as etcd sent it.
+/// keeps only what it parsed never holds the whole range as etcd sent it. The next page is
+/// asked for before `each` reads this one: etcd serves it while this one is parsed.
 pub(crate) async fn scan_prefix(
     client: &etcd_client::Client,
     prefix: &str,
@@ -190,16 +191,18 @@ pub(crate) async fn scan_prefix(
     }
     let mut from = prefix.as_bytes().to_vec();
     let mut revision = 0;
+    let mut asked = ask_page(client, &from, &end, page, revision);
     loop {
-        let mut options = GetOptions::new().with_range(end.clone()).with_limit(page);
-        if revision > 0 {
-            options = options.with_revision(revision);
-        }
-        let mut response = match call(client.clone().get(from.clone(), Some(options))).await {
+        let answer = match asked.await {
+            Ok(answer) => answer,
+            Err(err) => return Err(CoordError::Protocol(format!("a page read ended: {err}"))),
+        };
+        let mut response = match answer {
             Ok(response) => response,
             // Past etcd-client's answer limit: the same keys again, in smaller pages.
             Err(err) if err.is_too_large() && page > 1 => {
                 page /= 2;
+                asked = ask_page(client, &from, &end, page, revision);
                 continue;
             }
             Err(err) => return Err(err),
@@ -212,12 +215,30 @@ pub(crate) async fn scan_prefix(
         let Some(last) = kvs.last() else { break };
         from = last.key().to_vec();
         from.push(0);
-        each(kvs);
         if !more {
+            each(kvs);
             break;
         }
+        asked = ask_page(client, &from, &end, page, revision);
+        each(kvs);
     }
     Ok(revision)
+}
+
+/// One page of `[from, end)`, at `revision` unless it is 0, read on a task of its own.
+fn ask_page(
+    client: &etcd_client::Client,
+    from: &[u8],
+    end: &[u8],
+    page: i64,
+    revision: i64,
+) -> tokio::task::JoinHandle<Result<etcd_client::GetResponse, CoordError>> {
+    let mut options = GetOptions::new().with_range(end.to_vec()).with_limit(page);
+    if revision > 0 {
+        options = options.with_revision(revision);
+    }
+    let (mut client, from) = (client.clone(), from.to_vec());
+    tokio::spawn(async move { call(client.get(from, Some(options))).await })
 }
 
 #[cfg(test)]
