@@ -18,6 +18,9 @@
 //! cargo bench --bench bench -- drain        # 10,000 per-minute jobs owing 100 ticks each, watched
 //!                                           # until every one ran (SHARDCRON_BENCH_DRAIN_JOBS=N)
 //! cargo bench --bench bench -- timeline     # a chaos run drawn as benches/timeline.svg
+//! cargo bench --bench bench -- clients      # 1,000 idle and slow-header clients for 30 s beside 20 per-second jobs
+//! cargo bench --bench bench -- plan-memory  # 100 concurrent plan?for=100y: the node's memory growth
+//! cargo bench --bench bench -- read-path    # status, the API and the dashboard at 100,000 jobs that have run
 //! ```
 
 // The benchmarks use a subset of the test harness.
@@ -69,6 +72,15 @@ fn main() {
         bench_many_shards(1024, 3);
         bench_many_shards(4096, 3);
         bench_many_shards(4096, 10);
+    }
+    if wants("clients") {
+        bench_clients(1_000, 30);
+    }
+    if wants("plan-memory") {
+        bench_plan_memory(100);
+    }
+    if wants("read-path") {
+        bench_read_path(100_000);
     }
     if wants("timeline") {
         bench_timeline(
@@ -1282,4 +1294,347 @@ fn bench_drain(jobs: usize) {
     println!("| of them not run / run more than once | {missing} / {twice} | 0 / 0 |");
     println!("| peak resident memory | {:.0} MiB | |", node.peak_rss_mib());
     println!("| session losses | {session_losses} | 0 |");
+}
+
+/// Whether the node has closed `stream` (a read sees its end) without waiting.
+fn closed_by_node(stream: &std::net::TcpStream) -> bool {
+    use std::io::Read;
+    let _ = stream.set_nonblocking(true);
+    let mut byte = [0u8; 64];
+    matches!((&*stream).read(&mut byte), Ok(0))
+        || matches!((&*stream).read(&mut byte), Err(ref err) if err.kind() == std::io::ErrorKind::ConnectionReset)
+}
+
+/// `connections` clients that hold a connection and send nothing (half of them) or trickle a
+/// request head a byte a second (the other half), reconnecting whenever the node closes one,
+/// for `seconds`, beside 20 per-second jobs: ticks run and missed, and `/healthz` answer times.
+fn bench_clients(connections: usize, seconds: u64) {
+    use std::io::Write;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    let mut world = World::new();
+    let names = job_names(20, 2);
+    let config = world.write_config("jobs.toml", 4, 2, &every_second(&names, ""));
+    let port = shardcron::etcd_server::free_port().expect("port");
+    world
+        .node("a", &config)
+        .args(&["--http-addr", &port.to_string()])
+        .start();
+    wait_for(Duration::from_secs(30), "the node is ready", || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() && http_get(port, "/readyz").0.contains(" 200 ")
+    });
+    wait_for(Duration::from_secs(30), "every job runs", || {
+        every_job_ran_since(&world.runs(), &names, now_secs() - 3.0, 1)
+    });
+    let pid = world.nodes[0].child.id();
+    let stop = Arc::new(AtomicBool::new(false));
+    let opened = Arc::new(AtomicUsize::new(0));
+    let threads = 10;
+    let flood: Vec<_> = (0..threads)
+        .map(|thread| {
+            let (stop, opened) = (Arc::clone(&stop), Arc::clone(&opened));
+            let slow = thread % 2 == 1;
+            std::thread::spawn(move || {
+                let address = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+                let mut held: Vec<std::net::TcpStream> = Vec::new();
+                let mut last_byte = Instant::now();
+                while !stop.load(Ordering::Relaxed) {
+                    held.retain(|stream| !closed_by_node(stream));
+                    while held.len() < connections / threads {
+                        match std::net::TcpStream::connect_timeout(&address, Duration::from_millis(200)) {
+                            Ok(mut stream) => {
+                                if slow {
+                                    let _ = stream.write_all(b"GET /healthz HTTP/1.1\r\n");
+                                }
+                                opened.fetch_add(1, Ordering::Relaxed);
+                                held.push(stream);
+                            }
+                            Err(_) => break,
+                        }
+                    }
+                    if slow && last_byte.elapsed() >= Duration::from_secs(1) {
+                        for stream in &mut held {
+                            let _ = stream.write_all(b"X");
+                        }
+                        last_byte = Instant::now();
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            })
+        })
+        .collect();
+    let from = now_secs();
+    let mut answered = Vec::new();
+    let mut failed = 0;
+    let mut most_descriptors = 0;
+    let until = Instant::now() + Duration::from_secs(seconds);
+    while Instant::now() < until {
+        let asked = Instant::now();
+        match http_exchange(
+            port,
+            b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
+            Duration::from_secs(15),
+        ) {
+            Some(response) if response.status == 200 => answered.push(asked.elapsed().as_secs_f64()),
+            _ => failed += 1,
+        }
+        most_descriptors =
+            most_descriptors.max(std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |entries| entries.count()));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let to = now_secs();
+    stop.store(true, Ordering::Relaxed);
+    for thread in flood {
+        let _ = thread.join();
+    }
+    wait_for(Duration::from_secs(20), "the window's last ticks ran", || {
+        every_job_ran_a_tick_after(&world.runs(), &names, to)
+    });
+    let runs = world.runs();
+    let (first, last) = (from.ceil() as i64, to.floor() as i64);
+    let mut missed = 0;
+    let mut doubled = 0;
+    for name in &names {
+        for tick in first..last {
+            let count = runs
+                .iter()
+                .filter(|run| &run.job == name && run.tick.timestamp() == tick)
+                .count();
+            missed += usize::from(count == 0);
+            doubled += count.saturating_sub(1);
+        }
+    }
+    answered.sort_by(f64::total_cmp);
+    println!("\n### {connections} idle and slow-header clients for {seconds} s beside 20 per-second jobs\n");
+    println!("Half the clients send nothing, half a request head a byte a second; each reconnects when the node closes it.\n");
+    println!("| measure | value | target |");
+    println!("|---|---|---|");
+    println!(
+        "| ticks in the window: run / missed / run twice | {} / {missed} / {doubled} | every one once |",
+        (last - first) as usize * names.len() - missed
+    );
+    println!(
+        "| connections the clients opened (with reconnects) | {} | |",
+        opened.load(Ordering::Relaxed)
+    );
+    println!("| descriptors the node held, most seen | {most_descriptors} | |");
+    println!(
+        "| `/healthz` probes answered / failed | {} / {failed} | |",
+        answered.len()
+    );
+    println!(
+        "| `/healthz` answer time p50 / p99 / max | {} / {} / {} | |",
+        ms(percentile(&answered, 50.0)),
+        ms(percentile(&answered, 99.0)),
+        ms(percentile(&answered, 100.0))
+    );
+}
+
+/// `concurrent` requests of `GET /api/v1/plan?for=100y` at once on a node of 20 per-second jobs
+/// (each answer is cut at 10,000 fires): how much the node's resident memory grows.
+fn bench_plan_memory(concurrent: usize) {
+    let mut world = World::new();
+    let names = job_names(20, 2);
+    let config = world.write_config("jobs.toml", 4, 2, &every_second(&names, ""));
+    let port = shardcron::etcd_server::free_port().expect("port");
+    world
+        .node("a", &config)
+        .args(&["--http-addr", &port.to_string()])
+        .start();
+    wait_for(Duration::from_secs(30), "the node is ready", || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() && http_get(port, "/readyz").0.contains(" 200 ")
+    });
+    // One plan first, so what the first request allocates for good is in the baseline.
+    let warm = http_request(port, "GET", "/api/v1/plan?for=100y", &[], "");
+    let answer_mib = warm.body.len() as f64 / (1024.0 * 1024.0);
+    std::thread::sleep(Duration::from_secs(2));
+    let before = world.nodes[0].rss_mib();
+    let started = Instant::now();
+    let requests: Vec<_> = (0..concurrent)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let asked = Instant::now();
+                let response = http_exchange(
+                    port,
+                    b"GET /api/v1/plan?for=100y HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
+                    Duration::from_secs(120),
+                );
+                (
+                    response.map_or(0, |response| response.status),
+                    asked.elapsed().as_secs_f64(),
+                )
+            })
+        })
+        .collect();
+    let mut most = before;
+    while requests.iter().any(|request| !request.is_finished()) {
+        most = most.max(world.nodes[0].rss_mib());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let results: Vec<(u16, f64)> = requests.into_iter().filter_map(|request| request.join().ok()).collect();
+    let all_in = started.elapsed().as_secs_f64();
+    let ok = results.iter().filter(|(status, _)| *status == 200).count();
+    let mut times: Vec<f64> = results.iter().map(|(_, time)| *time).collect();
+    times.sort_by(f64::total_cmp);
+    println!("\n### {concurrent} concurrent `GET /api/v1/plan?for=100y` (10,000 fires, {answer_mib:.1} MiB each)\n");
+    println!("| measure | value | target |");
+    println!("|---|---|---|");
+    println!("| answered 200 | {ok} of {concurrent} | |");
+    println!(
+        "| answer time p50 / max; all answered in | {} / {} ; {all_in:.2} s | |",
+        ms(percentile(&times, 50.0)),
+        ms(percentile(&times, 100.0))
+    );
+    println!("| node resident memory before | {before:.1} MiB | |");
+    println!(
+        "| growth, most seen while they ran | {:.1} MiB | ≤ 100 MB |",
+        most - before
+    );
+}
+
+/// `jobs` jobs that have all run once (a claim and a result each, written into etcd as a
+/// leader would): `status --json` time and peak memory, the node's status and jobs answers, and
+/// the dashboard's first page in a browser.
+fn bench_read_path(jobs: usize) {
+    let mut world = World::new();
+    let path = world.dir.path().join("jobs.toml");
+    write_jobs_file(&path, jobs, &YEARLY);
+    let url = world.etcd.client_url();
+    let seeded_mib = seed_run_records(&url, jobs);
+    let mut times = Vec::new();
+    let mut peaks = Vec::new();
+    let mut out_mib = 0.0;
+    for _ in 0..3 {
+        let out = world.dir.path().join("status.json");
+        let file = std::fs::File::create(&out).expect("status output");
+        let (time, peak, ok) = run_measured(
+            Command::new(SHARDCRON)
+                .args(["status", "--json", "--endpoints", &url, "--config"])
+                .arg(&path)
+                .stdout(file)
+                .stderr(Stdio::null()),
+        );
+        assert!(ok, "status --json failed");
+        out_mib = std::fs::metadata(&out).map_or(0, |meta| meta.len()) as f64 / (1024.0 * 1024.0);
+        times.push(time);
+        peaks.push(peak);
+    }
+    let port = shardcron::etcd_server::free_port().expect("port");
+    world
+        .node("a", &path)
+        .args(&["--endpoints", &url, "--http-addr", &port.to_string()])
+        .start();
+    wait_for(Duration::from_secs(300), "the node is ready", || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() && http_get(port, "/readyz").0.contains(" 200 ")
+    });
+    let timed = |path: &str| {
+        let started = Instant::now();
+        let response = http_request(port, "GET", path, &[], "");
+        assert_eq!(response.status, 200, "{path}: {}", response.status_line);
+        (
+            started.elapsed().as_secs_f64(),
+            response.body.len() as f64 / (1024.0 * 1024.0),
+        )
+    };
+    let (api_status, api_status_mib) = timed("/api/v1/status");
+    // Past the status cache's second: a read of its own.
+    std::thread::sleep(Duration::from_millis(1100));
+    let (api_jobs, _) = timed("/api/v1/jobs?per_page=100");
+    let (api_filtered, _) = timed("/api/v1/jobs?per_page=100&filter=job-0999");
+    let browser = support::browser::Browser::start(1400, 1000);
+    let mut loads = Vec::new();
+    for _ in 0..3 {
+        browser.open("about:blank");
+        let started = Instant::now();
+        browser.open(&format!("http://127.0.0.1:{port}/"));
+        browser.wait_for_element("[data-job=\"job-000000\"]", Duration::from_secs(60));
+        loads.push(started.elapsed().as_secs_f64());
+    }
+    println!("\n### The read path at {jobs} jobs that have all run once ({seeded_mib:.0} MiB of records in etcd)\n");
+    println!("| measure | value | target |");
+    println!("|---|---|---|");
+    println!(
+        "| `status --json`, median of 3 ({out_mib:.0} MiB printed) | {:.2} s | ≤ 2 s |",
+        median(&mut times)
+    );
+    println!(
+        "| `status --json` peak resident memory, most of 3 | {:.0} MiB | ≤ 100 MB |",
+        peaks.iter().copied().fold(0.0, f64::max)
+    );
+    println!(
+        "| `GET /api/v1/status` ({api_status_mib:.0} MiB) | {} | |",
+        ms(api_status)
+    );
+    println!("| `GET /api/v1/jobs?per_page=100` | {} | |", ms(api_jobs));
+    println!(
+        "| `GET /api/v1/jobs?per_page=100&filter=job-0999` | {} | |",
+        ms(api_filtered)
+    );
+    println!(
+        "| dashboard: open to first job row shown, median of 3 (headless chromium) | {} | ≤ 2 s |",
+        ms(median(&mut loads))
+    );
+    println!(
+        "| node peak resident memory | {:.0} MiB | |",
+        world.nodes[0].peak_rss_mib()
+    );
+}
+
+/// Writes a claim and a result for each of `jobs` generated jobs into the etcd at `url`, both
+/// newer than any of their yearly ticks (so no node catches one up); returns the MiB written.
+fn seed_run_records(url: &str, jobs: usize) -> f64 {
+    use shardcron::record::{Claim, Outcome, RunRecord, Trigger};
+    let now = Utc::now();
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    runtime.block_on(async {
+        let client = etcd_client::Client::connect([url], None).await.expect("etcd");
+        let mut written = 0;
+        let names: Vec<String> = (0..jobs).map(|i| format!("job-{i:06}")).collect();
+        for chunk in names.chunks(60) {
+            let mut puts = Vec::new();
+            for name in chunk {
+                let claim = Claim {
+                    scheduled_at: now,
+                    fence: 1,
+                    node: "bench-node".to_string(),
+                    pending: Vec::new(),
+                    shards: None,
+                    schedule: None,
+                };
+                let run = RunRecord {
+                    scheduled_at: now,
+                    fence: 1,
+                    node: "bench-node".to_string(),
+                    outcome: Outcome::Exited,
+                    exit_code: Some(0),
+                    duration_ms: 12,
+                    finished_at: now,
+                    attempts: 1,
+                    trigger: Trigger::Schedule,
+                };
+                let (claim, run) = (
+                    serde_json::to_string(&claim).expect("claim"),
+                    serde_json::to_string(&run).expect("run"),
+                );
+                written += claim.len() + run.len();
+                puts.push(etcd_client::TxnOp::put(
+                    format!("/shardcron/bench/jobs/{name}/last"),
+                    claim,
+                    None,
+                ));
+                puts.push(etcd_client::TxnOp::put(
+                    format!("/shardcron/bench/jobs/{name}/result"),
+                    run,
+                    None,
+                ));
+            }
+            client
+                .clone()
+                .txn(etcd_client::Txn::new().and_then(puts))
+                .await
+                .expect("seed records");
+        }
+        written as f64 / (1024.0 * 1024.0)
+    })
 }

@@ -234,6 +234,19 @@ pub struct NodeArgs {
     /// SHARDCRON_METRICS_ADDR), its name before it served more than metrics.
     #[arg(long, env = "SHARDCRON_HTTP_ADDR", value_name = "HOST:PORT", alias = "metrics-addr", value_parser = parse_listen_address)]
     pub http_addr: Option<std::net::SocketAddr>,
+    /// The most HTTP connections open at once; more wait until one closes. At most half the
+    /// node's descriptor limit is used, so clients never take the descriptors runs need.
+    #[arg(long, env = "SHARDCRON_HTTP_MAX_CONNECTIONS", value_name = "N", default_value_t = shardcron_http_default_connections(), value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    pub http_max_connections: u32,
+    /// Host names HTTP requests may name besides the listen address and loopback (a name, or
+    /// NAME:PORT), comma-separated; requests for any other `Host` get 421.
+    #[arg(
+        long,
+        env = "SHARDCRON_HTTP_ALLOWED_HOSTS",
+        value_name = "HOSTS",
+        value_delimiter = ','
+    )]
+    pub http_allowed_hosts: Vec<String>,
     /// The environment variable that holds the bearer token API writes (trigger, pause,
     /// resume) need (at least 16 bytes). Without a token (this, --api-token-file or the systemd
     /// credential api-token) every write answers 403. Jobs never see the variable.
@@ -327,6 +340,10 @@ fn api_token(sources: Sources) -> Result<Option<Secret>> {
         token.value.len()
     );
     Ok(Some(token))
+}
+
+fn shardcron_http_default_connections() -> u32 {
+    crate::http::DEFAULT_MAX_CONNECTIONS as u32
 }
 
 /// `HOST:PORT`, or a bare `PORT` on loopback: the listener is never public unless asked.
@@ -426,6 +443,9 @@ impl PauseArgs {
                 anyhow::anyhow!("the pause would end before it starts: --until must be in the future")
             }
             crate::pauses::PauseRefused::TooLong => anyhow::anyhow!("--for is too long"),
+            crate::pauses::PauseRefused::ReasonTooLong => {
+                anyhow::anyhow!("--reason is longer than {} bytes", crate::pauses::MAX_REASON)
+            }
         })
     }
 }

@@ -28,6 +28,12 @@ impl From<etcd_client::Error> for CoordError {
 }
 
 impl CoordError {
+    /// Whether the answer was larger than etcd-client takes (4 MiB): a smaller read may pass.
+    pub(crate) fn is_too_large(&self) -> bool {
+        matches!(self, CoordError::Etcd(etcd_client::Error::GRpcStatus(status))
+            if status.code() == tonic::Code::OutOfRange || status.message().contains("message length too large"))
+    }
+
     /// Whether etcd pushed back: it answered "too many requests", or did not answer in time.
     /// Every request of the node should slow down, not just the one that failed.
     pub fn is_pushback(&self) -> bool {
@@ -171,33 +177,75 @@ pub(crate) async fn read_prefix(
     client: &etcd_client::Client,
     prefix: &str,
 ) -> Result<(Vec<KeyValue>, i64), CoordError> {
+    let mut read = Vec::new();
+    let revision = scan_prefix(client, prefix, PAGE, |page| read.extend(page)).await?;
+    Ok((read, revision))
+}
+
+/// Hands every key under `prefix` at one revision to `each`, a page of at most `page` keys at
+/// a time, and returns that revision. A page is dropped once `each` returns, so a reader that
+/// keeps only what it parsed never holds the whole range as etcd sent it. The next page is
+/// asked for before `each` reads this one: etcd serves it while this one is parsed.
+pub(crate) async fn scan_prefix(
+    client: &etcd_client::Client,
+    prefix: &str,
+    mut page: i64,
+    mut each: impl FnMut(Vec<KeyValue>),
+) -> Result<i64, CoordError> {
     let mut end = prefix.as_bytes().to_vec();
     if let Some(last) = end.last_mut() {
         *last += 1;
     }
     let mut from = prefix.as_bytes().to_vec();
     let mut revision = 0;
-    let mut read = Vec::new();
+    let mut asked = ask_page(client, &from, &end, page, revision);
     loop {
-        let mut options = GetOptions::new().with_range(end.clone()).with_limit(PAGE);
-        if revision > 0 {
-            options = options.with_revision(revision);
-        }
-        let mut response = call(client.clone().get(from.clone(), Some(options))).await?;
+        let answer = match asked.await {
+            Ok(answer) => answer,
+            Err(err) => return Err(CoordError::Protocol(format!("a page read ended: {err}"))),
+        };
+        let mut response = match answer {
+            Ok(response) => response,
+            // Past etcd-client's answer limit: the same keys again, in smaller pages.
+            Err(err) if err.is_too_large() && page > 1 => {
+                page /= 2;
+                asked = ask_page(client, &from, &end, page, revision);
+                continue;
+            }
+            Err(err) => return Err(err),
+        };
         if revision == 0 {
             revision = response.header().map_or(0, |header| header.revision());
         }
         let more = response.more();
-        let page = response.take_kvs();
-        let Some(last) = page.last() else { break };
+        let kvs = response.take_kvs();
+        let Some(last) = kvs.last() else { break };
         from = last.key().to_vec();
         from.push(0);
-        read.extend(page);
         if !more {
+            each(kvs);
             break;
         }
+        asked = ask_page(client, &from, &end, page, revision);
+        each(kvs);
     }
-    Ok((read, revision))
+    Ok(revision)
+}
+
+/// One page of `[from, end)`, at `revision` unless it is 0, read on a task of its own.
+fn ask_page(
+    client: &etcd_client::Client,
+    from: &[u8],
+    end: &[u8],
+    page: i64,
+    revision: i64,
+) -> tokio::task::JoinHandle<Result<etcd_client::GetResponse, CoordError>> {
+    let mut options = GetOptions::new().with_range(end.to_vec()).with_limit(page);
+    if revision > 0 {
+        options = options.with_revision(revision);
+    }
+    let (mut client, from) = (client.clone(), from.to_vec());
+    tokio::spawn(async move { call(client.get(from, Some(options))).await })
 }
 
 #[cfg(test)]

@@ -111,6 +111,11 @@ impl Keys {
         format!("{}jobs/", self.root)
     }
 
+    /// Every record of `job`: its claim, result and last success.
+    pub(crate) fn job_records_prefix(&self, job: &str) -> String {
+        format!("{}jobs/{job}/", self.root)
+    }
+
     pub(crate) fn job_last(&self, job: &str) -> String {
         format!("{}jobs/{job}/last", self.root)
     }

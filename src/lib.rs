@@ -55,6 +55,7 @@
 //! - [`http`]: the HTTP listener: probes, metrics, the JSON API and the dashboard.
 //! - [`etcd_server`]: a throwaway local etcd for `dev` (and, with `test-support`, for tests).
 //! - [`cli`]: the command line.
+//! - [`descriptors`]: the descriptor limit, raised at start, and spawns that hit it.
 //! - [`memory`]: keeping the resident size near the live heap (malloc arenas, periodic trim).
 pub mod assignment;
 pub mod backoff;
@@ -65,6 +66,7 @@ pub mod cli;
 mod clock;
 pub mod config;
 mod context;
+pub mod descriptors;
 mod election;
 mod env_file;
 pub mod etcd;

@@ -156,6 +156,12 @@ async fn run(config: Config, args: NodeArgs, dev_endpoints: Option<Vec<String>>)
     tracing::info!(endpoints = ?endpoints, config = %config.path.display(), digest = %config.digest, "connecting to etcd");
     // Served from the start, so an operator sees etcd errors while the node waits for etcd, and
     // until the node has ended, so `/readyz` says it is stopping while it drains.
+    match shardcron::descriptors::raise_limit() {
+        Ok(raised) => {
+            tracing::info!(before = ?raised.before, now = ?raised.now, hard = ?raised.hard, "file descriptor limit (RLIMIT_NOFILE soft) raised to the hard limit; None is unlimited")
+        }
+        Err(err) => tracing::warn!(error = %err, "cannot raise the file descriptor limit to the hard limit"),
+    }
     let listener_stop = CancellationToken::new();
     let _stop_listener = listener_stop.clone().drop_guard();
     if let Some(address) = listen {
@@ -172,15 +178,21 @@ async fn run(config: Config, args: NodeArgs, dev_endpoints: Option<Vec<String>>)
         } else {
             "open"
         };
-        tracing::info!(%address, writes, reads, "serving HTTP: / (dashboard), /healthz, /readyz, /metrics, /api/v1");
+        let max_connections =
+            shardcron::http::connection_cap(args.http_max_connections as usize, shardcron::descriptors::soft_limit());
+        if max_connections < args.http_max_connections as usize {
+            tracing::warn!(asked = args.http_max_connections, max_connections, "--http-max-connections lowered to half the descriptor limit, so clients cannot take the descriptors runs need");
+        }
+        tracing::info!(%address, writes, reads, max_connections, "serving HTTP: / (dashboard), /healthz, /readyz, /metrics, /api/v1");
         let served = shardcron::http::Served {
             cluster: config.cluster.clone(),
             readiness: readiness.clone(),
             exposure: exposure.clone(),
             token,
-            // MERGE(issue 26, wt-http): add `read_token,` here once `Served` has the field.
+            read_token,
+            max_connections,
+            allowed_hosts: args.http_allowed_hosts.clone(),
         };
-        // Until then the read token is loaded and checked (length, file mode) but not enforced.
         tokio::spawn(shardcron::http::serve(listener, served, listener_stop.clone()));
     }
     let probe_key = shardcron::keys::Keys::new(&config.cluster.name).nodes_prefix();
@@ -310,12 +322,22 @@ async fn show_status(config: Config, endpoints_flag: Vec<String>, json: bool) ->
     .await
     .with_context(|| format!("cannot connect to etcd at {endpoints:?}"))?;
     let jobs: Vec<&shardcron::config::Job> = config.jobs.iter().collect();
-    let status = status::read(&config.cluster, &config.digest, &jobs, &client)
-        .await
-        .with_context(|| format!("cannot read the cluster state from etcd at {endpoints:?}"))?;
+    let context = || format!("cannot read the cluster state from etcd at {endpoints:?}");
     if json {
-        println!("{}", serde_json::to_string_pretty(&status)?);
+        let document = status::read_document(&config.cluster, &config.digest, jobs, &client)
+            .await
+            .with_context(context)?;
+        // Straight to stdout, each job's entry made as it is written: at 100,000 jobs the
+        // document is tens of megabytes.
+        use std::io::Write;
+        let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+        serde_json::to_writer_pretty(&mut out, &document)?;
+        writeln!(out)?;
+        out.flush()?;
     } else {
+        let status = status::read(&config.cluster, &config.digest, jobs, &client)
+            .await
+            .with_context(context)?;
         print!("{}", status::render(&status));
     }
     Ok(())

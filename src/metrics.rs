@@ -52,6 +52,8 @@ pub(crate) struct Metrics {
     pub skipped_overlaps: Counter,
     pub session_losses: Counter,
     pub etcd_errors: Counter,
+    /// Spawns that failed with EMFILE or ENFILE: the descriptor table was full.
+    pub spawn_descriptor_exhausted: Counter,
     pub triggered_runs: Family<JobLabel, Counter>,
     pub runs_in_flight: Gauge,
     /// Finished runs whose result, or whose history entry, is not in etcd yet.
@@ -85,6 +87,7 @@ impl Metrics {
             skipped_overlaps: Counter::default(),
             session_losses: Counter::default(),
             etcd_errors: Counter::default(),
+            spawn_descriptor_exhausted: Counter::default(),
             triggered_runs: Family::default(),
             runs_in_flight: Gauge::default(),
             results_unwritten: Gauge::default(),
@@ -133,6 +136,11 @@ impl Metrics {
             "etcd_errors",
             "etcd calls that failed or timed out, and answers that could not be used (an unreadable claim record, a short reply)",
             metrics.etcd_errors.clone(),
+        );
+        registry.register(
+            "spawn_descriptor_exhausted",
+            "Runs that could not start because the node or the system was out of file descriptors",
+            metrics.spawn_descriptor_exhausted.clone(),
         );
         registry.register(
             "triggered_runs",

@@ -34,15 +34,22 @@ pub struct Pause {
     pub reason: Option<String>,
 }
 
+/// The longest pause reason, in bytes: it is shown by `status` and logged by every node.
+pub const MAX_REASON: usize = 1024;
+
 impl Pause {
     /// The pause an operator asks for at `now`: until an instant, for a length, or until
-    /// resumed. Refused when it would end before it starts.
+    /// resumed. Refused when it would end before it starts, or its reason is longer than
+    /// [`MAX_REASON`].
     pub fn asked(
         now: DateTime<Utc>,
         until: Option<DateTime<Utc>>,
         length: Option<std::time::Duration>,
         reason: Option<String>,
     ) -> Result<Pause, PauseRefused> {
+        if reason.as_ref().is_some_and(|reason| reason.len() > MAX_REASON) {
+            return Err(PauseRefused::ReasonTooLong);
+        }
         let until = match (until, length) {
             (Some(until), _) => Some(until),
             (None, Some(length)) => Some(
@@ -81,6 +88,8 @@ pub enum PauseRefused {
     EndsBeforeItStarts,
     #[error("the pause is too long")]
     TooLong,
+    #[error("the reason is longer than {MAX_REASON} bytes")]
+    ReasonTooLong,
 }
 
 /// The pauses a node knows of, kept current by a watch for as long as it has a session.
@@ -245,6 +254,20 @@ mod tests {
         assert!(!resumed.stops(at(99), at(300)));
         assert!(!resumed.stops(at(200), at(300)));
         assert!(!resumed.in_force(at(200)));
+    }
+
+    #[test]
+    fn a_pause_is_refused_when_it_ends_first_or_its_reason_is_too_long() {
+        let reason = |bytes: usize| Some("r".repeat(bytes));
+        assert!(Pause::asked(at(0), None, None, reason(MAX_REASON)).is_ok());
+        assert!(matches!(
+            Pause::asked(at(0), None, None, reason(MAX_REASON + 1)),
+            Err(PauseRefused::ReasonTooLong)
+        ));
+        assert!(matches!(
+            Pause::asked(at(10), Some(at(5)), None, None),
+            Err(PauseRefused::EndsBeforeItStarts)
+        ));
     }
 
     #[test]

@@ -224,6 +224,10 @@ async fn run_once(
             if let Some(ticket) = ticket {
                 ticket.started();
             }
+            if crate::descriptors::is_exhaustion(&err) {
+                crate::metrics::get().spawn_descriptor_exhausted.inc();
+                crate::descriptors::note_exhaustion();
+            }
             tracing::error!(job = %job.name, tick = %tick.scheduled_at_text(), attempt, error = %err, "could not start the command");
             return Some(record(Outcome::SpawnFailed, None));
         }

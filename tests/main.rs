@@ -22,11 +22,13 @@ mod scenarios {
     mod dev;
     mod etcd_faults;
     mod fleet;
+    mod hostile_clients;
     mod http;
     mod lease_stall;
     mod observability;
     mod operations;
     mod package;
+    mod read_path;
     mod secrets;
     mod security;
     mod snapshots;

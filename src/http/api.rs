@@ -2,13 +2,15 @@
 //! `resume`, with the same semantics as those commands.
 //!
 //! Every error is `{"error": "..."}` with a status that says what to do next: 400 fix the
-//! request, 401 send the right token, 403 writes are off on this node, 404 no such job, 503 the
-//! node has no etcd connection yet or etcd failed (retry), 504 no leader took a run in time.
+//! request, 401 send the right token, 403 writes are off on this node, 404 no such job, 413 the
+//! body is too large, 421 the `Host` is not this listener's, 503 the node has no etcd
+//! connection yet, etcd failed or too many reads run at once (retry), 504 no leader took a run
+//! in time.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -17,12 +19,18 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde_json::json;
 
-use super::Served;
+use super::{App, Served};
 use crate::config::Job;
 use crate::node::Exposed;
 
 /// An answer that is not a success.
 pub(super) struct Failure(StatusCode, String);
+
+impl Failure {
+    pub(super) fn new(status: StatusCode, message: impl Into<String>) -> Failure {
+        Failure(status, message.into())
+    }
+}
 
 impl IntoResponse for Failure {
     fn into_response(self) -> Response {
@@ -65,12 +73,8 @@ impl Served {
                     .to_string(),
             ));
         };
-        let given = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|value| value.to_str().ok())
-            .and_then(|value| value.strip_prefix("Bearer "));
-        match given {
-            Some(given) if same_secret(given.trim().as_bytes(), token.as_bytes()) => Ok(()),
+        match bearer(headers) {
+            Some(given) if same_secret(given.as_bytes(), token.as_bytes()) => Ok(()),
             Some(_) => Err(Failure(StatusCode::UNAUTHORIZED, "wrong token".to_string())),
             None => Err(Failure(
                 StatusCode::UNAUTHORIZED,
@@ -78,22 +82,88 @@ impl Served {
             )),
         }
     }
+
+    /// Reads need the read token, or the write token, once a read token is set.
+    fn authorize_read(&self, headers: &HeaderMap) -> Result<(), Failure> {
+        let Some(read_token) = &self.read_token else {
+            return Ok(());
+        };
+        let given = bearer(headers).ok_or_else(|| {
+            Failure(
+                StatusCode::UNAUTHORIZED,
+                "reads on this node need an Authorization: Bearer TOKEN header with the read token".to_string(),
+            )
+        })?;
+        // Both compared, whichever matches: the time taken does not tell which one was tried.
+        let reads = same_secret(given.as_bytes(), read_token.as_bytes());
+        let writes = self
+            .token
+            .as_ref()
+            .is_some_and(|token| same_secret(given.as_bytes(), token.as_bytes()));
+        if reads | writes {
+            Ok(())
+        } else {
+            Err(Failure(StatusCode::UNAUTHORIZED, "wrong token".to_string()))
+        }
+    }
+}
+
+/// The token of an `Authorization: Bearer TOKEN` header.
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer "))
+        .map(str::trim)
 }
 
 impl Served {
     /// What a write to job `name` needs first: the token, a connected node, the job, and the
-    /// request's body.
-    fn write_to_job<T: serde::de::DeserializeOwned + Default>(
+    /// request's body, read only once the token passed.
+    async fn write_to_job<T: serde::de::DeserializeOwned + Default>(
         &self,
         headers: &HeaderMap,
         name: &str,
-        bytes: &Bytes,
+        body: Body,
     ) -> Result<(&Exposed, T), Failure> {
         self.authorize(headers)?;
         let exposed = self.exposed()?;
         known_job(exposed, name)?;
-        Ok((exposed, body(bytes)?))
+        let bytes = read_body(body).await?;
+        Ok((exposed, parse_body(&bytes)?))
     }
+}
+
+/// The largest body a write takes: its fields are a duration, a flag, an instant and a reason
+/// of at most [`crate::pauses::MAX_REASON`] bytes.
+const BODY_LIMIT: usize = 16 * 1024;
+/// How long a client has to send a write's body.
+const BODY_TIMEOUT: Duration = Duration::from_secs(10);
+
+async fn read_body(body: Body) -> Result<Bytes, Failure> {
+    match tokio::time::timeout(BODY_TIMEOUT, axum::body::to_bytes(body, BODY_LIMIT)).await {
+        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Err(_)) => Err(Failure(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the body is larger than {BODY_LIMIT} bytes, or broken off"),
+        )),
+        Err(_) => Err(Failure(
+            StatusCode::REQUEST_TIMEOUT,
+            format!("the body did not arrive within {BODY_TIMEOUT:?}"),
+        )),
+    }
+}
+
+/// `*` names every job in etcd's pause keys (`pause --all`); through the API it is no job,
+/// for every verb.
+fn no_wildcard(name: &str) -> Result<(), Failure> {
+    if name == crate::pauses::EVERY_JOB {
+        return Err(Failure(
+            StatusCode::NOT_FOUND,
+            "no job \"*\": the API acts on one job at a time".to_string(),
+        ));
+    }
+    Ok(())
 }
 
 /// Compares in time that depends on the lengths only, so an answer's timing does not tell how
@@ -122,16 +192,125 @@ fn known_job(exposed: &Exposed, name: &str) -> Result<(), Failure> {
     }
 }
 
-/// `GET /api/v1/status`: the document of `status --json`.
-pub(super) async fn status(State(served): State<Arc<Served>>) -> Answer {
-    let exposed = served.exposed()?;
-    let jobs = jobs_by_name(exposed);
-    let digest = exposed.jobs.borrow().digest.clone();
-    let jobs: Vec<&Job> = jobs.iter().map(Arc::as_ref).collect();
-    let status = crate::status::read(&served.cluster, &digest, &jobs, &exposed.client)
+#[derive(Deserialize)]
+pub(super) struct StatusQuery {
+    /// `false` leaves the jobs out: nodes and shards only, which the dashboard reads while
+    /// it pages through the jobs with `/api/v1/jobs`.
+    jobs: Option<bool>,
+}
+
+/// `GET /api/v1/status[?jobs=false]`: the document of `status --json`, at most a second old.
+pub(super) async fn status(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Query(query): Query<StatusQuery>,
+) -> Answer {
+    app.authorize_read(&headers)?;
+    let exposed = app.exposed()?;
+    let with_jobs = query.jobs.unwrap_or(true);
+    let body = app
+        .reads
+        .status(with_jobs, async {
+            let jobs = if with_jobs { jobs_by_name(exposed) } else { Vec::new() };
+            let digest = exposed.jobs.borrow().digest.clone();
+            let status = crate::status::read_document(&app.cluster, &digest, jobs, &exposed.client)
+                .await
+                .map_err(etcd_failed)?;
+            // Tens of megabytes at 100,000 jobs: not on a runtime thread that fires ticks.
+            tokio::task::spawn_blocking(move || serde_json::to_vec(&status))
+                .await
+                .map_err(|err| Failure(StatusCode::INTERNAL_SERVER_ERROR, err.to_string()))?
+                .map(Bytes::from)
+                .map_err(|err| Failure(StatusCode::INTERNAL_SERVER_ERROR, err.to_string()))
+        })
+        .await?;
+    Ok(json_bytes(body))
+}
+
+fn json_bytes(body: impl Into<Body>) -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], body.into()).into_response()
+}
+
+#[derive(Deserialize)]
+pub(super) struct JobsQuery {
+    filter: Option<String>,
+    page: Option<usize>,
+    per_page: Option<usize>,
+}
+
+/// The most jobs one page of `/api/v1/jobs` lists.
+const PER_PAGE_LIMIT: usize = 500;
+const PER_PAGE_DEFAULT: usize = 100;
+/// The longest filter, in bytes.
+const FILTER_LIMIT: usize = 256;
+
+/// `GET /api/v1/jobs?filter=&page=&per_page=`: one page of jobs sorted by name, as in
+/// `status`, of those whose name, schedule or time zone contains `filter` (any case), with how
+/// many matched, how many there are and how many are paused. Only the page's own records are
+/// read from etcd.
+pub(super) async fn jobs(State(app): State<Arc<App>>, headers: HeaderMap, Query(query): Query<JobsQuery>) -> Answer {
+    app.authorize_read(&headers)?;
+    let exposed = app.exposed()?;
+    let page = query.page.unwrap_or(1);
+    let per_page = query.per_page.unwrap_or(PER_PAGE_DEFAULT);
+    if page == 0 {
+        return Err(bad_request("page counts from 1"));
+    }
+    if !(1..=PER_PAGE_LIMIT).contains(&per_page) {
+        return Err(bad_request(format!("per_page must be 1 to {PER_PAGE_LIMIT}")));
+    }
+    let filter = query.filter.unwrap_or_default().trim().to_lowercase();
+    if filter.len() > FILTER_LIMIT {
+        return Err(bad_request(format!("the filter is longer than {FILTER_LIMIT} bytes")));
+    }
+    let _permit = app.reads.permit().await?;
+    let now = Utc::now();
+    let pauses = crate::pauses::in_force(&exposed.client, &app.keys(), now)
         .await
         .map_err(etcd_failed)?;
-    Ok(Json(status).into_response())
+    let all = jobs_by_name(exposed);
+    let total = all.len();
+    let pause_all = pauses.contains_key(crate::pauses::EVERY_JOB);
+    let paused_names: std::collections::HashSet<String> = pauses.keys().cloned().collect();
+    let (matched, paused, shown) = tokio::task::spawn_blocking(move || {
+        let paused = if pause_all {
+            all.len()
+        } else {
+            all.iter().filter(|job| paused_names.contains(&job.name)).count()
+        };
+        let matching: Vec<Arc<Job>> = all.into_iter().filter(|job| job_matches(job, &filter)).collect();
+        let matched = matching.len();
+        let shown: Vec<Arc<Job>> = matching
+            .into_iter()
+            .skip((page - 1).saturating_mul(per_page))
+            .take(per_page)
+            .collect();
+        (matched, paused, shown)
+    })
+    .await
+    .map_err(|err| Failure(StatusCode::INTERNAL_SERVER_ERROR, err.to_string()))?;
+    let shown: Vec<&Job> = shown.iter().map(Arc::as_ref).collect();
+    let statuses = crate::status::read_jobs(&app.cluster, &shown, &exposed.client, &pauses, now)
+        .await
+        .map_err(etcd_failed)?;
+    Ok(Json(json!({
+        "jobs": statuses,
+        "page": page,
+        "per_page": per_page,
+        "matched": matched,
+        "total": total,
+        "paused": paused,
+    }))
+    .into_response())
+}
+
+/// The dashboard's filter: `filter` (lowercased) within the name, schedule or time zone.
+fn job_matches(job: &Job, filter: &str) -> bool {
+    if filter.is_empty() {
+        return true;
+    }
+    let contains = |text: &str| text.to_lowercase().contains(filter);
+    contains(&job.name) || contains(job.schedule.expanded()) || contains(job.schedule.zone().name())
 }
 
 #[derive(Deserialize)]
@@ -141,10 +320,16 @@ pub(super) struct HistoryQuery {
 
 /// `GET /api/v1/jobs/{name}/history?count=N`: the job's newest runs, newest first.
 pub(super) async fn history(
-    State(served): State<Arc<Served>>,
+    State(served): State<Arc<App>>,
     Path(name): Path<String>,
+    headers: HeaderMap,
     Query(query): Query<HistoryQuery>,
 ) -> Answer {
+    served.authorize_read(&headers)?;
+    no_wildcard(&name)?;
+    if query.count == Some(0) {
+        return Err(bad_request("count must be at least 1"));
+    }
     let exposed = served.exposed()?;
     if served.cluster.history == 0 {
         return Err(Failure(
@@ -175,8 +360,9 @@ pub(super) struct PlanQuery {
 const PLAN_LIMIT: usize = 10_000;
 
 /// `GET /api/v1/plan?for=24h[&from=RFC3339][&job=NAME][&limit=N]`: the lines of `plan --json`.
-pub(super) async fn plan(State(served): State<Arc<Served>>, Query(query): Query<PlanQuery>) -> Answer {
-    let exposed = served.exposed()?;
+pub(super) async fn plan(State(app): State<Arc<App>>, headers: HeaderMap, Query(query): Query<PlanQuery>) -> Answer {
+    app.authorize_read(&headers)?;
+    let exposed = app.exposed()?;
     let from = match &query.from {
         Some(from) => DateTime::parse_from_rfc3339(from)
             .map_err(|err| bad_request(format!("from={from:?} is not an RFC 3339 instant: {err}")))?
@@ -184,8 +370,7 @@ pub(super) async fn plan(State(served): State<Arc<Served>>, Query(query): Query<
         None => Utc::now(),
     };
     let length = match &query.length {
-        Some(length) => humantime::parse_duration(length)
-            .map_err(|err| bad_request(format!("for={length:?} is not a duration such as 24h: {err}")))?,
+        Some(length) => crate::bounds::window(length).map_err(|err| bad_request(format!("for={length:?}: {err}")))?,
         None => Duration::from_secs(24 * 3600),
     };
     let to = chrono::Duration::from_std(length)
@@ -196,25 +381,42 @@ pub(super) async fn plan(State(served): State<Arc<Served>>, Query(query): Query<
         known_job(exposed, job)?;
     }
     let limit = query.limit.unwrap_or(PLAN_LIMIT).min(PLAN_LIMIT);
+    let _permit = app.reads.permit().await?;
     let jobs = jobs_by_name(exposed);
-    let fires = tokio::task::spawn_blocking(move || {
+    let body = tokio::task::spawn_blocking(move || {
         let jobs: Vec<&Job> = jobs
             .iter()
             .map(Arc::as_ref)
             .filter(|job| query.job.as_ref().is_none_or(|wanted| *wanted == job.name))
             .collect();
         let (fires, cut) = crate::plan::fires(&jobs, from, to, limit);
-        let fires: Vec<crate::plan::PlannedFire> = fires.iter().map(crate::plan::PlannedFire::from).collect();
-        serde_json::to_value(json!({ "fires": fires, "cut": cut }))
+        plan_body(&fires, cut)
     })
     .await
     .map_err(|err| Failure(StatusCode::INTERNAL_SERVER_ERROR, err.to_string()))?
     .map_err(|err| Failure(StatusCode::INTERNAL_SERVER_ERROR, err.to_string()))?;
-    Ok(Json(fires).into_response())
+    Ok(json_bytes(body))
+}
+
+/// `{"fires": [...], "cut": bool}` written fire by fire into one buffer: a tree of JSON values
+/// for 10,000 fires took 14 MB a request.
+fn plan_body(fires: &[crate::plan::Fire], cut: bool) -> Result<Vec<u8>, serde_json::Error> {
+    use std::io::Write;
+    // About 170 bytes a fire.
+    let mut body = Vec::with_capacity(32 + fires.len() * 170);
+    body.extend_from_slice(b"{\"fires\":[");
+    for (index, fire) in fires.iter().enumerate() {
+        if index > 0 {
+            body.push(b',');
+        }
+        serde_json::to_writer(&mut body, &crate::plan::PlannedFire::from(fire))?;
+    }
+    write!(body, "],\"cut\":{cut}}}").map_err(serde_json::Error::io)?;
+    Ok(body)
 }
 
 /// A write's body: JSON or nothing.
-fn body<T: serde::de::DeserializeOwned + Default>(bytes: &Bytes) -> Result<T, Failure> {
+fn parse_body<T: serde::de::DeserializeOwned + Default>(bytes: &Bytes) -> Result<T, Failure> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(T::default());
     }
@@ -234,15 +436,17 @@ pub(super) struct TriggerBody {
 /// `POST /api/v1/jobs/{name}/trigger`: 202 once a leader took the run, or with `"wait": true`
 /// 200 with the run's record once it ended.
 pub(super) async fn trigger(
-    State(served): State<Arc<Served>>,
+    State(served): State<Arc<App>>,
     Path(name): Path<String>,
     headers: HeaderMap,
-    bytes: Bytes,
+    body: Body,
 ) -> Answer {
-    let (exposed, asked): (_, TriggerBody) = served.write_to_job(&headers, &name, &bytes)?;
+    no_wildcard(&name)?;
+    let (exposed, asked): (_, TriggerBody) = served.write_to_job(&headers, &name, body).await?;
     let timeout = match &asked.timeout {
-        Some(timeout) => humantime::parse_duration(timeout)
-            .map_err(|err| bad_request(format!("timeout {timeout:?} is not a duration such as 10s: {err}")))?,
+        Some(timeout) => {
+            crate::bounds::wait(timeout).map_err(|err| bad_request(format!("timeout {timeout:?}: {err}")))?
+        }
         None => Duration::from_secs(10),
     };
     let keys = served.keys();
@@ -293,18 +497,19 @@ pub(super) struct PauseBody {
 /// `POST /api/v1/jobs/{name}/pause` with `{"until": RFC 3339}` or `{"for": "1h"}` and an
 /// optional `"reason"`; neither: until resumed.
 pub(super) async fn pause(
-    State(served): State<Arc<Served>>,
+    State(served): State<Arc<App>>,
     Path(name): Path<String>,
     headers: HeaderMap,
-    bytes: Bytes,
+    body: Body,
 ) -> Answer {
-    let (exposed, asked): (_, PauseBody) = served.write_to_job(&headers, &name, &bytes)?;
+    no_wildcard(&name)?;
+    let (exposed, asked): (_, PauseBody) = served.write_to_job(&headers, &name, body).await?;
     let length = asked
         .length
         .as_deref()
-        .map(humantime::parse_duration)
+        .map(crate::bounds::window)
         .transpose()
-        .map_err(|err| bad_request(format!("for is not a duration such as 1h: {err}")))?;
+        .map_err(|err| bad_request(format!("for: {err}")))?;
     let pause = crate::pauses::Pause::asked(Utc::now(), asked.until, length, asked.reason)
         .map_err(|refused| bad_request(refused.to_string()))?;
     crate::pauses::pause(&exposed.client, &served.keys(), std::slice::from_ref(&name), &pause)
@@ -315,7 +520,8 @@ pub(super) async fn pause(
 }
 
 /// `POST /api/v1/jobs/{name}/resume`: ends the job's pause; `"resumed": false` if none held.
-pub(super) async fn resume(State(served): State<Arc<Served>>, Path(name): Path<String>, headers: HeaderMap) -> Answer {
+pub(super) async fn resume(State(served): State<Arc<App>>, Path(name): Path<String>, headers: HeaderMap) -> Answer {
+    no_wildcard(&name)?;
     served.authorize(&headers)?;
     let exposed = served.exposed()?;
     let ended = crate::pauses::resume(

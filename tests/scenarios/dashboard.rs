@@ -112,3 +112,61 @@ fn the_dashboard_shows_the_fleet_and_its_trigger_button_runs_a_job() {
     browser.wait_for_element("[data-job=\"heartbeat\"]", Duration::from_secs(5));
     save(&browser, &world, "dashboard-narrow.png");
 }
+
+/// The page reads one page of jobs at a time and sends its filter to the node: with thousands
+/// of jobs it never holds them all.
+#[test]
+fn the_dashboard_pages_its_jobs_and_the_node_applies_the_filter() {
+    let mut world = World::new();
+    let names = job_names(250, 5);
+    // Yearly: nothing runs while the test looks.
+    let jobs: Vec<(&str, &str, &str)> = names.iter().map(|name| (name.as_str(), "0 0 1 1 *", "")).collect();
+    let config = world.write_config("jobs.toml", 2, 2, &jobs);
+    let port = shardcron::etcd_server::free_port().expect("port");
+    world
+        .node("node-a", &config)
+        .args(&["--http-addr", &port.to_string()])
+        .start();
+    wait_for(Duration::from_secs(30), "the node is ready", || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() && http_get(port, "/readyz").0.contains(" 200 ")
+    });
+
+    let browser = Browser::start(1400, 1000);
+    browser.open(&format!("http://127.0.0.1:{port}/"));
+    browser.wait_for_element("[data-job=\"job00000\"]", Duration::from_secs(20));
+    let rows = || browser.script("return document.querySelectorAll('#jobs tbody tr').length;");
+    assert_eq!(rows(), serde_json::json!(100), "one page of 100 jobs");
+    browser.wait_for_text(".pager", "the pager shows 3 pages", Duration::from_secs(5), |text| {
+        text.contains("page 1 of 3")
+    });
+
+    step("the next page");
+    browser.click("#page-next");
+    browser.wait_for_element("[data-job=\"job00100\"]", Duration::from_secs(10));
+    assert_eq!(
+        browser.text("[data-job=\"job00000\"]"),
+        "",
+        "the first page's rows are gone"
+    );
+
+    step("the filter goes to the node");
+    browser.type_into("#job-filter", "JOB0024");
+    browser.wait_for_text("#job-count", "ten jobs match", Duration::from_secs(10), |text| {
+        text.contains("10 of 250 match")
+    });
+    assert_eq!(rows(), serde_json::json!(10));
+    browser.wait_for_element("[data-job=\"job00249\"]", Duration::from_secs(5));
+    let asked = browser.script(
+        "return performance.getEntriesByType('resource').map((e) => e.name).filter((n) => n.includes('api/v1/jobs?'));",
+    );
+    assert!(
+        asked.as_array().is_some_and(|urls| urls
+            .iter()
+            .any(|url| url.as_str().is_some_and(|url| url.contains("filter=JOB0024")))),
+        "the page asked the node for the filtered jobs: {asked}"
+    );
+    assert!(
+        !asked.to_string().contains("per_page=1000"),
+        "never more than a page: {asked}"
+    );
+}

@@ -73,7 +73,9 @@ fn the_api_reads_like_the_cli_and_guards_its_writes() {
     );
     let page = http_request(writer, "GET", "/", &[], "");
     assert_eq!(page.header("content-type"), Some("text/html; charset=utf-8"));
-    assert!(page.body.contains("api/v1/status"), "the dashboard reads the API");
+    assert!(page.body.contains("dashboard.js"), "the dashboard loads its script");
+    let script = http_request(writer, "GET", "/dashboard.js", &[], "");
+    assert!(script.body.contains("api/v1/status"), "the dashboard reads the API");
     assert_eq!(http_request(writer, "HEAD", "/metrics", &[], "").status, 200);
     assert_eq!(http_request(writer, "DELETE", "/healthz", &[], "").status, 405);
     let missing = http_get(writer, "/nothing-here");

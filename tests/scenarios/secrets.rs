@@ -105,9 +105,11 @@ fn no_secret_reaches_a_job_whichever_way_the_node_was_given_it() {
         &format!("password_file = \"{}\"", password_file.display()),
         &seen_file,
     );
+    let port = shardcron::etcd_server::free_port().expect("port");
     world
         .node("by-file", &config)
         .under(&wrapper)
+        .args(&["--http-addr", &port.to_string()])
         .env(&[
             ("SHARDCRON_API_TOKEN_FILE", token_file.to_str().expect("path")),
             ("SHARDCRON_API_READ_TOKEN_FILE", read_file.to_str().expect("path")),
@@ -131,6 +133,29 @@ fn no_secret_reaches_a_job_whichever_way_the_node_was_given_it() {
             ("LEFT_FOR_JOBS", "visible"),
         ])
         .start();
+
+    step("by-file's API: reads need the read token (or the write token), probes need none");
+    wait_for(Duration::from_secs(30), "by-file serves HTTP", || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    let read = |token: Option<&str>| {
+        let bearer = token.map(|token| format!("Bearer {token}"));
+        let headers: Vec<(&str, &str)> = bearer.iter().map(|value| ("Authorization", value.as_str())).collect();
+        http_request(port, "GET", "/api/v1/status?jobs=false", &headers, "").status
+    };
+    wait_for(
+        Duration::from_secs(60),
+        "by-file answers a read with the read token from its file",
+        || read(Some(READ_TOKEN)) == 200,
+    );
+    assert_eq!(read(None), 401, "a read without a token");
+    assert_eq!(
+        read(Some("not-the-read-token-at-all")),
+        401,
+        "a read with a wrong token"
+    );
+    assert_eq!(read(Some(API_TOKEN)), 200, "a read with the write token");
+    assert_eq!(http_request(port, "GET", "/healthz", &[], "").status, 200, "a probe");
 
     for (node, seen) in [(0, &seen_env), (1, &seen_file), (2, &seen_cred)] {
         let id = world.nodes[node].id.clone();

@@ -374,9 +374,12 @@ impl HttpResponse {
 
 /// One HTTP/1.1 request to `127.0.0.1:port`, read to the end (the connection is closed).
 pub fn http_request(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> HttpResponse {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connect to the HTTP listener");
-    stream.set_read_timeout(Some(Duration::from_secs(60))).expect("timeout");
-    let mut request = format!("{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n");
+    let host = if headers.iter().any(|(name, _)| name.eq_ignore_ascii_case("host")) {
+        ""
+    } else {
+        "Host: 127.0.0.1\r\n"
+    };
+    let mut request = format!("{method} {path} HTTP/1.1\r\n{host}Connection: close\r\n");
     for (name, value) in headers {
         request.push_str(&format!("{name}: {value}\r\n"));
     }
@@ -385,7 +388,15 @@ pub fn http_request(port: u16, method: &str, path: &str, headers: &[(&str, &str)
     }
     request.push_str("\r\n");
     request.push_str(body);
-    stream.write_all(request.as_bytes()).expect("send");
+    http_exchange(port, request.as_bytes(), Duration::from_secs(60)).expect("an HTTP answer")
+}
+
+/// Sends `request` as it is to `127.0.0.1:port` and reads the answer, waiting at most `limit`
+/// for each read; `None` if the answer did not come in time.
+pub fn http_exchange(port: u16, request: &[u8], limit: Duration) -> Option<HttpResponse> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connect to the HTTP listener");
+    stream.set_read_timeout(Some(limit)).expect("timeout");
+    stream.write_all(request).expect("send");
     // Read by Content-Length where there is one: a server may keep the connection open
     // (chromedriver does) whatever the request asked.
     let mut received = Vec::new();
@@ -407,7 +418,18 @@ pub fn http_request(port: u16, method: &str, path: &str, headers: &[(&str, &str)
                 break;
             }
         }
-        let read = stream.read(&mut buffer).expect("read");
+        let read = match stream.read(&mut buffer) {
+            Ok(read) => read,
+            Err(err)
+                if matches!(
+                    err.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return None
+            }
+            Err(err) => panic!("read: {err}"),
+        };
         if read == 0 {
             break;
         }
@@ -426,12 +448,12 @@ pub fn http_request(port: u16, method: &str, path: &str, headers: &[(&str, &str)
         .filter_map(|line| line.split_once(':'))
         .map(|(name, value)| (name.trim().to_ascii_lowercase(), value.trim().to_string()))
         .collect();
-    HttpResponse {
+    Some(HttpResponse {
         status_line,
         status,
         headers,
         body: body.to_string(),
-    }
+    })
 }
 
 /// The value of the sample `name` (with its labels, as printed) in a metrics page.

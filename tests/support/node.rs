@@ -55,6 +55,13 @@ impl<'w> NodeBuilder<'w> {
         self
     }
 
+    /// Runs the node with `RLIMIT_NOFILE` at `limit`, soft and hard: the node raises its soft
+    /// limit to the hard one, so only a hard limit holds it.
+    pub fn descriptor_limit(self, limit: u64) -> Self {
+        // prlimit(1) sets the limit and execs the node: the child's pid is the node's.
+        self.under(&["prlimit", &format!("--nofile={limit}:{limit}"), "--"])
+    }
+
     /// Starts the node process, its output appended to `<id>.log`, and returns its index in
     /// `World::nodes`.
     pub fn start(self) -> usize {

@@ -1,0 +1,347 @@
+'use strict';
+const TOKEN_KEY = 'shardcron-token';
+const REFRESH_MS = 3000;
+// Jobs are read a page at a time, filtered by the node: a fleet may run 100,000 of them.
+const PER_PAGE = 100;
+const FILTER_DELAY_MS = 250;
+const $ = (css) => document.querySelector(css);
+
+let status = null;  // the last status read: nodes and shards, no jobs
+let jobsPage = null; // the last page of jobs read
+let pageNo = 1;
+let timer = 0;
+let filterTimer = 0;
+let seq = 0;        // the number of the newest read; older answers are dropped
+
+// A DOM node; children may be strings (inserted as text, never parsed as HTML).
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (key === 'text') node.textContent = value;
+    else if (value != null) node.setAttribute(key, value);
+  }
+  node.append(...children.filter((child) => child != null));
+  return node;
+}
+
+// ---- time ----
+const pad = (n) => String(n).padStart(2, '0');
+const clock = (d) => `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
+
+// Local time; the date too unless it is today.
+function when(iso) {
+  const d = new Date(iso);
+  if (d.toDateString() === new Date().toDateString()) return clock(d);
+  return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${clock(d)}`;
+}
+
+function relative(iso) {
+  const s = Math.round((new Date(iso) - Date.now()) / 1000);
+  const a = Math.abs(s);
+  if (a < 1) return 'now';
+  const span = a < 60 ? `${a} s`
+    : a < 3600 ? `${Math.floor(a / 60)} min`
+    : a < 86400 ? `${Math.floor(a / 3600)} h ${Math.floor((a % 3600) / 60)} min`
+    : `${Math.floor(a / 86400)} d ${Math.floor((a % 86400) / 3600)} h`;
+  return s > 0 ? `in ${span}` : `${span} ago`;
+}
+
+// Relative times tick every second, between refreshes.
+const rel = (iso) => el('span', { class: 'rel sub', 'data-at': iso, text: relative(iso) });
+function tick() {
+  for (const span of document.querySelectorAll('.rel')) span.textContent = relative(span.dataset.at);
+}
+
+function duration(ms) {
+  if (ms < 1000) return `${ms} ms`;
+  if (ms < 60000) return `${(ms / 1000).toFixed(1)} s`;
+  const s = Math.round(ms / 1000);
+  return s < 3600 ? `${Math.floor(s / 60)}m ${s % 60}s` : `${Math.floor(s / 3600)}h ${Math.floor((s % 3600) / 60)}m`;
+}
+
+// ---- rendering ----
+function render() {
+  const { cluster, shard_count: shardCount, nodes, shards } = status;
+  document.title = `shardcron — ${cluster}`;
+  $('#cluster').textContent = `— ${cluster}`;
+
+  const leaderless = shards.filter((s) => s.leader == null).length;
+  const total = jobsPage ? jobsPage.total : 0;
+  const paused = jobsPage ? jobsPage.paused : 0;
+  const drifting = nodes.filter((n) => n.drift).length;
+  const chips = [
+    [`${nodes.length} node${nodes.length === 1 ? '' : 's'}`, nodes.length ? '' : 'bad'],
+    [`${shardCount} shards`, ''],
+    [`${leaderless} without leader`, leaderless ? 'bad' : ''],
+    [`${total} jobs`, ''],
+    [`${paused} paused`, paused ? 'warn' : ''],
+  ];
+  if (drifting) chips.push([`${drifting} with config drift`, 'bad']);
+  $('#summary').replaceChildren(...chips.map(([text, cls]) => el('li', { class: cls || null, text })));
+
+  $('#nodes tbody').replaceChildren(...nodes.map((n) => el('tr', null,
+    el('td', null, el('code', { text: n.id })),
+    el('td', { 'data-label': 'version', text: n.version }),
+    n.drift
+      ? el('td', { 'data-label': 'config', title: `node ${n.digest} ≠ cluster ${status.digest}` },
+        el('span', { class: 'bad', text: 'differs' }))
+      : el('td', { 'data-label': 'config', class: 'muted', text: 'same' }),
+    el('td', { 'data-label': 'leads', class: 'num', text: String(n.leads) }),
+    el('td', { 'data-label': 'started' }, when(n.started_at), rel(n.started_at)))));
+
+  $('#shards tbody').replaceChildren(...shards.map((s) => el('tr', null,
+    el('td', { class: 'num', text: String(s.shard) }),
+    s.leader == null
+      ? el('td', { class: 'none' }, el('span', { class: 'bad', text: 'none' }))
+      : el('td', null, el('code', { text: s.leader })),
+    el('td', { class: 'num', text: s.term == null ? '—' : String(s.term) }),
+    el('td', { class: 'num', text: String(s.standby) }))));
+
+  renderJobs();
+}
+
+// Job rows are kept and updated in place, so a button found by a click (or a WebDriver test)
+// stays in the page across refreshes.
+const rows = new Map();  // job name -> { tr, key }
+const LABELS = ['Job', 'Schedule', 'Next run', 'Last run', 'Paused', ''];
+const CLASSES = ['name', 'schedule', 'next', 'last-run', 'paused', 'actions'];
+
+function newRow(name) {
+  const tr = el('tr', { 'data-job': name });
+  CLASSES.forEach((cls, i) => tr.append(el('td', { class: cls, 'data-label': LABELS[i] })));
+  tr.cells[5].append(el('div', null,
+    el('button', { type: 'button', 'data-action': 'trigger', title: 'run it now', text: 'Trigger' }),
+    el('button', { type: 'button', 'data-action': 'pause', text: 'Pause' }),
+    el('button', { type: 'button', 'data-action': 'resume', text: 'Resume' })));
+  return tr;
+}
+
+function outcome(run) {
+  if (run.outcome === 'exited') {
+    return run.exit_code === 0 ? ['success', 'ok'] : [`failed (exit ${run.exit_code ?? '?'})`, 'bad'];
+  }
+  const quiet = ['replaced', 'skipped', 'paused'].includes(run.outcome);
+  return [run.outcome.replace('_', ' '), quiet ? 'warn' : 'bad'];
+}
+
+function fillRow(tr, job) {
+  // One wrapper per cell: on phones the cell is a grid of its label and this.
+  const set = (i, ...nodes) => tr.cells[i].replaceChildren(el('div', null, ...nodes));
+  set(0, job.name, el('span', { class: 'sub', text: `shard ${job.shard}` }));
+  set(1, el('code', { text: job.schedule }), el('span', { class: 'sub', text: job.timezone }));
+  set(2, ...(job.next ? [when(job.next), rel(job.next)] : [el('span', { class: 'muted', text: '—' })]));
+
+  const run = job.last_run;
+  const claim = job.last_claim;
+  const last = [];
+  if (claim && (!run || claim.fence > run.fence)) {
+    last.push(el('span', { class: 'warn', text: `running on ${claim.node}` }),
+      el('span', { class: 'sub', text: `since ${when(claim.scheduled_at)}` }));
+  }
+  if (run) {
+    const [text, cls] = outcome(run);
+    const details = [when(run.finished_at), duration(run.duration_ms), run.node];
+    if (run.attempts > 1) details.push(`${run.attempts} attempts`);
+    last.push(el('span', null, el('span', { class: cls, text }), ` · ${run.trigger}`),
+      el('span', { class: 'sub', text: details.join(' · ') }));
+  } else if (!last.length) {
+    last.push(el('span', { class: 'muted', text: 'never' }));
+  }
+  set(3, ...last);
+
+  const p = job.paused;
+  tr.classList.toggle('is-paused', !!p);
+  if (p) {
+    set(4, el('span', { class: 'warn', text: 'paused' }),
+      p.until ? ` until ${when(p.until)}` : ' until resumed',
+      el('span', { class: 'sub', text: p.reason ? `“${p.reason}”` : `since ${when(p.since)}` }));
+  } else {
+    set(4, el('span', { class: 'muted', text: '—' }));
+  }
+  tr.querySelector('[data-action="resume"]').classList.toggle('primary', !!p);
+}
+
+function renderJobs() {
+  const tbody = $('#jobs tbody');
+  const shown = jobsPage ? jobsPage.jobs : [];
+  const query = $('#job-filter').value.trim();
+  const names = new Set();
+  let previous = null;
+  for (const job of shown) {
+    let row = rows.get(job.name);
+    if (!row) rows.set(job.name, row = { tr: newRow(job.name), key: '' });
+    const key = JSON.stringify(job);
+    if (key !== row.key) fillRow(row.tr, job);
+    row.key = key;
+    names.add(job.name);
+    const wanted = previous ? previous.nextSibling : tbody.firstChild;
+    if (wanted !== row.tr) tbody.insertBefore(row.tr, wanted);  // moves only rows out of place
+    previous = row.tr;
+  }
+  for (const [name, row] of rows) {
+    if (!names.has(name)) { row.tr.remove(); rows.delete(name); }
+  }
+
+  const matched = jobsPage ? jobsPage.matched : 0;
+  const total = jobsPage ? jobsPage.total : 0;
+  const pages = Math.max(1, Math.ceil(matched / PER_PAGE));
+  $('#job-count').textContent = jobsPage ? (query ? `${matched} of ${total} match` : `${total} jobs`) : '';
+  $('.pager').hidden = !jobsPage || pages < 2;
+  $('#page-info').textContent = `page ${Math.min(pageNo, pages)} of ${pages}`;
+  $('#page-prev').disabled = pageNo <= 1;
+  $('#page-next').disabled = pageNo >= pages;
+  const empty = $('#jobs-empty');
+  empty.hidden = !jobsPage || shown.length > 0;
+  empty.textContent = query ? 'No job matches the filter.' : 'No jobs.';
+}
+
+// ---- reading ----
+// Reads send the stored token when there is one: a node may want one for reads too.
+function readHeaders() {
+  const headers = { Accept: 'application/json' };
+  const stored = sessionStorage.getItem(TOKEN_KEY);
+  if (stored) headers.Authorization = `Bearer ${stored}`;
+  return headers;
+}
+
+class NeedsToken extends Error {}
+
+async function read(path) {
+  const res = await fetch(path, { cache: 'no-store', headers: readHeaders() });
+  const data = await res.json().catch(() => null);
+  if (res.status === 401) {
+    sessionStorage.removeItem(TOKEN_KEY);
+    throw new NeedsToken(data && data.error ? data.error : 'this node needs a token for reads');
+  }
+  if (!res.ok || !data) {
+    throw new Error(data && data.error ? `${data.error} (HTTP ${res.status})` : `HTTP ${res.status} ${res.statusText}`);
+  }
+  return data;
+}
+
+async function refresh() {
+  clearTimeout(timer);
+  timer = 0;
+  const mine = ++seq;
+  const filter = $('#job-filter').value.trim();
+  const query = new URLSearchParams({ filter, page: String(pageNo), per_page: String(PER_PAGE) });
+  try {
+    const [fleet, page] = await Promise.all([read('api/v1/status?jobs=false'), read(`api/v1/jobs?${query}`)]);
+    if (mine !== seq) return;
+    const pages = Math.max(1, Math.ceil(page.matched / PER_PAGE));
+    if (pageNo > pages) {  // the list shrank under this page: show its last one
+      pageNo = pages;
+      timer = setTimeout(refresh, 0);
+      return;
+    }
+    status = fleet;
+    jobsPage = page;
+    render();
+    $('#error').textContent = '';
+    $('#updated').textContent = `updated ${clock(new Date())}`;
+  } catch (err) {
+    if (mine !== seq) return;
+    if (err instanceof NeedsToken) {
+      const given = await token(err.message);
+      if (given) { timer = setTimeout(refresh, 0); return; }
+    }
+    $('#error').textContent = `refresh failed: ${err.message}`;
+  } finally {
+    if (mine === seq && !timer) timer = setTimeout(refresh, REFRESH_MS);
+  }
+}
+
+// ---- writing ----
+function say(text, bad) {
+  const message = $('#message');
+  message.textContent = text;
+  message.classList.toggle('bad', !!bad);
+}
+
+// Opens a dialog; resolves with what `read` makes of its fields on save, null on cancel or Esc.
+function ask(dialog, read) {
+  dialog.returnValue = '';
+  dialog.showModal();
+  return new Promise((resolve) => dialog.addEventListener('close',
+    () => resolve(dialog.returnValue === 'save' ? read() : null), { once: true }));
+}
+
+async function token(hint) {
+  const stored = sessionStorage.getItem(TOKEN_KEY);
+  if (stored) return stored;
+  $('#token-hint').textContent = hint || '';
+  $('#token-input').value = '';
+  const given = await ask($('#token-dialog'), () => $('#token-input').value.trim());
+  $('#token-input').value = '';
+  if (given) sessionStorage.setItem(TOKEN_KEY, given);
+  return given;
+}
+
+function askPause(name) {
+  $('#pause-title').textContent = `Pause ${name}`;
+  $('#pause-for').value = '1h';
+  $('#pause-reason').value = '';
+  return ask($('#pause-dialog'), () => {
+    const body = {};
+    const length = $('#pause-for').value.trim();
+    const reason = $('#pause-reason').value.trim();
+    if (length) body.for = length;
+    if (reason) body.reason = reason;
+    return body;
+  });
+}
+
+function done(action, name, data) {
+  if (action === 'trigger') return `triggered ${name} on ${data.node} (fence ${data.fence})`;
+  if (action === 'pause') {
+    const until = data.paused && data.paused.until;
+    return `paused ${name} ${until ? `until ${when(until)}` : 'until resumed'}`;
+  }
+  return data.resumed ? `resumed ${name}` : `${name} was not paused`;
+}
+
+async function act(name, action, button) {
+  const body = action === 'pause' ? await askPause(name) : {};
+  if (!body) return;
+  button.disabled = true;
+  try {
+    let hint = '';
+    for (;;) {
+      const bearer = await token(hint);
+      if (!bearer) return;
+      const res = await fetch(`api/v1/jobs/${encodeURIComponent(name)}/${action}`, {
+        method: 'POST',
+        headers: { Authorization: `Bearer ${bearer}`, 'Content-Type': 'application/json', Accept: 'application/json' },
+        body: JSON.stringify(body),
+      });
+      const data = await res.json().catch(() => ({}));
+      if (res.status === 401) {
+        sessionStorage.removeItem(TOKEN_KEY);
+        hint = data.error || 'wrong token';
+        continue;
+      }
+      if (res.status === 403) return say(data.error || 'writes are disabled on this node', true);
+      if (!res.ok) return say(`${action} ${name} failed: ${data.error || res.statusText} (HTTP ${res.status})`, true);
+      say(done(action, name, data));
+      refresh();
+      return;
+    }
+  } catch (err) {
+    say(`${action} ${name} failed: ${err.message}`, true);
+  } finally {
+    button.disabled = false;
+  }
+}
+
+$('#jobs tbody').addEventListener('click', (event) => {
+  const button = event.target.closest('button[data-action]');
+  if (button) act(button.closest('tr').dataset.job, button.dataset.action, button);
+});
+$('#job-filter').addEventListener('input', () => {
+  clearTimeout(filterTimer);
+  filterTimer = setTimeout(() => { pageNo = 1; refresh(); }, FILTER_DELAY_MS);
+});
+$('#page-prev').addEventListener('click', () => { if (pageNo > 1) { pageNo -= 1; refresh(); } });
+$('#page-next').addEventListener('click', () => { pageNo += 1; refresh(); });
+setInterval(tick, 1000);
+refresh();

@@ -1,0 +1,403 @@
+//! The accept loop: a cap on open connections, and a time limit on every connection that holds
+//! a slot without a request in progress.
+//!
+//! `axum::serve` keeps every connection a client opens for as long as the client likes; a few
+//! hundred idle ones fill the node's descriptor table and every run then fails to spawn. Here at
+//! most `cap` connections are open (one more for a moment while a slot is being freed), and a
+//! watchdog closes a connection whose request head takes longer than [`HEADER_TIMEOUT`] or that
+//! sits idle between requests longer than [`IDLE_TIMEOUT`]. When a client connects while every
+//! slot is taken, the connection that has waited longest for a request head is closed to make
+//! room: a client that sends its request at once (a probe, a dashboard) is served, and idle or
+//! slow clients cannot keep it in the kernel's queue.
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tower_service::Service;
+
+/// How long a client has to send a whole request head, counted from the connection's accept
+/// or from the first byte of a later request.
+pub(crate) const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a kept-alive connection may wait for its next request.
+pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How often a connection's watchdog looks at it.
+const WATCH_EVERY: Duration = Duration::from_millis(250);
+/// How long open requests may go on once the listener stops.
+const STOP_GRACE: Duration = Duration::from_secs(5);
+
+/// The connection cap when none is asked for.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
+
+/// The cap the listener keeps to: `asked`, but at most half the soft descriptor limit, so
+/// clients can never take the descriptors runs and etcd need. Never below 1.
+pub fn connection_cap(asked: usize, soft_limit: Option<u64>) -> usize {
+    let share = soft_limit.map_or(usize::MAX, |limit| usize::try_from(limit / 2).unwrap_or(usize::MAX));
+    asked.min(share).max(1)
+}
+
+/// Serves `app` on `listener` with at most `cap` open connections until `stop`, then lets open
+/// requests finish for up to [`STOP_GRACE`].
+pub(crate) async fn run(listener: TcpListener, app: Router, cap: usize, stop: CancellationToken) {
+    let slots = Arc::new(Semaphore::new(cap));
+    let open = Arc::new(Open::default());
+    let connections = TaskTracker::new();
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = stop.cancelled() => break,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(err) => {
+                // Out of descriptors (or a connection reset before it was taken): waiting a
+                // moment lets runs and clients give some back instead of spinning on accept.
+                tracing::warn!(error = %err, "the HTTP listener could not accept a connection");
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                    _ = stop.cancelled() => break,
+                }
+                continue;
+            }
+        };
+        let slot = match Arc::clone(&slots).try_acquire_owned() {
+            Ok(slot) => slot,
+            Err(_) => {
+                // Every slot taken: the longest wait for a request head gives way. If every
+                // connection is in a request, the new one waits for one to end.
+                open.evict_longest_waiting();
+                let slot = tokio::select! {
+                    slot = Arc::clone(&slots).acquire_owned() => slot,
+                    _ = stop.cancelled() => break,
+                };
+                let Ok(slot) = slot else { break };
+                slot
+            }
+        };
+        connections.spawn(serve_connection(
+            stream,
+            app.clone(),
+            Arc::clone(&open),
+            stop.clone(),
+            slot,
+        ));
+    }
+    connections.close();
+    connections.wait().await;
+}
+
+/// The open connections, each with what its watchdog reads and a way to close it.
+#[derive(Default)]
+struct Open {
+    next_id: AtomicU64,
+    connections: Mutex<HashMap<u64, (Arc<Activity>, CancellationToken)>>,
+}
+
+impl Open {
+    fn add(&self, activity: Arc<Activity>) -> (u64, CancellationToken) {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let evict = CancellationToken::new();
+        if let Ok(mut connections) = self.connections.lock() {
+            connections.insert(id, (activity, evict.clone()));
+        }
+        (id, evict)
+    }
+
+    fn remove(&self, id: u64) {
+        if let Ok(mut connections) = self.connections.lock() {
+            connections.remove(&id);
+        }
+    }
+
+    /// Closes the connection not in a request that has waited longest for its next request
+    /// head, if there is one.
+    fn evict_longest_waiting(&self) {
+        let Ok(connections) = self.connections.lock() else {
+            return;
+        };
+        let longest = connections
+            .values()
+            .filter(|(activity, evict)| !evict.is_cancelled() && !activity.in_request.load(Ordering::Relaxed))
+            .max_by_key(|(activity, _)| activity.waited());
+        if let Some((_, evict)) = longest {
+            evict.cancel();
+        }
+    }
+}
+
+/// What a connection's watchdog reads: whether a request is in progress, and when the
+/// connection last moved. Shared by the stream wrapper and the service.
+struct Activity {
+    /// Set while the router handles a request: a slow answer (a `trigger` that waits for its
+    /// run) is not an idle connection.
+    in_request: AtomicBool,
+    /// Milliseconds since `origin` at which the pending request head began (the accept, or
+    /// the first byte after a response); `u64::MAX` while none is pending.
+    head_started: AtomicU64,
+    /// Milliseconds since `origin` of the last byte read or written.
+    last_moved: AtomicU64,
+    origin: Instant,
+}
+
+const NO_HEAD: u64 = u64::MAX;
+
+impl Activity {
+    fn new() -> Activity {
+        Activity {
+            in_request: AtomicBool::new(false),
+            // A new connection owes its first request head from the start.
+            head_started: AtomicU64::new(0),
+            last_moved: AtomicU64::new(0),
+            origin: Instant::now(),
+        }
+    }
+
+    fn now(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(NO_HEAD - 1)
+    }
+
+    fn read_some(&self) {
+        let now = self.now();
+        self.last_moved.store(now, Ordering::Relaxed);
+        if !self.in_request.load(Ordering::Relaxed) {
+            // The first byte of a request head starts its clock; later bytes do not reset it.
+            let _ = self
+                .head_started
+                .compare_exchange(NO_HEAD, now, Ordering::Relaxed, Ordering::Relaxed);
+        }
+    }
+
+    fn wrote_some(&self) {
+        self.last_moved.store(self.now(), Ordering::Relaxed);
+    }
+
+    fn request_began(&self) {
+        self.in_request.store(true, Ordering::Relaxed);
+        self.head_started.store(NO_HEAD, Ordering::Relaxed);
+    }
+
+    fn request_ended(&self) {
+        self.last_moved.store(self.now(), Ordering::Relaxed);
+        self.in_request.store(false, Ordering::Relaxed);
+    }
+
+    /// Why the connection should be closed now, if it should.
+    fn overdue(&self) -> Option<&'static str> {
+        if self.in_request.load(Ordering::Relaxed) {
+            return None;
+        }
+        let now = self.now();
+        let head_started = self.head_started.load(Ordering::Relaxed);
+        if head_started != NO_HEAD {
+            return (now.saturating_sub(head_started) >= millis(HEADER_TIMEOUT)).then_some("request head too slow");
+        }
+        let last_moved = self.last_moved.load(Ordering::Relaxed);
+        (now.saturating_sub(last_moved) >= millis(IDLE_TIMEOUT)).then_some("idle")
+    }
+
+    /// How long the connection has waited for a request head: since the head began, or since
+    /// it last moved when idle. Milliseconds, ranked across connections by their own clocks.
+    fn waited(&self) -> Duration {
+        let now = self.now();
+        let since = match self.head_started.load(Ordering::Relaxed) {
+            NO_HEAD => self.last_moved.load(Ordering::Relaxed),
+            started => started,
+        };
+        Duration::from_millis(now.saturating_sub(since))
+    }
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+async fn serve_connection(
+    stream: TcpStream,
+    app: Router,
+    open: Arc<Open>,
+    stop: CancellationToken,
+    _slot: OwnedSemaphorePermit,
+) {
+    let activity = Arc::new(Activity::new());
+    let (id, evict) = open.add(Arc::clone(&activity));
+    serve_watched(stream, app, &activity, &evict, &stop).await;
+    open.remove(id);
+}
+
+async fn serve_watched(
+    stream: TcpStream,
+    app: Router,
+    activity: &Arc<Activity>,
+    evict: &CancellationToken,
+    stop: &CancellationToken,
+) {
+    let io = TokioIo::new(Watched {
+        stream,
+        activity: Arc::clone(activity),
+    });
+    let service = {
+        let activity = Arc::clone(activity);
+        hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
+            let mut app = app.clone();
+            let activity = Arc::clone(&activity);
+            activity.request_began();
+            async move {
+                let response = app.call(request).await;
+                activity.request_ended();
+                response
+            }
+        })
+    };
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    // The watchdog below keeps the time limits; hyper's own header timeout would also close
+    // kept-alive connections after its 10 s.
+    builder.header_read_timeout(None).max_buf_size(64 * 1024);
+    let connection = builder.serve_connection(io, service);
+    tokio::pin!(connection);
+    let mut watch = tokio::time::interval(WATCH_EVERY);
+    watch.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            result = connection.as_mut() => {
+                if let Err(err) = result {
+                    tracing::debug!(error = %err, "HTTP connection ended with an error");
+                }
+                return;
+            }
+            _ = watch.tick() => {
+                if let Some(why) = activity.overdue() {
+                    tracing::debug!(why, "closing an HTTP connection");
+                    return;
+                }
+            }
+            _ = evict.cancelled() => {
+                tracing::debug!("closing an HTTP connection that waited longest: every slot is taken");
+                return;
+            }
+            _ = stop.cancelled() => break,
+        }
+    }
+    connection.as_mut().graceful_shutdown();
+    let _ = tokio::time::timeout(STOP_GRACE, connection).await;
+}
+
+/// A client's stream that tells its [`Activity`] when bytes move.
+struct Watched {
+    stream: TcpStream,
+    activity: Arc<Activity>,
+}
+
+impl AsyncRead for Watched {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.stream).poll_read(cx, buf);
+        if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.activity.read_some();
+        }
+        polled
+    }
+}
+
+impl AsyncWrite for Watched {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        let polled = Pin::new(&mut self.stream).poll_write(cx, buf);
+        if matches!(polled, Poll::Ready(Ok(written)) if written > 0) {
+            self.activity.wrote_some();
+        }
+        polled
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let polled = Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
+        if matches!(polled, Poll::Ready(Ok(written)) if written > 0) {
+            self.activity.wrote_some();
+        }
+        polled
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cap_keeps_half_the_descriptors_for_the_node() {
+        assert_eq!(connection_cap(256, Some(65_536)), 256);
+        assert_eq!(connection_cap(256, Some(200)), 100);
+        assert_eq!(connection_cap(256, None), 256);
+        assert_eq!(connection_cap(10_000, Some(1_024)), 512);
+        assert_eq!(connection_cap(5, Some(1)), 1);
+    }
+
+    #[test]
+    fn a_fresh_connection_owes_its_head_and_a_busy_one_is_never_overdue() {
+        let activity = Activity::new();
+        assert_eq!(activity.overdue(), None);
+        let old = Activity {
+            origin: Instant::now()
+                .checked_sub(Duration::from_secs(61))
+                .expect("a minute after boot"),
+            ..Activity::new()
+        };
+        assert_eq!(old.overdue(), Some("request head too slow"));
+        old.request_began();
+        assert_eq!(old.overdue(), None, "a request in progress is never cut");
+        old.request_ended();
+        assert_eq!(old.overdue(), None, "idle for 0 s after its answer");
+        old.last_moved.store(50_000, Ordering::Relaxed);
+        assert_eq!(old.overdue(), None, "idle 11 s is within the idle limit");
+        old.last_moved.store(0, Ordering::Relaxed);
+        assert_eq!(old.overdue(), Some("idle"));
+    }
+
+    #[test]
+    fn at_the_cap_the_longest_wait_for_a_request_gives_way() {
+        let open = Open::default();
+        let at = |seconds_ago: u64| {
+            Arc::new(Activity {
+                origin: Instant::now()
+                    .checked_sub(Duration::from_secs(seconds_ago))
+                    .expect("after boot"),
+                ..Activity::new()
+            })
+        };
+        let (busy, newest, oldest) = (at(30), at(1), at(5));
+        busy.request_began();
+        let (_, busy_evict) = open.add(busy);
+        let (_, newest_evict) = open.add(newest);
+        let (oldest_id, oldest_evict) = open.add(oldest);
+        open.evict_longest_waiting();
+        assert!(oldest_evict.is_cancelled());
+        assert!(!newest_evict.is_cancelled() && !busy_evict.is_cancelled());
+        open.remove(oldest_id);
+        open.evict_longest_waiting();
+        assert!(newest_evict.is_cancelled());
+        assert!(!busy_evict.is_cancelled(), "a connection in a request is never evicted");
+    }
+}
