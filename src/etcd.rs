@@ -202,7 +202,6 @@ pub(crate) async fn read_prefix(
 
 #[cfg(test)]
 mod tests {
-    use std::path::Path;
 
     use etcd_client::{Txn, TxnOp};
 
@@ -211,7 +210,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_paged_read_of_a_prefix_equals_one_read_of_it() {
-        let etcd = EtcdServer::start(Path::new("etcd")).expect("etcd");
+        let etcd = EtcdServer::start(&crate::etcd_server::test_etcd_bin()).expect("etcd");
         let client = etcd_client::Client::connect([etcd.client_url()], None)
             .await
             .expect("client");
