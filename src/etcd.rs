@@ -33,11 +33,19 @@ impl CoordError {
     pub fn is_pushback(&self) -> bool {
         match self {
             CoordError::Timeout(_) => true,
-            CoordError::Etcd(etcd_client::Error::GRpcStatus(status)) => {
+            // NOSPACE shares the code, but no pause makes room: it lasts until an operator acts.
+            CoordError::Etcd(etcd_client::Error::GRpcStatus(status)) if !self.is_nospace() => {
                 status.code() == tonic::Code::ResourceExhausted || status.message().contains("too many requests")
             }
             _ => false,
         }
+    }
+
+    /// Whether etcd refused a write because its NOSPACE alarm is raised. `etcd_space` warns of
+    /// the alarm once per node; the writes it refuses meanwhile are logged at debug level only,
+    /// or every claim and result of every shard would warn of it again.
+    pub fn is_nospace(&self) -> bool {
+        matches!(self, CoordError::Etcd(etcd_client::Error::GRpcStatus(status)) if status.message().contains("database space exceeded"))
     }
 
     /// Whether etcd, or the TLS handshake with it, refused this client's credentials: a wrong

@@ -112,6 +112,12 @@ pub async fn run(
         }
     };
     tokio::spawn(stopping);
+    tokio::spawn(crate::etcd_space::follow(
+        client.clone(),
+        etcd.endpoints.clone(),
+        readiness.clone(),
+        shutdown.clone(),
+    ));
     let pauses = Arc::new(Pauses::default());
     crate::metrics::count_pauses(Arc::clone(&pauses));
     let node = Arc::new(NodeContext {
@@ -247,6 +253,14 @@ pub async fn run(
             Arc::clone(&node.triggers),
             triggers_read,
         ));
+        if let Some(every) = etcd.compaction {
+            tasks.spawn(crate::etcd_space::compact(
+                session.clone(),
+                node.node_id.clone(),
+                every,
+                view.clone(),
+            ));
+        }
         for candidacy in candidacies {
             tasks.spawn(leader::run_shard(
                 Arc::clone(&node),

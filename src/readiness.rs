@@ -43,12 +43,16 @@ impl Stage {
 #[derive(Debug, Clone)]
 pub struct Readiness {
     stage: Arc<watch::Sender<Stage>>,
+    /// Why a node in its stage still cannot do its share, such as etcd refusing every write:
+    /// apart from the stage, which the session loop moves on its own.
+    blocked: Arc<watch::Sender<Option<String>>>,
 }
 
 impl Default for Readiness {
     fn default() -> Self {
         Readiness {
             stage: Arc::new(watch::Sender::new(Stage::Starting)),
+            blocked: Arc::new(watch::Sender::new(None)),
         }
     }
 }
@@ -69,6 +73,23 @@ impl Readiness {
         self.stage.borrow().clone()
     }
 
+    /// Says why the node cannot do its share whatever its stage (`None`: nothing blocks it).
+    pub fn set_blocked(&self, reason: Option<String>) {
+        self.blocked.send_if_modified(|current| {
+            let modified = *current != reason;
+            *current = reason;
+            modified
+        });
+    }
+
+    /// Why the node is not ready, in one line; `None` when it is.
+    pub fn not_ready(&self) -> Option<String> {
+        match self.stage() {
+            Stage::Ready => self.blocked.borrow().clone(),
+            stage => Some(stage.reason()),
+        }
+    }
+
     /// Follows every change of stage.
     pub fn watch(&self) -> watch::Receiver<Stage> {
         self.stage.subscribe()
@@ -84,6 +105,11 @@ mod tests {
         let readiness = Readiness::default();
         assert_eq!(readiness.stage(), Stage::Starting);
         readiness.set(Stage::Ready);
+        assert_eq!(readiness.not_ready(), None);
+        readiness.set_blocked(Some("etcd out of space".into()));
+        assert_eq!(readiness.not_ready().as_deref(), Some("etcd out of space"));
+        readiness.set_blocked(None);
+        assert_eq!(readiness.not_ready(), None);
         readiness.set(Stage::Stopping);
         readiness.set(Stage::Ready);
         assert_eq!(readiness.stage(), Stage::Stopping);

@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Cluster;
 use crate::keys::Keys;
 use crate::node::Exposure;
-use crate::readiness::{Readiness, Stage};
+use crate::readiness::Readiness;
 
 const DASHBOARD: &str = include_str!("dashboard.html");
 
@@ -80,9 +80,9 @@ async fn healthz() -> &'static str {
 }
 
 async fn readyz(axum::extract::State(served): axum::extract::State<Arc<Served>>) -> Response {
-    match served.readiness.stage() {
-        Stage::Ready => (StatusCode::OK, "ready\n").into_response(),
-        stage => (StatusCode::SERVICE_UNAVAILABLE, format!("{}\n", stage.reason())).into_response(),
+    match served.readiness.not_ready() {
+        None => (StatusCode::OK, "ready\n").into_response(),
+        Some(reason) => (StatusCode::SERVICE_UNAVAILABLE, format!("{reason}\n")).into_response(),
     }
 }
 
