@@ -107,6 +107,26 @@ where
     result
 }
 
+/// Whether etcd cancelled a watch because its start revision was compacted: then the revision
+/// to read and watch again from (the first etcd still holds). Any other cancellation is an
+/// error: the watch will never deliver again.
+pub(crate) fn compacted(response: &etcd_client::WatchResponse, what: &str) -> Result<Option<i64>, CoordError> {
+    if !response.canceled() {
+        return Ok(None);
+    }
+    if response.compact_revision() > 0 {
+        tracing::info!(
+            compacted = response.compact_revision(),
+            "the watch of {what} started before etcd's compacted history: reading it again"
+        );
+        return Ok(Some(response.compact_revision()));
+    }
+    Err(CoordError::Protocol(format!(
+        "etcd cancelled the watch of {what}: {}",
+        response.cancel_reason()
+    )))
+}
+
 /// Why a client could not be built from the config: not retryable, the operator must act.
 #[derive(Debug, thiserror::Error)]
 pub enum SetupError {
