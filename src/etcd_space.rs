@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use etcd_client::{AlarmAction, AlarmType, Client};
+use etcd_client::Client;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -137,13 +137,15 @@ pub(crate) async fn follow(client: Client, endpoints: Vec<String>, readiness: Re
     }
 }
 
+/// One endpoint status: its member's sizes, and the cluster's alarms among its errors
+/// (`memberID:... alarm:NOSPACE`). Not the alarm RPC: etcd sends even a read of the alarms
+/// through raft, a proposal per node every few seconds.
 async fn look(client: &Client) -> Result<Space, CoordError> {
     let status = etcd::call(client.clone().status()).await?;
-    let alarms = etcd::call(client.clone().alarm(AlarmAction::Get, AlarmType::None, None)).await?;
     Ok(Space {
         db: status.db_size(),
         in_use: status.raft_used_db_size(),
-        nospace: alarms.alarms().iter().any(|alarm| alarm.alarm() == AlarmType::Nospace),
+        nospace: status.errors().iter().any(|error| error.contains("NOSPACE")),
     })
 }
 

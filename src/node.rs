@@ -172,6 +172,9 @@ pub async fn run(
                 readiness.set(Stage::EtcdUnreachable(err.to_string()));
                 if err.is_refusal() {
                     tracing::error!(error = %err, retry_in = ?wait, "etcd refused this node's credentials; fix [etcd] username, password_env or tls; retrying");
+                } else if err.is_nospace() {
+                    // etcd_space warns of the alarm once; no lease is granted until it is disarmed.
+                    tracing::debug!(error = %err, retry_in = ?wait, "etcd is out of space: no session can open yet; retrying");
                 } else {
                     tracing::warn!(error = %err, retry_in = ?wait, "cannot open an etcd session; retrying");
                 }

@@ -82,12 +82,18 @@ impl Readiness {
         });
     }
 
-    /// Why the node is not ready, in one line; `None` when it is.
+    /// Why the node is not ready, in one line; `None` when it is. What blocks it comes first,
+    /// short of stopping: a node that cannot open a session because etcd is out of space says
+    /// that, not the error of its last attempt.
     pub fn not_ready(&self) -> Option<String> {
-        match self.stage() {
-            Stage::Ready => self.blocked.borrow().clone(),
-            stage => Some(stage.reason()),
+        let stage = self.stage();
+        if stage == Stage::Stopping {
+            return Some(stage.reason());
         }
+        if let Some(blocked) = self.blocked.borrow().clone() {
+            return Some(blocked);
+        }
+        (stage != Stage::Ready).then(|| stage.reason())
     }
 
     /// Follows every change of stage.
@@ -105,13 +111,25 @@ mod tests {
         let readiness = Readiness::default();
         assert_eq!(readiness.stage(), Stage::Starting);
         readiness.set(Stage::Ready);
-        assert_eq!(readiness.not_ready(), None);
-        readiness.set_blocked(Some("etcd out of space".into()));
-        assert_eq!(readiness.not_ready().as_deref(), Some("etcd out of space"));
-        readiness.set_blocked(None);
-        assert_eq!(readiness.not_ready(), None);
         readiness.set(Stage::Stopping);
         readiness.set(Stage::Ready);
         assert_eq!(readiness.stage(), Stage::Stopping);
+    }
+
+    #[test]
+    fn what_blocks_a_node_is_its_reason_short_of_stopping() {
+        let full = Some("etcd out of space".to_string());
+        for (stage, blocked, reason) in [
+            (Stage::Ready, None, None),
+            (Stage::Ready, full.clone(), full.clone()),
+            (Stage::SessionLost, full.clone(), full.clone()),
+            (Stage::Campaigning, None, Some(Stage::Campaigning.reason())),
+            (Stage::Stopping, full.clone(), Some("stopping".to_string())),
+        ] {
+            let readiness = Readiness::default();
+            readiness.set(stage.clone());
+            readiness.set_blocked(blocked.clone());
+            assert_eq!(readiness.not_ready(), reason, "{stage:?}, blocked by {blocked:?}");
+        }
     }
 }
