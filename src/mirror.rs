@@ -113,9 +113,9 @@ mod tests {
 
     /// Every key under `/m/` and its value.
     #[derive(Default)]
-    struct Copy(Mutex<BTreeMap<Vec<u8>, Vec<u8>>>);
+    struct Held(Mutex<BTreeMap<Vec<u8>, Vec<u8>>>);
 
-    impl Mirror for Copy {
+    impl Mirror for Held {
         const WHAT: &'static str = "test keys";
 
         fn prefix(_: &Keys) -> String {
@@ -157,7 +157,7 @@ mod tests {
             .compact(deleted.header().expect("header").revision(), None)
             .await
             .expect("compact");
-        let mirror = Arc::new(Copy::default());
+        let mirror = Arc::new(Held::default());
         mirror.apply(&keys, b"/m/a", Some(Put { value: b"1", lease: 0 }));
         mirror.apply(&keys, b"/m/b", Some(Put { value: b"1", lease: 0 }));
         tokio::spawn(keep(session.clone(), keys.clone(), Arc::clone(&mirror), read));
