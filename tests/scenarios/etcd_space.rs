@@ -121,6 +121,26 @@ fn etcd_out_of_space_is_said_by_every_node_and_no_tick_is_lost() {
             sample(&http_get(port, "/metrics").1, "shardcron_etcd_nospace") == Some(1.0)
         });
     }
+    step("start c, of another cluster on the same etcd, under the alarm: it cannot get a lease");
+    let other = world.write_config("other.toml", 1, 5, &[]);
+    let text = std::fs::read_to_string(&other).expect("config");
+    std::fs::write(&other, text.replace("name = \"test\"", "name = \"other\"")).expect("config");
+    let late_port = shardcron::etcd_server::free_port().expect("port");
+    world
+        .node("c", &other)
+        .args(&["--http-addr", &late_port.to_string()])
+        .start();
+    wait_for(
+        Duration::from_secs(15),
+        "c's /readyz says etcd is out of space, not the refused lease",
+        || {
+            std::net::TcpStream::connect(("127.0.0.1", late_port)).is_ok() && {
+                let (status, body) = http_get(late_port, "/readyz");
+                status.contains(" 503 ") && body.contains("NOSPACE")
+            }
+        },
+    );
+
     step("hold the alarm for 5 s of ticks");
     wait_for(Duration::from_secs(10), "5 s under the alarm", || {
         now_secs() > raised + 5.0
@@ -145,7 +165,7 @@ fn etcd_out_of_space_is_said_by_every_node_and_no_tick_is_lost() {
                 .fold(f64::MAX, f64::min)
         })
         .fold(0.0, f64::max);
-    for port in ports {
+    for port in ports.into_iter().chain([late_port]) {
         wait_for(Duration::from_secs(15), "each node is ready again", || {
             http_get(port, "/readyz").0.contains(" 200 ")
         });
