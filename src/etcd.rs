@@ -39,11 +39,19 @@ impl CoordError {
     pub fn is_pushback(&self) -> bool {
         match self {
             CoordError::Timeout(_) => true,
-            CoordError::Etcd(etcd_client::Error::GRpcStatus(status)) => {
+            // NOSPACE shares the code, but no pause makes room: it lasts until an operator acts.
+            CoordError::Etcd(etcd_client::Error::GRpcStatus(status)) if !self.is_nospace() => {
                 status.code() == tonic::Code::ResourceExhausted || status.message().contains("too many requests")
             }
             _ => false,
         }
+    }
+
+    /// Whether etcd refused a write because its NOSPACE alarm is raised. `etcd_space` warns of
+    /// the alarm once per node; the writes it refuses meanwhile are logged at debug level only,
+    /// or every claim and result of every shard would warn of it again.
+    pub fn is_nospace(&self) -> bool {
+        matches!(self, CoordError::Etcd(etcd_client::Error::GRpcStatus(status)) if status.message().contains("database space exceeded"))
     }
 
     /// Whether etcd, or the TLS handshake with it, refused this client's credentials: a wrong
@@ -103,6 +111,26 @@ where
         crate::metrics::get().etcd_errors.inc();
     }
     result
+}
+
+/// Whether etcd cancelled a watch because its start revision was compacted: then the revision
+/// to read and watch again from (the first etcd still holds). Any other cancellation is an
+/// error: the watch will never deliver again.
+pub(crate) fn compacted(response: &etcd_client::WatchResponse, what: &str) -> Result<Option<i64>, CoordError> {
+    if !response.canceled() {
+        return Ok(None);
+    }
+    if response.compact_revision() > 0 {
+        tracing::info!(
+            compacted = response.compact_revision(),
+            "the watch of {what} started before etcd's compacted history: reading it again"
+        );
+        return Ok(Some(response.compact_revision()));
+    }
+    Err(CoordError::Protocol(format!(
+        "etcd cancelled the watch of {what}: {}",
+        response.cancel_reason()
+    )))
 }
 
 /// Why a client could not be built from the config: not retryable, the operator must act.
@@ -250,7 +278,6 @@ fn ask_page(
 
 #[cfg(test)]
 mod tests {
-    use std::path::Path;
 
     use etcd_client::{Txn, TxnOp};
 
@@ -259,7 +286,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_paged_read_of_a_prefix_equals_one_read_of_it() {
-        let etcd = EtcdServer::start(Path::new("etcd")).expect("etcd");
+        let etcd = EtcdServer::start(&crate::etcd_server::test_etcd_bin()).expect("etcd");
         let client = etcd_client::Client::connect([etcd.client_url()], None)
             .await
             .expect("client");

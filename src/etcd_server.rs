@@ -62,6 +62,20 @@ pub fn free_port() -> std::io::Result<u16> {
     }
 }
 
+/// The variable naming the etcd binary that tests start: `scripts/test` runs the fault scenarios
+/// a second time with it set to etcd 3.5.1, so each fault is tried on both versions we support.
+#[cfg(any(test, feature = "test-support"))]
+pub const TEST_ETCD_VAR: &str = "SHARDCRON_TEST_ETCD";
+
+/// The etcd binary tests start: the one [`TEST_ETCD_VAR`] names, else `etcd` on the `PATH`
+/// (Debian's 3.4).
+#[cfg(any(test, feature = "test-support"))]
+pub fn test_etcd_bin() -> PathBuf {
+    std::env::var_os(TEST_ETCD_VAR)
+        .filter(|bin| !bin.is_empty())
+        .map_or_else(|| PathBuf::from("etcd"), PathBuf::from)
+}
+
 impl EtcdServer {
     /// Starts a single-member etcd and waits until it is healthy.
     pub fn start(bin: &Path) -> Result<EtcdServer, EtcdServerError> {

@@ -185,7 +185,8 @@ async fn watch(session: &Session, keys: &Keys, shards: u32, view: &watch::Sender
         tokio::select! {
             message = node_watch.message() => {
                 let Some(response) = message? else { return Ok(()) };
-                if response.canceled() {
+                // Cancelled because its revision was compacted: the caller reads both again.
+                if etcd::compacted(&response, "the fleet")?.is_some() {
                     return Ok(());
                 }
                 for event in response.events() {
@@ -197,7 +198,8 @@ async fn watch(session: &Session, keys: &Keys, shards: u32, view: &watch::Sender
             }
             message = election_watch.message() => {
                 let Some(response) = message? else { return Ok(()) };
-                if response.canceled() {
+                // Cancelled because its revision was compacted: the caller reads both again.
+                if etcd::compacted(&response, "the fleet")?.is_some() {
                     return Ok(());
                 }
                 for event in response.events() {

@@ -292,7 +292,7 @@ mod tests {
     /// range it deletes, or puts one key twice: the claim carrying them would fail every time.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn many_runs_of_a_job_in_one_transaction_keep_only_its_newest() {
-        let etcd = crate::etcd_server::EtcdServer::start(std::path::Path::new("etcd")).expect("etcd");
+        let etcd = crate::etcd_server::EtcdServer::start(&crate::etcd_server::test_etcd_bin()).expect("etcd");
         let client = etcd_client::Client::connect([etcd.client_url()], None)
             .await
             .expect("client");

@@ -200,7 +200,6 @@ fn supersedes(held: &RunRecord, record: &RunRecord) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use std::path::Path;
     use std::time::Duration;
 
     use chrono::Utc;
@@ -216,7 +215,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_claim_with_a_stale_fence_is_rejected_by_etcd() {
-        let etcd = EtcdServer::start(Path::new("etcd")).expect("etcd");
+        let etcd = EtcdServer::start(&crate::etcd_server::test_etcd_bin()).expect("etcd");
         let client = etcd_client::Client::connect([etcd.client_url()], None)
             .await
             .expect("client");
@@ -337,7 +336,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_late_result_never_replaces_a_newer_one() {
-        let etcd = EtcdServer::start(Path::new("etcd")).expect("etcd");
+        let etcd = EtcdServer::start(&crate::etcd_server::test_etcd_bin()).expect("etcd");
         let client = etcd_client::Client::connect([etcd.client_url()], None)
             .await
             .expect("client");

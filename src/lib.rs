@@ -18,6 +18,8 @@
 //!
 //! etcd plumbing:
 //! - [`etcd`]: connecting, call timeouts, coordination errors.
+//! - `etcd_space`: etcd's history compacted by the leader of shard 0; its size, quota and
+//!   NOSPACE alarm followed by every node.
 //! - `session`: the node's lease and its keep-alive; the session's cancellation token.
 //! - `election`: one leader election per shard, entered in batches and decided on the fleet
 //!   view; its term, and who leads each shard.
@@ -71,6 +73,7 @@ mod election;
 mod env_file;
 pub mod etcd;
 pub mod etcd_server;
+mod etcd_space;
 mod fleet;
 mod gate;
 pub mod history;

@@ -64,6 +64,13 @@ pub(crate) struct Metrics {
     /// Candidate keys in the elections that no live member put, as this node's view sees them.
     pub election_foreign_keys: Gauge,
     pub config_drift_nodes: Gauge,
+    /// etcd's database size, the part of it in use, and its quota, as `etcd_space` last read
+    /// them; the quota stays 0 where etcd does not say it.
+    pub etcd_db_bytes: Gauge,
+    pub etcd_db_in_use_bytes: Gauge,
+    pub etcd_quota_bytes: Gauge,
+    /// 1 while etcd's NOSPACE alarm is raised: every write, every claim, is refused.
+    pub etcd_nospace: Gauge,
     /// Counted from the node's mirror of the pauses when the page is rendered: a pause ends
     /// by itself at its `until`, with no event.
     pauses_in_force: Gauge,
@@ -95,6 +102,10 @@ impl Metrics {
             shards_without_leader: Gauge::default(),
             election_foreign_keys: Gauge::default(),
             config_drift_nodes: Gauge::default(),
+            etcd_db_bytes: Gauge::default(),
+            etcd_db_in_use_bytes: Gauge::default(),
+            etcd_quota_bytes: Gauge::default(),
+            etcd_nospace: Gauge::default(),
             pauses_in_force: Gauge::default(),
             log_lines_dropped: Counter::default(),
             registry: Registry::default(),
@@ -186,6 +197,26 @@ impl Metrics {
             "config_drift_nodes",
             "Live nodes whose jobs.toml digest differs from this node's",
             metrics.config_drift_nodes.clone(),
+        );
+        registry.register(
+            "etcd_db_bytes",
+            "Size of etcd's database file, as its endpoint status says",
+            metrics.etcd_db_bytes.clone(),
+        );
+        registry.register(
+            "etcd_db_in_use_bytes",
+            "Part of etcd's database file in use (the rest is freed by a defragmentation)",
+            metrics.etcd_db_in_use_bytes.clone(),
+        );
+        registry.register(
+            "etcd_quota_bytes",
+            "etcd's --quota-backend-bytes, past which it raises NOSPACE (0 if etcd does not say it)",
+            metrics.etcd_quota_bytes.clone(),
+        );
+        registry.register(
+            "etcd_nospace",
+            "1 while etcd's NOSPACE alarm is raised and it refuses every write",
+            metrics.etcd_nospace.clone(),
         );
         let build_info = Family::<BuildLabels, Gauge>::default();
         build_info

@@ -112,6 +112,12 @@ pub async fn run(
         }
     };
     tokio::spawn(stopping);
+    tokio::spawn(crate::etcd_space::follow(
+        client.clone(),
+        etcd.endpoints.clone(),
+        readiness.clone(),
+        shutdown.clone(),
+    ));
     let pauses = Arc::new(Pauses::default());
     crate::metrics::count_pauses(Arc::clone(&pauses));
     let node = Arc::new(NodeContext {
@@ -166,6 +172,9 @@ pub async fn run(
                 readiness.set(Stage::EtcdUnreachable(err.to_string()));
                 if err.is_refusal() {
                     tracing::error!(error = %err, retry_in = ?wait, "etcd refused this node's credentials; fix [etcd] username, password_env or tls; retrying");
+                } else if err.is_nospace() {
+                    // etcd_space warns of the alarm once; no lease is granted until it is disarmed.
+                    tracing::debug!(error = %err, retry_in = ?wait, "etcd is out of space: no session can open yet; retrying");
                 } else {
                     tracing::warn!(error = %err, retry_in = ?wait, "cannot open an etcd session; retrying");
                 }
@@ -250,6 +259,14 @@ pub async fn run(
             Arc::clone(&node.triggers),
             triggers_read,
         ));
+        if let Some(every) = etcd.compaction {
+            tasks.spawn(crate::etcd_space::compact(
+                session.clone(),
+                node.node_id.clone(),
+                every,
+                view.clone(),
+            ));
+        }
         for candidacy in candidacies {
             tasks.spawn(leader::run_shard(
                 Arc::clone(&node),

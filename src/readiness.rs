@@ -43,12 +43,16 @@ impl Stage {
 #[derive(Debug, Clone)]
 pub struct Readiness {
     stage: Arc<watch::Sender<Stage>>,
+    /// Why a node in its stage still cannot do its share, such as etcd refusing every write:
+    /// apart from the stage, which the session loop moves on its own.
+    blocked: Arc<watch::Sender<Option<String>>>,
 }
 
 impl Default for Readiness {
     fn default() -> Self {
         Readiness {
             stage: Arc::new(watch::Sender::new(Stage::Starting)),
+            blocked: Arc::new(watch::Sender::new(None)),
         }
     }
 }
@@ -69,6 +73,29 @@ impl Readiness {
         self.stage.borrow().clone()
     }
 
+    /// Says why the node cannot do its share whatever its stage (`None`: nothing blocks it).
+    pub fn set_blocked(&self, reason: Option<String>) {
+        self.blocked.send_if_modified(|current| {
+            let modified = *current != reason;
+            *current = reason;
+            modified
+        });
+    }
+
+    /// Why the node is not ready, in one line; `None` when it is. What blocks it comes first,
+    /// short of stopping: a node that cannot open a session because etcd is out of space says
+    /// that, not the error of its last attempt.
+    pub fn not_ready(&self) -> Option<String> {
+        let stage = self.stage();
+        if stage == Stage::Stopping {
+            return Some(stage.reason());
+        }
+        if let Some(blocked) = self.blocked.borrow().clone() {
+            return Some(blocked);
+        }
+        (stage != Stage::Ready).then(|| stage.reason())
+    }
+
     /// Follows every change of stage.
     pub fn watch(&self) -> watch::Receiver<Stage> {
         self.stage.subscribe()
@@ -87,5 +114,22 @@ mod tests {
         readiness.set(Stage::Stopping);
         readiness.set(Stage::Ready);
         assert_eq!(readiness.stage(), Stage::Stopping);
+    }
+
+    #[test]
+    fn what_blocks_a_node_is_its_reason_short_of_stopping() {
+        let full = Some("etcd out of space".to_string());
+        for (stage, blocked, reason) in [
+            (Stage::Ready, None, None),
+            (Stage::Ready, full.clone(), full.clone()),
+            (Stage::SessionLost, full.clone(), full.clone()),
+            (Stage::Campaigning, None, Some(Stage::Campaigning.reason())),
+            (Stage::Stopping, full.clone(), Some("stopping".to_string())),
+        ] {
+            let readiness = Readiness::default();
+            readiness.set(stage.clone());
+            readiness.set_blocked(blocked.clone());
+            assert_eq!(readiness.not_ready(), reason, "{stage:?}, blocked by {blocked:?}");
+        }
     }
 }

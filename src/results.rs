@@ -271,7 +271,11 @@ pub async fn write_leftovers(
                 .map(|entry| (entry.job.clone(), entry.record.clone()))
                 .collect();
             if let Err(err) = ledger::record_runs(&client, &keys, &records).await {
-                tracing::warn!(error = %err, runs = records.len(), "could not record run results in etcd (the runs themselves happened and were logged); will retry");
+                if err.is_nospace() {
+                    tracing::debug!(error = %err, runs = records.len(), "etcd is out of space: run results wait to be recorded");
+                } else {
+                    tracing::warn!(error = %err, runs = records.len(), "could not record run results in etcd (the runs themselves happened and were logged); will retry");
+                }
                 queue.put_back(batch);
                 failed = true;
             }
@@ -279,7 +283,11 @@ pub async fn write_leftovers(
         let entries = queue.history.take_older_than(age);
         if !entries.is_empty() {
             if let Err(err) = history::write(&client, &keys, &entries).await {
-                tracing::warn!(error = %err, runs = entries.len(), "could not add runs to their jobs' history in etcd; will retry");
+                if err.is_nospace() {
+                    tracing::debug!(error = %err, runs = entries.len(), "etcd is out of space: runs wait to be added to their jobs' history");
+                } else {
+                    tracing::warn!(error = %err, runs = entries.len(), "could not add runs to their jobs' history in etcd; will retry");
+                }
                 queue.history.put_back(entries);
                 failed = true;
             }

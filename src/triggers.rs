@@ -385,6 +385,20 @@ pub async fn ask(
                 let Some(response) = message? else {
                     return Err(CoordError::Protocol("the watch of the answer ended".into()));
                 };
+                if let Some(from) = etcd::compacted(&response, "the answer")? {
+                    // The answer may have come before the history etcd still holds.
+                    let read = etcd::call(client.clone().get(answer_key.as_str(), None)).await?;
+                    if let Some(kv) = read.kvs().first() {
+                        let answer: Answer = serde_json::from_slice(kv.value()).map_err(|err| CoordError::Protocol(err.to_string()))?;
+                        return Ok(Some(Claimed { id, node: answer.node, fence: kv.create_revision(), revision: kv.mod_revision(), _lease: lease }));
+                    }
+                    answers = etcd::call(client.clone().watch(
+                        answer_key.as_str(),
+                        Some(WatchOptions::new().with_start_revision(from)),
+                    ))
+                    .await?;
+                    continue;
+                }
                 for event in response.events() {
                     let Some(kv) = event.kv() else { continue };
                     if event.event_type() != EventType::Put {
@@ -416,56 +430,86 @@ pub async fn wait_for_run(
 ) -> Result<Option<RunRecord>, CoordError> {
     let answer_key = keys.triggered(&claimed.id);
     let member_key = keys.node(&claimed.node);
-    let mut answers = etcd::call(client.clone().watch(
-        answer_key.as_str(),
-        Some(WatchOptions::new().with_start_revision(claimed.revision)),
-    ))
-    .await?;
-    let mut members = etcd::call(client.clone().watch(
-        member_key.as_str(),
-        Some(WatchOptions::new().with_start_revision(claimed.revision)),
-    ))
-    .await?;
-    let member = etcd::call(client.clone().get(member_key.as_str(), None)).await?;
-    let mut gave_up_at = member
-        .kvs()
-        .is_empty()
-        .then(|| tokio::time::Instant::now() + AFTER_THE_NODE_LEFT);
+    let mut from = claimed.revision;
+    let mut gave_up_at: Option<tokio::time::Instant> = None;
+    // Each pass watches from `from`; a pass whose revision etcd compacted away (a run that
+    // outlived the history etcd keeps, or an operator's compaction) reads both keys again and
+    // watches on from that read, instead of waiting on a watch etcd cancelled.
+    let mut again = false;
     loop {
-        let give_up = async {
-            match gave_up_at {
-                Some(at) => tokio::time::sleep_until(at).await,
-                None => std::future::pending().await,
+        let mut answers = etcd::call(
+            client
+                .clone()
+                .watch(answer_key.as_str(), Some(WatchOptions::new().with_start_revision(from))),
+        )
+        .await?;
+        let mut members = etcd::call(
+            client
+                .clone()
+                .watch(member_key.as_str(), Some(WatchOptions::new().with_start_revision(from))),
+        )
+        .await?;
+        let member = etcd::call(client.clone().get(member_key.as_str(), None)).await?;
+        if member.kvs().is_empty() {
+            gave_up_at.get_or_insert_with(|| tokio::time::Instant::now() + AFTER_THE_NODE_LEFT);
+        } else {
+            gave_up_at = None;
+        }
+        if std::mem::replace(&mut again, true) {
+            let answer = etcd::call(client.clone().get(answer_key.as_str(), None)).await?;
+            for kv in answer.kvs() {
+                let answer: Answer =
+                    serde_json::from_slice(kv.value()).map_err(|err| CoordError::Protocol(err.to_string()))?;
+                if let Some(run) = answer.run {
+                    forget(client, keys, &claimed.id).await?;
+                    return Ok(Some(run));
+                }
             }
-        };
-        tokio::select! {
-            message = answers.message() => {
-                let Some(response) = message? else {
-                    return Err(CoordError::Protocol("the watch of the answer ended".into()));
-                };
-                for event in response.events() {
-                    let Some(kv) = event.kv().filter(|_| event.event_type() == EventType::Put) else { continue };
-                    let answer: Answer = serde_json::from_slice(kv.value()).map_err(|err| CoordError::Protocol(err.to_string()))?;
-                    if let Some(run) = answer.run {
-                        forget(client, keys, &claimed.id).await?;
-                        return Ok(Some(run));
+        }
+        loop {
+            let give_up = async {
+                match gave_up_at {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                message = answers.message() => {
+                    let Some(response) = message? else {
+                        return Err(CoordError::Protocol("the watch of the answer ended".into()));
+                    };
+                    if let Some(read_from) = etcd::compacted(&response, "the answer")? {
+                        from = read_from;
+                        break;
+                    }
+                    for event in response.events() {
+                        let Some(kv) = event.kv().filter(|_| event.event_type() == EventType::Put) else { continue };
+                        let answer: Answer = serde_json::from_slice(kv.value()).map_err(|err| CoordError::Protocol(err.to_string()))?;
+                        if let Some(run) = answer.run {
+                            forget(client, keys, &claimed.id).await?;
+                            return Ok(Some(run));
+                        }
                     }
                 }
-            }
-            message = members.message() => {
-                let Some(response) = message? else {
-                    return Err(CoordError::Protocol("the watch of the node ended".into()));
-                };
-                for event in response.events() {
-                    gave_up_at = match event.event_type() {
-                        EventType::Delete => Some(tokio::time::Instant::now() + AFTER_THE_NODE_LEFT),
-                        EventType::Put => None,
+                message = members.message() => {
+                    let Some(response) = message? else {
+                        return Err(CoordError::Protocol("the watch of the node ended".into()));
                     };
+                    if let Some(read_from) = etcd::compacted(&response, "the node")? {
+                        from = read_from;
+                        break;
+                    }
+                    for event in response.events() {
+                        gave_up_at = match event.event_type() {
+                            EventType::Delete => Some(tokio::time::Instant::now() + AFTER_THE_NODE_LEFT),
+                            EventType::Put => None,
+                        };
+                    }
                 }
-            }
-            _ = give_up => {
-                forget(client, keys, &claimed.id).await?;
-                return Ok(None);
+                _ = give_up => {
+                    forget(client, keys, &claimed.id).await?;
+                    return Ok(None);
+                }
             }
         }
     }
@@ -480,6 +524,55 @@ pub async fn forget(client: &etcd_client::Client, keys: &Keys, id: &str) -> Resu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_wait_from_a_revision_etcd_compacted_reads_the_answer_again() {
+        let etcd = crate::etcd_server::EtcdServer::start(&crate::etcd_server::test_etcd_bin()).expect("etcd");
+        let client = etcd_client::Client::connect([etcd.client_url()], None)
+            .await
+            .expect("client");
+        let keys = Keys::new("c");
+        client.clone().put(keys.node("n"), "{}", None).await.expect("member");
+        let mut answer = Answer {
+            job: "j".into(),
+            node: "n".into(),
+            term: 1,
+            requested_at: Utc::now(),
+            run: None,
+        };
+        let value = |answer: &Answer| serde_json::to_vec(answer).expect("answer");
+        let taken = client
+            .clone()
+            .put(keys.triggered("r"), value(&answer), None)
+            .await
+            .expect("taken");
+        let revision = taken.header().expect("header").revision();
+        // The run ends, and etcd's history is compacted past the revision the wait starts from.
+        let record = RunRecord::for_tests(DateTime::<Utc>::from_timestamp(1_800_000_000, 0).unwrap(), revision);
+        answer.run = Some(record.clone());
+        let ended = client
+            .clone()
+            .put(keys.triggered("r"), value(&answer), None)
+            .await
+            .expect("ended");
+        client
+            .clone()
+            .compact(ended.header().expect("header").revision(), None)
+            .await
+            .expect("compact");
+        let claimed = Claimed {
+            id: "r".into(),
+            node: "n".into(),
+            fence: revision,
+            revision,
+            _lease: AskerLease::grant(&client).await.expect("lease"),
+        };
+        let run = tokio::time::timeout(Duration::from_secs(20), wait_for_run(&client, &keys, &claimed))
+            .await
+            .expect("the wait ends: etcd cancelled its watch, and it read the answer again")
+            .expect("the wait");
+        assert_eq!(run, Some(record));
+    }
 
     #[test]
     fn a_term_takes_the_requests_of_its_jobs_oldest_first_and_once() {

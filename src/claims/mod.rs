@@ -318,7 +318,9 @@ impl Claimer<'_> {
     }
 
     async fn pause_after(&self, err: &CoordError) -> Result<(), Halt> {
-        if let Some(left_out) = crate::repeats::log_now("etcd call failed during a term") {
+        if err.is_nospace() {
+            tracing::debug!(shard = self.leadership.shard, error = %err, "etcd is out of space: the claim waits");
+        } else if let Some(left_out) = crate::repeats::log_now("etcd call failed during a term") {
             tracing::warn!(shard = self.leadership.shard, error = %err, left_out, "etcd call failed during the term; retrying (left_out: lines like this one not logged since the last)");
         }
         let pause = Backoff::new(RETRY_PAUSE, RETRY_PAUSE).next_delay();

@@ -52,7 +52,16 @@ pub struct Etcd {
     /// A file holding the password, private to the node's user.
     pub password_file: Option<PathBuf>,
     pub tls: Option<EtcdTls>,
+    /// How old the history is that one node compacts etcd's history to; `None` (`"off"`) for
+    /// an etcd that compacts itself.
+    pub compaction: Option<Duration>,
 }
+
+/// Default for `[etcd] compaction`: what Kubernetes' API server keeps of its etcd's history.
+pub const DEFAULT_COMPACTION: Duration = Duration::from_secs(5 * 60);
+/// The shortest `[etcd] compaction`: a watch of ours that restarts reads its prefix and then
+/// watches from that read's revision, and that revision must outlive the few calls between.
+pub const MIN_COMPACTION: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct EtcdTls {

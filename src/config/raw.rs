@@ -42,6 +42,7 @@ pub(super) struct RawEtcd {
     pub(super) password_env: Option<Spanned<String>>,
     pub(super) password_file: Option<Spanned<PathBuf>>,
     pub(super) tls: Option<RawTls>,
+    pub(super) compaction: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]

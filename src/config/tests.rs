@@ -79,6 +79,15 @@ env = { LOG_LEVEL = "info" }"#,
 }
 
 #[test]
+fn etcd_compaction_defaults_to_five_minutes_and_can_be_off() {
+    let compaction = |lines: &str| parse_str(&with_etcd(lines)).unwrap().etcd.compaction;
+    assert_eq!(compaction(""), Some(Duration::from_secs(300)));
+    assert_eq!(compaction("compaction = \"off\""), None);
+    assert_eq!(compaction("compaction = \"1h\""), Some(Duration::from_secs(3600)));
+    assert_eq!(compaction("compaction = \"10s\""), Some(Duration::from_secs(10)));
+}
+
+#[test]
 fn defaults_apply() {
     let config = parse_str(&with_job("schedule = \"@daily\"\ncommand = \"true\"")).unwrap();
     let job = &config.jobs[0];
@@ -433,6 +442,34 @@ fn error_table() {
             Some("backup"),
             Some("env_file"),
             "must be absolute",
+        ),
+        (
+            with_etcd("compaction = \"5s\""),
+            Some(9),
+            None,
+            Some("etcd.compaction"),
+            "compaction must be \"off\" or at least 10s",
+        ),
+        (
+            with_etcd("compaction = \"2d\""),
+            Some(9),
+            None,
+            Some("etcd.compaction"),
+            "longer than the longest allowed, 1day",
+        ),
+        (
+            with_etcd("compaction = \"never\""),
+            Some(9),
+            None,
+            Some("etcd.compaction"),
+            "invalid duration",
+        ),
+        (
+            with_etcd("compaction = 300"),
+            Some(9),
+            None,
+            Some("compaction"),
+            "invalid type",
         ),
         (
             "[etcd]\nendpoints = [\"http://e:2379\"]\n".to_string(),

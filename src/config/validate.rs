@@ -172,12 +172,33 @@ pub(super) fn validate_etcd(source: &Source, raw: Option<Spanned<RawEtcd>>) -> R
         Some(tls) => Some(validate_tls(source, tls)?),
         None => None,
     };
+    let compaction = match &raw.compaction {
+        None => Some(DEFAULT_COMPACTION),
+        Some(value) if value.get_ref().trim() == "off" => None,
+        Some(value) => {
+            let every = parse_duration(source, value, None, "etcd.compaction", bounds::MAX_WAIT)?;
+            if every < MIN_COMPACTION {
+                return Err(source.error(
+                    Some(value.span()),
+                    None,
+                    Some("etcd.compaction"),
+                    format!(
+                        "compaction must be \"off\" or at least {}, found {:?}",
+                        humantime::format_duration(MIN_COMPACTION),
+                        value.get_ref()
+                    ),
+                ));
+            }
+            Some(every)
+        }
+    };
     Ok(Etcd {
         endpoints: endpoints.into_inner(),
         username: raw.username.map(Spanned::into_inner),
         password_env: raw.password_env.map(Spanned::into_inner),
         password_file: raw.password_file.map(Spanned::into_inner),
         tls,
+        compaction,
     })
 }
 

@@ -32,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Cluster;
 use crate::keys::Keys;
 use crate::node::Exposure;
-use crate::readiness::{Readiness, Stage};
+use crate::readiness::Readiness;
 
 pub use listener::{connection_cap, DEFAULT_MAX_CONNECTIONS};
 
@@ -142,21 +142,21 @@ async fn healthz() -> &'static str {
 }
 
 async fn readyz(axum::extract::State(app): axum::extract::State<Arc<App>>) -> Response {
-    match app.readiness.stage() {
-        // A node in its elections whose runs cannot start would keep its shards and run
-        // nothing: an orchestrator should hear about it.
-        Stage::Ready => match crate::descriptors::recent_exhaustion() {
-            Some(ago) => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!(
-                    "out of file descriptors: a run could not start {} s ago (EMFILE/ENFILE); see shardcron_spawn_descriptor_exhausted_total\n",
-                    ago.as_secs()
-                ),
-            )
-                .into_response(),
-            None => (StatusCode::OK, "ready\n").into_response(),
-        },
-        stage => (StatusCode::SERVICE_UNAVAILABLE, format!("{}\n", stage.reason())).into_response(),
+    if let Some(reason) = app.readiness.not_ready() {
+        return (StatusCode::SERVICE_UNAVAILABLE, format!("{reason}\n")).into_response();
+    }
+    // A node in its elections whose runs cannot start would keep its shards and run nothing:
+    // an orchestrator should hear about it.
+    match crate::descriptors::recent_exhaustion() {
+        Some(ago) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "out of file descriptors: a run could not start {} s ago (EMFILE/ENFILE); see shardcron_spawn_descriptor_exhausted_total\n",
+                ago.as_secs()
+            ),
+        )
+            .into_response(),
+        None => (StatusCode::OK, "ready\n").into_response(),
     }
 }
 

@@ -117,7 +117,9 @@ pub(crate) async fn run_shard(
             Ok(leadership) => leadership,
             Err(err) => {
                 let wait = backoff.next_delay();
-                if let Some(left_out) = repeats::log_now("campaign failed") {
+                if err.is_nospace() {
+                    tracing::debug!(shard, error = %err, retry_in = ?wait, "etcd is out of space: the campaign waits");
+                } else if let Some(left_out) = repeats::log_now("campaign failed") {
                     tracing::warn!(shard, error = %err, retry_in = ?wait, left_out, "campaign failed; retrying (left_out: lines like this one not logged since the last)");
                 }
                 if !sleep_or_cancel(wait, session.ended()).await {

@@ -30,6 +30,10 @@ pub(crate) const KNOWN_METRICS: &[&str] = &[
     "shardcron_shards_without_leader",
     "shardcron_election_foreign_keys",
     "shardcron_config_drift_nodes",
+    "shardcron_etcd_db_bytes",
+    "shardcron_etcd_db_in_use_bytes",
+    "shardcron_etcd_quota_bytes",
+    "shardcron_etcd_nospace",
     "shardcron_build_info",
     "shardcron_job_last_success_timestamp_seconds",
     "shardcron_job_next_run_timestamp_seconds",
@@ -156,6 +160,8 @@ fn alert_rules_pass_promtool_check() {
         "ShardcronSessionLosses",
         "ShardcronClaimFailures",
         "ShardcronConfigDrift",
+        "ShardcronEtcdNearQuota",
+        "ShardcronEtcdNoSpace",
     ] {
         assert!(text.contains(&format!("- alert: {alert}\n")), "{ALERTS} has no {alert}");
     }

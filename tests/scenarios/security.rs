@@ -77,7 +77,7 @@ fn a_node_runs_against_etcd_over_tls_with_a_client_certificate_and_a_wrong_ca_is
     let (server_cert, server_key) = issue(dir.path(), &ca, "etcd", ExtendedKeyUsagePurpose::ServerAuth);
     let (client_cert, client_key) = issue(dir.path(), &ca, "node", ExtendedKeyUsagePurpose::ClientAuth);
     let etcd = EtcdServer::start_tls(
-        Path::new("etcd"),
+        &etcd_bin(),
         ServerTls {
             cert: server_cert,
             key: server_key,
@@ -189,7 +189,7 @@ fn a_node_authenticates_with_password_env_and_a_wrong_password_is_a_clear_error(
 
 #[test]
 fn an_expired_auth_token_is_refreshed_and_claims_go_on() {
-    let etcd = EtcdServer::start_with_flags(Path::new("etcd"), &["--auth-token-ttl=2"]).expect("etcd");
+    let etcd = EtcdServer::start_with_flags(&etcd_bin(), &["--auth-token-ttl=2"]).expect("etcd");
     let mut world = World::with_etcd(etcd, tempfile::tempdir().expect("temp dir"));
     enable_auth(&world.etcd.client_url(), "s3cret");
     let auth = "username = \"cron\"\npassword_env = \"SHARDCRON_TEST_ETCD_PASSWORD\"";

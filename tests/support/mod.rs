@@ -42,6 +42,20 @@ pub fn every_second<'a>(names: &'a [String], extra: &'a str) -> Vec<(&'a str, &'
     names.iter().map(|name| (name.as_str(), EVERY_SECOND, extra)).collect()
 }
 
+/// The etcd binary this run's scenarios start: `SHARDCRON_TEST_ETCD`, else `etcd` on the PATH.
+pub fn etcd_bin() -> PathBuf {
+    shardcron::etcd_server::test_etcd_bin()
+}
+
+/// The version `bin --version` prints (`3.4.23`), for the figures a scenario prints.
+pub fn etcd_version(bin: &Path) -> Option<String> {
+    let out = Command::new(bin).arg("--version").output().ok()?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|line| line.strip_prefix("etcd Version: "))
+        .map(|version| version.trim().to_string())
+}
+
 /// Prints a scenario step, so a failing test's output reads as a story.
 pub fn step(what: &str) {
     eprintln!("--- {what}");
@@ -68,8 +82,13 @@ impl World {
 
     /// A world whose etcd is a cluster of `members` on loopback.
     pub fn with_etcd_members(members: usize) -> World {
-        let etcd =
-            EtcdServer::start_cluster(Path::new("etcd"), members).expect("start etcd (apt-get install etcd-server)");
+        let bin = etcd_bin();
+        step(&format!(
+            "etcd {} ({}), {members} member(s)",
+            etcd_version(&bin).unwrap_or_else(|| "of unknown version".into()),
+            bin.display()
+        ));
+        let etcd = EtcdServer::start_cluster(&etcd_bin(), members).expect("start etcd (apt-get install etcd-server)");
         World::with_etcd(etcd, tempfile::tempdir().expect("temp dir"))
     }
 
