@@ -159,7 +159,6 @@ async fn watch(session: &Session, keys: &Keys, shards: u32, view: &watch::Sender
     let client = session.client();
     let (mut members, members_read) = read_members(&client, keys).await?;
     let (mut ballot, ballot_read) = read_ballot(&client, keys, shards).await?;
-    let from = members_read.min(ballot_read) + 1;
     let mut targets = Arc::new(self::targets(&members.nodes, shards));
     // The foreign keys of each shard that has any, kept apart so a publish looks only at the
     // shards that changed.
@@ -171,14 +170,17 @@ async fn watch(session: &Session, keys: &Keys, shards: u32, view: &watch::Sender
     let mut publishing = tokio::time::interval(PUBLISH_EVERY);
     publishing.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
+    // Each watch goes on from its own read: replaying the other read's older events onto a
+    // newer read would show, for a moment, keys that were already gone (a node could believe it
+    // leads behind a candidate deleted before the read).
     let mut node_watch = etcd::call(client.clone().watch(
         keys.nodes_prefix(),
-        Some(WatchOptions::new().with_prefix().with_start_revision(from)),
+        Some(WatchOptions::new().with_prefix().with_start_revision(members_read + 1)),
     ))
     .await?;
     let mut election_watch = etcd::call(client.clone().watch(
         keys.shards_prefix(),
-        Some(WatchOptions::new().with_prefix().with_start_revision(from)),
+        Some(WatchOptions::new().with_prefix().with_start_revision(ballot_read + 1)),
     ))
     .await?;
     loop {
