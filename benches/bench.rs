@@ -1321,9 +1321,7 @@ fn bench_clients(connections: usize, seconds: u64) {
         .node("a", &config)
         .args(&["--http-addr", &port.to_string()])
         .start();
-    wait_for(Duration::from_secs(30), "the node is ready", || {
-        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() && http_get(port, "/readyz").0.contains(" 200 ")
-    });
+    wait_ready_within(port, Duration::from_secs(30));
     wait_for(Duration::from_secs(30), "every job runs", || {
         every_job_ran_since(&world.runs(), &names, now_secs() - 3.0, 1)
     });
@@ -1442,9 +1440,7 @@ fn bench_plan_memory(concurrent: usize) {
         .node("a", &config)
         .args(&["--http-addr", &port.to_string()])
         .start();
-    wait_for(Duration::from_secs(30), "the node is ready", || {
-        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() && http_get(port, "/readyz").0.contains(" 200 ")
-    });
+    wait_ready_within(port, Duration::from_secs(30));
     // One plan first, so what the first request allocates for good is in the baseline.
     let warm = http_request(port, "GET", "/api/v1/plan?for=100y", &[], "");
     let answer_mib = warm.body.len() as f64 / (1024.0 * 1024.0);
@@ -1525,9 +1521,7 @@ fn bench_read_path(jobs: usize) {
         .node("a", &path)
         .args(&["--endpoints", &url, "--http-addr", &port.to_string()])
         .start();
-    wait_for(Duration::from_secs(300), "the node is ready", || {
-        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() && http_get(port, "/readyz").0.contains(" 200 ")
-    });
+    wait_ready_within(port, Duration::from_secs(300));
     let timed = |path: &str| {
         let started = Instant::now();
         let response = http_request(port, "GET", path, &[], "");

@@ -46,9 +46,7 @@ fn the_dashboard_shows_the_fleet_and_its_trigger_button_runs_a_job() {
         .env(&[(TOKEN_VAR, TOKEN)])
         .start();
     world.node("node-b", &config).start();
-    wait_for(Duration::from_secs(30), "the node is ready", || {
-        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() && http_get(port, "/readyz").0.contains(" 200 ")
-    });
+    wait_ready_within(port, Duration::from_secs(30));
     wait_for(Duration::from_secs(30), "both nodes lead shards", || {
         let status = world.status(&config);
         status.nodes.len() == 2 && status.shards.iter().all(|shard| shard.leader.is_some())
@@ -127,9 +125,7 @@ fn the_dashboard_pages_its_jobs_and_the_node_applies_the_filter() {
         .node("node-a", &config)
         .args(&["--http-addr", &port.to_string()])
         .start();
-    wait_for(Duration::from_secs(30), "the node is ready", || {
-        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() && http_get(port, "/readyz").0.contains(" 200 ")
-    });
+    wait_ready_within(port, Duration::from_secs(30));
 
     let browser = Browser::start(1400, 1000);
     browser.open(&format!("http://127.0.0.1:{port}/"));

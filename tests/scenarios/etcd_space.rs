@@ -9,12 +9,6 @@ use shardcron::etcd_server::EtcdServer;
 
 use crate::support::*;
 
-fn wait_ready(port: u16) {
-    wait_for(Duration::from_secs(30), "the node is ready", || {
-        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() && http_get(port, "/readyz").0.contains(" 200 ")
-    });
-}
-
 /// The node's log lines at WARN level that contain `text`.
 fn warnings_with(log: &str, text: &str) -> usize {
     log.lines()

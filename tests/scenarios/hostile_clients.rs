@@ -11,12 +11,6 @@ use crate::support::*;
 const TOKEN_VAR: &str = "SHARDCRON_TEST_API_TOKEN";
 const TOKEN: &str = "correct horse battery staple";
 
-fn wait_ready(port: u16) {
-    wait_for(Duration::from_secs(30), "the node is ready", || {
-        TcpStream::connect(("127.0.0.1", port)).is_ok() && http_get(port, "/readyz").0.contains(" 200 ")
-    });
-}
-
 fn with_token(port: u16, method: &str, path: &str, body: &str) -> HttpResponse {
     http_request(
         port,

@@ -23,12 +23,6 @@ fn post(port: u16, path: &str, token: Option<&str>, body: &str) -> HttpResponse 
     }
 }
 
-fn wait_ready(port: u16) {
-    wait_for(Duration::from_secs(30), "the node is ready", || {
-        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() && http_get(port, "/readyz").0.contains(" 200 ")
-    });
-}
-
 fn error_of(response: &HttpResponse) -> String {
     response.json()["error"]
         .as_str()
@@ -292,10 +286,13 @@ fn the_last_success_gauge_survives_a_failover() {
         )
         .is_some()
     });
-    let last_success = gauge(first_port, "shardcron_job_last_success_timestamp_seconds").expect("last success");
     // A result reaches etcd with a claim, up to 1.5 s after its run: a SIGKILL before then loses
-    // it, and the next leader rightly continues from the success before. Kill once it is there.
+    // it, and the next leader rightly continues from the success before. Kill once the leader's
+    // last success is there (read again each time: a run that began before the switch went may
+    // still have succeeded after the first failure was counted).
+    let mut last_success = 0.0;
     wait_for(Duration::from_secs(10), "the last success is in etcd", || {
+        last_success = gauge(first_port, "shardcron_job_last_success_timestamp_seconds").expect("last success");
         world
             .etcd_value("/shardcron/test/jobs/flaky/success")
             .and_then(|value| serde_json::from_slice::<shardcron::record::RunRecord>(&value).ok())

@@ -108,9 +108,7 @@ fn status_reads_more_than_4_mib_of_job_records() {
         .node("a", &config)
         .args(&["--http-addr", &port.to_string()])
         .start();
-    wait_for(Duration::from_secs(60), "the node is ready", || {
-        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() && http_get(port, "/readyz").0.contains(" 200 ")
-    });
+    wait_ready_within(port, Duration::from_secs(60));
     let answer = http_request(port, "GET", "/api/v1/status", &[], "");
     assert_eq!(
         answer.status,

@@ -363,6 +363,18 @@ pub fn now_secs() -> f64 {
     now.timestamp() as f64 + f64::from(now.timestamp_subsec_nanos()) / 1e9
 }
 
+/// Waits up to `limit` until the node serving HTTP on `port` answers `/readyz` with 200.
+pub fn wait_ready_within(port: u16, limit: Duration) {
+    wait_for(limit, "the node is ready", || {
+        TcpStream::connect(("127.0.0.1", port)).is_ok() && http_get(port, "/readyz").0.contains(" 200 ")
+    });
+}
+
+/// [`wait_ready_within`] 30 s.
+pub fn wait_ready(port: u16) {
+    wait_ready_within(port, Duration::from_secs(30));
+}
+
 /// `GET path` on `port`; returns the status line and the body.
 pub fn http_get(port: u16, path: &str) -> (String, String) {
     let response = http_request(port, "GET", path, &[], "");
