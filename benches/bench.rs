@@ -1316,12 +1316,7 @@ fn bench_clients(connections: usize, seconds: u64) {
     let mut world = World::new();
     let names = job_names(20, 2);
     let config = world.write_config("jobs.toml", 4, 2, &every_second(&names, ""));
-    let port = shardcron::etcd_server::free_port().expect("port");
-    world
-        .node("a", &config)
-        .args(&["--http-addr", &port.to_string()])
-        .start();
-    wait_ready_within(port, Duration::from_secs(30));
+    let port = world.node("a", &config).start_serving();
     wait_for(Duration::from_secs(30), "every job runs", || {
         every_job_ran_since(&world.runs(), &names, now_secs() - 3.0, 1)
     });
@@ -1435,12 +1430,7 @@ fn bench_plan_memory(concurrent: usize) {
     let mut world = World::new();
     let names = job_names(20, 2);
     let config = world.write_config("jobs.toml", 4, 2, &every_second(&names, ""));
-    let port = shardcron::etcd_server::free_port().expect("port");
-    world
-        .node("a", &config)
-        .args(&["--http-addr", &port.to_string()])
-        .start();
-    wait_ready_within(port, Duration::from_secs(30));
+    let port = world.node("a", &config).start_serving();
     // One plan first, so what the first request allocates for good is in the baseline.
     let warm = http_request(port, "GET", "/api/v1/plan?for=100y", &[], "");
     let answer_mib = warm.body.len() as f64 / (1024.0 * 1024.0);

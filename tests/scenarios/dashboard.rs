@@ -120,12 +120,7 @@ fn the_dashboard_pages_its_jobs_and_the_node_applies_the_filter() {
     // Yearly: nothing runs while the test looks.
     let jobs: Vec<(&str, &str, &str)> = names.iter().map(|name| (name.as_str(), "0 0 1 1 *", "")).collect();
     let config = world.write_config("jobs.toml", 2, 2, &jobs);
-    let port = shardcron::etcd_server::free_port().expect("port");
-    world
-        .node("node-a", &config)
-        .args(&["--http-addr", &port.to_string()])
-        .start();
-    wait_ready_within(port, Duration::from_secs(30));
+    let port = world.node("node-a", &config).start_serving();
 
     let browser = Browser::start(1400, 1000);
     browser.open(&format!("http://127.0.0.1:{port}/"));

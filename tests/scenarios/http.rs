@@ -320,12 +320,7 @@ fn the_last_success_gauge_survives_a_failover() {
 fn readyz_follows_the_node_through_an_etcd_outage() {
     let mut world = World::new();
     let config = world.write_config("jobs.toml", 2, 2, &[("tick", EVERY_SECOND, "")]);
-    let port = shardcron::etcd_server::free_port().expect("port");
-    world
-        .node("a", &config)
-        .args(&["--http-addr", &port.to_string()])
-        .start();
-    wait_ready(port);
+    let port = world.node("a", &config).start_serving();
     world.etcd.kill();
     wait_for(
         Duration::from_secs(30),

@@ -1,8 +1,6 @@
 //! The read path past etcd-client's 4 MiB answer limit: `status`, `/api/v1/status` and
 //! `/api/v1/jobs` read job records in pages and still answer, correctly.
 
-use std::time::Duration;
-
 use chrono::{DateTime, Datelike, TimeZone, Utc};
 use etcd_client::{Client, Txn, TxnOp};
 use shardcron::record::{Claim, Outcome, RunRecord, Trigger};
@@ -103,12 +101,7 @@ fn status_reads_more_than_4_mib_of_job_records() {
     assert_records(&status, &names, "status --json");
 
     step("/api/v1/status and /api/v1/jobs of a node");
-    let port = shardcron::etcd_server::free_port().expect("port");
-    world
-        .node("a", &config)
-        .args(&["--http-addr", &port.to_string()])
-        .start();
-    wait_ready_within(port, Duration::from_secs(60));
+    let port = world.node("a", &config).start_serving();
     let answer = http_request(port, "GET", "/api/v1/status", &[], "");
     assert_eq!(
         answer.status,

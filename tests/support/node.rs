@@ -62,6 +62,15 @@ impl<'w> NodeBuilder<'w> {
         self.under(&["prlimit", &format!("--nofile={limit}:{limit}"), "--"])
     }
 
+    /// Starts the node with its HTTP listener on a free loopback port, waits until it is ready,
+    /// and returns the port.
+    pub fn start_serving(self) -> u16 {
+        let port = shardcron::etcd_server::free_port().expect("port");
+        self.args(&["--http-addr", &port.to_string()]).start();
+        super::wait_ready_within(port, std::time::Duration::from_secs(60));
+        port
+    }
+
     /// Starts the node process, its output appended to `<id>.log`, and returns its index in
     /// `World::nodes`.
     pub fn start(self) -> usize {
