@@ -1585,6 +1585,7 @@ fn seed_run_records(url: &str, jobs: usize) -> f64 {
                     pending: Vec::new(),
                     shards: None,
                     schedule: None,
+                    others: Vec::new(),
                 };
                 let run = RunRecord {
                     scheduled_at: now,

@@ -8,6 +8,12 @@ use crate::config::{CatchUp, Job};
 /// At most this many missed ticks of one job are run per takeover.
 pub const MAX_CATCH_UP: usize = 100;
 
+/// At most how many ticks of one job a leader owes at once (claimed, not started). Its record
+/// lists each of them, and a claim writes up to 100 records in one request: 100 ticks a record
+/// keeps that request near 0.3 MiB, under etcd's 1.5 MiB limit, and a start rewrites at most that
+/// many. A longer backlog is claimed in parts as its ticks start.
+pub const MAX_OWED: usize = 100;
+
 /// The missed ticks to run, oldest first, and how the policy trimmed them.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Missed {
@@ -47,20 +53,49 @@ pub fn misses_any(job: &Job, last_claimed: Option<DateTime<Utc>>, now: DateTime<
 /// that took the shard over at `took_over` and claims the job's backlog only now (the node had no
 /// room for it sooner) owes in full. They came due while it led, so neither `catch_up` nor
 /// [`MAX_CATCH_UP`] leaves any out; `starting_deadline` still does, as for any tick that could not
-/// start in time.
+/// start in time. Only the oldest `limit` are returned: the caller claims a long backlog in parts.
 pub fn due_since(
     job: &Job,
     last_claimed: Option<DateTime<Utc>>,
     took_over: DateTime<Utc>,
     now: DateTime<Utc>,
+    limit: usize,
 ) -> Vec<DateTime<Utc>> {
     let mut after = owed_after(job, last_claimed, took_over, now);
     let mut ticks = Vec::new();
-    while let Some(tick) = job.schedule.next_after(after).filter(|tick| *tick <= now) {
+    while ticks.len() < limit {
+        let Some(tick) = job.schedule.next_after(after).filter(|tick| *tick <= now) else {
+            break;
+        };
         ticks.push(tick);
         after = tick;
     }
     ticks
+}
+
+/// The part of a job's backlog to claim now, oldest first, when it already owes `owed` ticks:
+/// at most [`MAX_OWED`] owed in all. The flag says ticks were left for a later part.
+pub fn backlog_part(
+    job: &Job,
+    mut missed: Vec<DateTime<Utc>>,
+    last_claimed: Option<DateTime<Utc>>,
+    took_over: DateTime<Utc>,
+    now: DateTime<Utc>,
+    owed: usize,
+) -> (Vec<DateTime<Utc>>, bool) {
+    let room = MAX_OWED.saturating_sub(owed);
+    if missed.len() >= room {
+        let more = missed.len() > room || any_due_since(job, last_claimed.max(missed.last().copied()), took_over, now);
+        missed.truncate(room);
+        return (missed, more);
+    }
+    let after = last_claimed.max(missed.last().copied());
+    // One more than fits says whether any were left.
+    let mut due = due_since(job, after, took_over, now, room - missed.len() + 1);
+    let more = due.len() > room - missed.len();
+    due.truncate(room - missed.len());
+    missed.extend(due);
+    (missed, more)
 }
 
 /// Whether [`due_since`] has any tick for `job`, in one schedule step.
@@ -176,7 +211,7 @@ mod tests {
         ];
         for (job, last, expected) in cases {
             assert_eq!(
-                due_since(&job, last, took_over, now),
+                due_since(&job, last, took_over, now, usize::MAX),
                 expected,
                 "{:?} {:?} from {last:?}",
                 job.catch_up,
@@ -196,8 +231,49 @@ mod tests {
             last,
             at("2027-01-01T00:00:00Z"),
             at("2027-01-01T01:00:00Z"),
+            usize::MAX,
         );
         assert_eq!(hour.len(), 3600);
+    }
+
+    #[test]
+    fn a_long_backlog_is_claimed_in_parts_of_at_most_what_a_record_lists() {
+        let job = job(CatchUp::All, None);
+        let start = at("2027-01-01T00:00:00Z");
+        let took_over = at("2027-01-01T00:01:00Z");
+        let now = at("2027-01-01T00:11:00Z");
+        let second = |n: i64| start + chrono::Duration::seconds(n);
+        // 60 missed before the takeover, 600 due since: every one of them owed, in parts.
+        let mut last = Some(start);
+        let mut missed = missed_ticks(&job, last, took_over).ticks;
+        let mut claimed = Vec::new();
+        let mut parts = 0;
+        loop {
+            let owed = if parts == 0 { 40 } else { 0 };
+            let (part, more) = backlog_part(&job, std::mem::take(&mut missed), last, took_over, now, owed);
+            assert!(
+                part.len() + owed <= MAX_OWED,
+                "part {parts}: {} ticks with {owed} owed",
+                part.len()
+            );
+            assert!(part.windows(2).all(|pair| pair[0] < pair[1]), "oldest first");
+            last = part.last().copied().or(last);
+            claimed.extend(part);
+            parts += 1;
+            if !more {
+                break;
+            }
+        }
+        assert_eq!(
+            claimed,
+            (1..=660).map(second).collect::<Vec<_>>(),
+            "every tick, once, in order"
+        );
+        assert_eq!(parts, 7, "60, then 6 parts of 100");
+        let (part, more) = backlog_part(&job, Vec::new(), last, took_over, now, 0);
+        assert!(part.is_empty() && !more, "nothing left");
+        let (part, more) = backlog_part(&job, vec![second(1)], Some(start), took_over, now, MAX_OWED);
+        assert!(part.is_empty() && more, "a job owing its fill claims nothing more yet");
     }
 
     #[test]

@@ -37,6 +37,8 @@ pub struct FleetView {
     pub leaders: Vec<Option<(String, i64)>>,
     /// Candidate keys of this node's elections that no live member put: they never lead.
     pub foreign: Arc<Vec<Candidate>>,
+    /// Some registration's record could not be read: its node's shard count is unknown.
+    pub unread_members: bool,
 }
 
 /// The live members, and the lease each registration lives on: a candidate key leads only on a
@@ -100,6 +102,19 @@ impl FleetView {
             }
             None => false,
         }
+    }
+
+    /// Whether no live node runs `shards` shards, as far as this view knows: the elections of that
+    /// count have no leader now and never will again, so nothing of theirs is left to start.
+    /// False while the view knows no member or cannot read one.
+    pub fn shard_count_gone(&self, shards: u32) -> bool {
+        !self.members.is_empty() && !self.unread_members && self.members.values().all(|member| member.shards != shards)
+    }
+
+    /// The shard counts the live nodes run; `None` when the view cannot tell.
+    pub fn shard_counts(&self) -> Option<BTreeSet<u32>> {
+        (!self.members.is_empty() && !self.unread_members)
+            .then(|| self.members.values().map(|member| member.shards).collect())
     }
 
     /// Whether the candidate of `node` with `fence` leads `shard` in this view. The view is etcd's
@@ -240,6 +255,11 @@ fn publish(
         let mut modified = false;
         if *current.members != members.nodes {
             current.members = Arc::new(members.nodes.clone());
+            modified = true;
+        }
+        let unread_members = members.leases.len() > members.nodes.len();
+        if current.unread_members != unread_members {
+            current.unread_members = unread_members;
             modified = true;
         }
         if !Arc::ptr_eq(&current.targets, targets) {

@@ -271,6 +271,7 @@ mod tests {
                 pending: vec![tick],
                 shards: Some(1),
                 schedule: None,
+                others: Vec::new(),
             },
         };
         step("a's session ends; b leads");

@@ -30,6 +30,59 @@ pub struct Claim {
     /// had before the change never existed. Records written before this field: `None`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schedule: Option<String>,
+    /// Pending ticks of other leaders than the writer, each with who owes them: a leader of
+    /// another term or another shard count that wrote the record before. The writer keeps them
+    /// listed for whoever settles them (the next leader of the owner's election, or any leader
+    /// once no node runs the owner's shard count), so a write never drops or takes for its own
+    /// a tick another leader may still start.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub others: Vec<Debt>,
+}
+
+/// Ticks a leader claimed and had not started when its record was last written by itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Debt {
+    /// The owner's term (its election key's create revision).
+    pub term: i64,
+    pub node: String,
+    /// The shard count of the owner's election; `None` only for records written before the
+    /// field, read as the reader's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shards: Option<u32>,
+    pub pending: Vec<DateTime<Utc>>,
+}
+
+impl Claim {
+    /// Every leader's pending ticks the record lists: the writer's own first, then the others'.
+    pub fn debts(&self) -> impl Iterator<Item = Debt> + '_ {
+        let own = (!self.pending.is_empty()).then(|| Debt {
+            term: self.fence,
+            node: self.node.clone(),
+            shards: self.shards,
+            pending: self.pending.clone(),
+        });
+        own.into_iter().chain(self.others.iter().cloned())
+    }
+
+    /// Every pending tick the record lists, whoever owes it.
+    pub fn listed(&self) -> Vec<DateTime<Utc>> {
+        let mut ticks: Vec<DateTime<Utc>> = self
+            .pending
+            .iter()
+            .chain(self.others.iter().flat_map(|debt| &debt.pending))
+            .copied()
+            .collect();
+        ticks.sort_unstable();
+        ticks.dedup();
+        ticks
+    }
+}
+
+impl Debt {
+    /// Whether the leader of `term` on `node` owes these ticks.
+    pub fn owed_by(&self, term: i64, node: &str) -> bool {
+        self.term == term && self.node == node
+    }
 }
 
 /// The value of `/jobs/<job>/result`.

@@ -196,13 +196,18 @@ impl Starts {
         self.session.valid_until().into_std()
     }
 
-    /// After a claim that won with `fence`: these ticks of `job` are owed.
+    /// After a write of `job`'s record that won with `fence`: these ticks of `job` are owed.
+    ///
+    /// The write lists every tick still owed as this leadership's, so each of them starts with
+    /// its fence: a tick claimed ahead before a redelivery's claim does not start after it with
+    /// a lower fence, and a leadership starts a job's ticks in fence order.
     pub(crate) fn owe(&self, job: &str, ticks: impl IntoIterator<Item = DateTime<Utc>>, fence: i64) {
-        self.lock()
-            .owed
-            .entry(job.to_string())
-            .or_default()
-            .extend(ticks.into_iter().map(|tick| (tick, fence)));
+        let mut state = self.lock();
+        let owed = state.owed.entry(job.to_string()).or_default();
+        for owed_fence in owed.values_mut() {
+            *owed_fence = (*owed_fence).max(fence);
+        }
+        owed.extend(ticks.into_iter().map(|tick| (tick, fence)));
     }
 
     /// The fence of `tick` of `job` if this leadership owes it (claimed, not started).
@@ -271,6 +276,15 @@ impl Starts {
     /// Resolves once some start is not written yet.
     pub(crate) async fn any_unrecorded(&self) {
         self.until(|state| !state.unrecorded.is_empty()).await;
+    }
+
+    /// Resolves once one of `jobs` owes at most `limit` ticks, or the leadership ends.
+    pub(crate) async fn owing_at_most(&self, limit: usize, jobs: Vec<String>) {
+        self.until(|state| {
+            jobs.iter()
+                .any(|job| state.owed.get(job).map_or(0, BTreeMap::len) <= limit)
+        })
+        .await;
     }
 
     /// Resolves once every tick owed up to `tick` has started, or may no longer start.

@@ -33,6 +33,7 @@ mod scenarios {
     mod read_path;
     mod secrets;
     mod security;
+    mod shard_count;
     mod snapshots;
     mod split_brain;
 }

@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 
 use crate::config::Job;
 use crate::ledger::Seen;
-use crate::record::Claim;
+use crate::record::{Claim, Debt};
 
 /// One job of a term and what its leader knows of the job's record.
 pub(crate) struct Entry {
@@ -96,6 +96,15 @@ impl Book {
         Book { entries, by_name }
     }
 
+    /// This book with every record to be read again when next needed: another election's
+    /// leaders may have written them meanwhile.
+    pub(crate) fn forgotten(mut self) -> Book {
+        for entry in &mut self.entries {
+            entry.read = false;
+        }
+        self
+    }
+
     pub(crate) fn entries(&self) -> &[Entry] {
         &self.entries
     }
@@ -140,9 +149,9 @@ pub(crate) struct Want {
     pub(crate) fresh: Vec<DateTime<Utc>>,
     /// Pending ticks of an earlier leader that this one delivers again.
     pub(crate) adopt: Vec<DateTime<Utc>>,
-    /// This write settles an earlier leader's pending ticks (each adopted or recorded lost), so
-    /// the record stops listing them.
-    pub(crate) takes_over: bool,
+    /// The earlier leaders whose pending ticks this write settles (each adopted or recorded
+    /// lost), so the record stops listing them.
+    pub(crate) settles: Vec<Owner>,
     /// Only writes the starts of ticks this leader owed.
     pub(super) starts_only: bool,
 }
@@ -154,26 +163,35 @@ impl Want {
             index,
             fresh: vec![tick],
             adopt: Vec::new(),
-            takes_over: false,
+            settles: Vec::new(),
             starts_only: false,
         }
     }
 
-    /// What a new leader claims for a job: missed ticks, and pending ticks of an earlier leader
-    /// to adopt, or to take over without running when `takes_over` and `adopt` is empty.
+    /// What a new leader claims for a job: missed ticks, and the pending ticks of the earlier
+    /// leaders it `settles` that it delivers again (`adopt`); it records the others lost.
     pub(crate) fn catch_up(
         index: usize,
         fresh: Vec<DateTime<Utc>>,
         adopt: Vec<DateTime<Utc>>,
-        takes_over: bool,
+        settles: Vec<Owner>,
     ) -> Want {
         Want {
             index,
             fresh,
             adopt,
-            takes_over,
+            settles,
             starts_only: false,
         }
+    }
+
+    /// Whether this write asks anything of the record.
+    pub(super) fn asks_anything(&self) -> bool {
+        !self.fresh.is_empty() || !self.adopt.is_empty() || !self.settles.is_empty()
+    }
+
+    fn settles_debt(&self, debt: &Debt) -> bool {
+        self.settles.iter().any(|owner| debt.owed_by(owner.term, &owner.node))
     }
 
     /// Drops the new ticks at or before `last`, the job's last claimed tick: never claimed twice.
@@ -186,8 +204,24 @@ impl Want {
             index,
             fresh: Vec::new(),
             adopt: Vec::new(),
-            takes_over: false,
+            settles: Vec::new(),
             starts_only: true,
+        }
+    }
+}
+
+/// A leader that owes pending ticks: its term and node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Owner {
+    pub(crate) term: i64,
+    pub(crate) node: String,
+}
+
+impl Owner {
+    pub(crate) fn of(debt: &Debt) -> Owner {
+        Owner {
+            term: debt.term,
+            node: debt.node.clone(),
         }
     }
 }
@@ -231,9 +265,10 @@ pub(super) fn resolve(seen: &Seen, expected_revision: i64, intended: &Claim) -> 
 /// for a job now on `schedule` (its [`label`](crate::schedule::Schedule::label)).
 ///
 /// The pending list is what the leader owes after the write: ticks owed from earlier claims,
-/// the new ones and the adopted ones. Another leader's pending ticks stay listed unless this
-/// write takes them over, so no write ever drops a tick someone still owes. `None` when there
-/// is nothing to write: no record and no tick.
+/// the new ones and the adopted ones. Every other leader's pending ticks stay listed under its
+/// own name unless this write settles them, so no write ever drops a tick someone still owes,
+/// nor takes for its own a tick that leader may still start. `None` when there is nothing to
+/// write: no record and no tick.
 pub(super) fn next_record(
     current: Option<&Claim>,
     want: &Want,
@@ -244,10 +279,20 @@ pub(super) fn next_record(
     let Writer { fence, node, shards } = *writer;
     let mut pending = owed.clone();
     pending.extend(want.fresh.iter().chain(&want.adopt).copied());
-    if let Some(current) = current {
-        let theirs = current.fence != fence || current.node != node;
-        if theirs && !want.takes_over {
-            pending.extend(current.pending.iter().copied());
+    let mut others: Vec<Debt> = Vec::new();
+    // The writer's own debt is what it owes now, not what it wrote before.
+    let kept = current
+        .into_iter()
+        .flat_map(Claim::debts)
+        .filter(|debt| !debt.owed_by(fence, node) && !want.settles_debt(debt));
+    for debt in kept {
+        match others.iter_mut().find(|other| other.owed_by(debt.term, &debt.node)) {
+            Some(other) => {
+                other.pending.extend(debt.pending);
+                other.pending.sort_unstable();
+                other.pending.dedup();
+            }
+            None => others.push(debt),
         }
     }
     let newest = want.fresh.iter().max().copied();
@@ -270,6 +315,7 @@ pub(super) fn next_record(
         shards: (!pending.is_empty()).then_some(shards),
         pending: pending.into_iter().collect(),
         schedule,
+        others,
     })
 }
 
@@ -296,7 +342,27 @@ mod tests {
             node: node.into(),
             pending: pending.iter().map(|second| at(*second)).collect(),
             schedule: Some("s".into()),
+            others: Vec::new(),
         }
+    }
+
+    /// `claim` also listing the pending ticks of the leader of `term` on `node` in an election of
+    /// `shards` shards.
+    fn owing(mut claim: Claim, term: i64, node: &str, shards: u32, pending: &[i64]) -> Claim {
+        claim.others.push(Debt {
+            term,
+            node: node.into(),
+            shards: Some(shards),
+            pending: pending.iter().map(|second| at(*second)).collect(),
+        });
+        claim
+    }
+
+    fn settling(term: i64, node: &str) -> Vec<Owner> {
+        vec![Owner {
+            term,
+            node: node.into(),
+        }]
     }
 
     #[test]
@@ -339,71 +405,85 @@ mod tests {
     #[test]
     fn the_next_record_lists_what_its_writer_owes_and_keeps_what_others_owe() {
         let owed = |seconds: &[i64]| seconds.iter().map(|second| at(*second)).collect::<BTreeSet<_>>();
-        let want = |fresh: &[i64], adopt: &[i64], takes_over: bool| Want {
+        let want = |fresh: &[i64], adopt: &[i64], settles: Vec<Owner>| Want {
             index: 0,
             fresh: fresh.iter().map(|second| at(*second)).collect(),
             adopt: adopt.iter().map(|second| at(*second)).collect(),
-            takes_over,
+            settles,
             starts_only: false,
         };
         let cases = [
             (
                 None,
-                want(&[10], &[], false),
+                want(&[10], &[], vec![]),
                 owed(&[]),
                 Some(claim(10, 5, "a", &[10])),
                 "a first claim",
             ),
             (
                 Some(claim(9, 5, "a", &[9])),
-                want(&[10], &[], false),
+                want(&[10], &[], vec![]),
                 owed(&[]),
                 Some(claim(10, 5, "a", &[10])),
                 "tick 9 started since: only 10 is owed",
             ),
             (
                 Some(claim(9, 5, "a", &[9])),
-                want(&[10], &[], false),
+                want(&[10], &[], vec![]),
                 owed(&[9]),
                 Some(claim(10, 5, "a", &[9, 10])),
                 "a backlog: 9 is still owed",
             ),
             (
                 Some(claim(9, 5, "a", &[8, 9])),
-                want(&[], &[], false),
+                want(&[], &[], vec![]),
                 owed(&[9]),
                 Some(claim(9, 5, "a", &[9])),
                 "writing a start",
             ),
             (
                 Some(claim(9, 3, "b", &[9])),
-                want(&[10], &[], false),
+                want(&[10], &[], vec![]),
                 owed(&[]),
-                Some(claim(10, 5, "a", &[9, 10])),
-                "another leader's tick 9 stays listed",
+                Some(owing(claim(10, 5, "a", &[10]), 3, "b", 4, &[9])),
+                "another leader's tick 9 stays listed as its own",
             ),
             (
                 Some(claim(9, 3, "b", &[8, 9])),
-                want(&[10], &[8, 9], true),
+                want(&[10], &[8, 9], settling(3, "b")),
                 owed(&[]),
                 Some(claim(10, 5, "a", &[8, 9, 10])),
                 "a takeover adopts 8 and 9",
             ),
             (
                 Some(claim(9, 3, "b", &[8, 9])),
-                want(&[], &[], true),
+                want(&[], &[], settling(3, "b")),
                 owed(&[]),
                 Some(claim(9, 5, "a", &[])),
                 "a takeover that records 8 and 9 lost",
             ),
             (
                 Some(claim(9, 3, "b", &[])),
-                want(&[5], &[], false),
+                want(&[5], &[], vec![]),
                 owed(&[]),
                 Some(claim(9, 5, "a", &[5])),
                 "an older tick never moves the record back",
             ),
-            (None, want(&[], &[], false), owed(&[]), None, "nothing to write"),
+            (
+                Some(owing(claim(10, 7, "c", &[10]), 5, "a", 4, &[8, 9])),
+                want(&[11], &[], vec![]),
+                owed(&[9]),
+                Some(owing(claim(11, 5, "a", &[9, 11]), 7, "c", 4, &[10])),
+                "our own debt is what we owe now (8 started), the writer's is kept as its own",
+            ),
+            (
+                Some(owing(owing(claim(10, 7, "c", &[10]), 3, "b", 4, &[8]), 2, "d", 4, &[7])),
+                want(&[], &[8], settling(3, "b")),
+                owed(&[]),
+                Some(owing(owing(claim(10, 5, "a", &[8]), 7, "c", 4, &[10]), 2, "d", 4, &[7])),
+                "a takeover settles one leader's debt and keeps the others'",
+            ),
+            (None, want(&[], &[], vec![]), owed(&[]), None, "nothing to write"),
         ];
         for (current, want, owed, expected, why) in cases {
             let writer = Writer {

@@ -19,7 +19,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use book::{next_record, resolve, Resolution, Writer};
-pub(crate) use book::{Book, Want, Won};
+pub(crate) use book::{Book, Owner, Want, Won};
 pub(crate) use lead::ClaimLead;
 
 use crate::backoff::{sleep_or_cancel, Backoff};
@@ -118,7 +118,7 @@ impl Claimer<'_> {
         for want in &mut wants {
             want.keep_after(book.entries[want.index].last());
         }
-        wants.retain(|want| !want.fresh.is_empty() || !want.adopt.is_empty() || want.takes_over);
+        wants.retain(Want::asks_anything);
         let mut won = Vec::with_capacity(wants.len());
         let mut riding_starts = Vec::new();
         let result = self.settle(book, &mut wants, &mut won, &mut riding_starts).await;
@@ -224,9 +224,15 @@ impl Claimer<'_> {
                         }
                         // Another leader wrote the record: its pending ticks are its own now.
                         want.adopt.clear();
-                        want.takes_over = false;
+                        want.settles.clear();
+                        // The starts riding this write are written over the new record, or that
+                        // leader's write keeps them listed and a later leader runs them again.
+                        let job = &book.entries[want.index].job.name;
+                        let carries_starts = riding_starts.iter().any(|(riding, _)| riding == job);
                         if !want.fresh.is_empty() {
                             open.push(want);
+                        } else if carries_starts {
+                            open.push(Want::starts_only(want.index));
                         }
                     }
                 }
@@ -241,7 +247,7 @@ impl Claimer<'_> {
         if let Some(written) = &intended {
             self.starts
                 .here()
-                .written(&book.entries[want.index].job.name, &written.pending);
+                .written(&book.entries[want.index].job.name, &written.listed());
         }
         book.holds(want.index, revision, intended);
         let entry = &book.entries[want.index];

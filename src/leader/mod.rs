@@ -17,6 +17,7 @@ use tokio_util::task::AbortOnDropHandle;
 mod takeover;
 
 use crate::backoff::{sleep_or_cancel, Backoff};
+use crate::catch_up::MAX_OWED;
 use crate::claims::{Book, Claimer, Halt, Want};
 use crate::clock;
 use crate::config::{Delivery, Job};
@@ -66,6 +67,10 @@ enum TermEnd {
     /// `jobs.toml` was reloaded: lead on, with the new jobs, under the same leadership, from
     /// what this term knew of the jobs it keeps.
     JobsReloaded(Book),
+    /// The last node of another shard count left (a rolling change of `shards`): lead on under
+    /// the same leadership, reading every record again, so the ticks that count's leaders left
+    /// pending, which no successor of theirs will settle, are delivered or recorded lost here.
+    ShardCountGone(Book),
 }
 
 impl From<Halt> for TermEnd {
@@ -160,6 +165,7 @@ pub(crate) async fn run_shard(
             tracing::info!(shard, fence = term.leadership.fence, reason = ?end, "term ended");
             match end {
                 TermEnd::JobsReloaded(book) => known = Some(book),
+                TermEnd::ShardCountGone(book) => known = Some(book.forgotten()),
                 TermEnd::Deposed => {}
                 TermEnd::HandedOff => {
                     if !resign(&node, &session, &term.leadership).await {
@@ -265,9 +271,14 @@ impl Term {
         // it, so the queue takes it, however long the claims take.
         let now = clock::now();
         let mut behind: VecDeque<usize> = (0..book.entries().len()).collect();
+        // Jobs whose backlog is longer than they may owe at once: the rest is claimed in parts.
+        let mut refilling: Vec<usize> = Vec::new();
         // Where the jobs of `behind` stopped being missed: what is due after it, this leader owes.
         let mut took_over = now;
-        let mut queue = match self.catch_up(claimer, book, &mut behind, took_over, now).await {
+        let mut queue = match self
+            .catch_up(claimer, book, &mut behind, &mut refilling, took_over, now)
+            .await
+        {
             Ok(settled) => self.queue(book, &settled, now),
             Err(halt) => return halt.into(),
         };
@@ -278,6 +289,8 @@ impl Term {
             book.entries().iter().map(|entry| Arc::clone(&entry.job)).collect(),
         )));
         let mut requests = self.node.triggers.subscribe();
+        // The shard counts the fleet runs: when one goes, its leaders' pending ticks are ours.
+        let mut shard_counts = fleet.borrow().shard_counts();
         // When the last instant fired, and its tick.
         let mut last_fired: Option<(DateTime<Utc>, DateTime<Utc>)> = None;
         // The next instant once claimed, and the jobs whose tick it won with their fences.
@@ -325,6 +338,10 @@ impl Term {
                     None => self.starts.any_unrecorded().await,
                 }
             };
+            let refill = {
+                let jobs: Vec<String> = refilling.iter().map(|index| book.job(*index).name.clone()).collect();
+                self.starts.owing_at_most(MAX_OWED / 2, jobs)
+            };
             // Between the ticks is the quiet moment: no write is in flight, and a claimed tick
             // that is not due yet stays pending in etcd for whoever leads next.
             tokio::select! {
@@ -347,6 +364,17 @@ impl Term {
                     if self.should_hand_over(&mut fleet) {
                         return TermEnd::HandedOff;
                     }
+                    let counts = fleet.borrow().shard_counts();
+                    if let (Some(before), Some(now)) = (&shard_counts, &counts) {
+                        let gone: Vec<u32> = before.difference(now).copied().collect();
+                        if !gone.is_empty() {
+                            tracing::info!(shard = self.leadership.shard, gone = ?gone, "no node runs these shard counts any more: reading the records again for the ticks their leaders left pending");
+                            return TermEnd::ShardCountGone(std::mem::take(book));
+                        }
+                    }
+                    if counts.is_some() {
+                        shard_counts = counts;
+                    }
                     continue;
                 }
                 Ok(()) = reloads.changed() => return TermEnd::JobsReloaded(std::mem::take(book)),
@@ -361,7 +389,17 @@ impl Term {
                 // instant claimed ahead waits to fire.
                 _ = self.node.runs.late_room(), if !behind.is_empty() && claimed.is_none() => {
                     let now = clock::now();
-                    match self.catch_up(claimer, book, &mut behind, took_over, now).await {
+                    match self.catch_up(claimer, book, &mut behind, &mut refilling, took_over, now).await {
+                        Ok(settled) => queue.extend(self.queue(book, &settled, now)),
+                        Err(halt) => return halt.into(),
+                    }
+                    continue;
+                }
+                // A backlog claimed in parts: the next part once half of the last has started.
+                _ = refill, if !refilling.is_empty() && claimed.is_none() => {
+                    behind.extend(refilling.drain(..));
+                    let now = clock::now();
+                    match self.catch_up(claimer, book, &mut behind, &mut refilling, took_over, now).await {
                         Ok(settled) => queue.extend(self.queue(book, &settled, now)),
                         Err(halt) => return halt.into(),
                     }
@@ -394,7 +432,11 @@ impl Term {
                             tracing::warn!(shard = self.leadership.shard, tick = %due, behind_ms = (now - due).num_milliseconds(), "this leader fell behind (a stall, or slow etcd calls): every tick due meanwhile is claimed and run late");
                         }
                         behind = (0..book.entries().len()).collect();
-                        queue = match self.catch_up(claimer, book, &mut behind, took_over, now).await {
+                        refilling.clear();
+                        queue = match self
+                            .catch_up(claimer, book, &mut behind, &mut refilling, took_over, now)
+                            .await
+                        {
                             Ok(settled) => self.queue(book, &settled, now),
                             Err(halt) => return halt.into(),
                         };

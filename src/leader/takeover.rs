@@ -7,16 +7,17 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 
 use super::{Late, Term};
-use crate::catch_up::{any_due_since, due_since, missed_ticks, misses_any, Missed, MAX_CATCH_UP};
-use crate::claims::{Book, Claimer, Halt, Want};
+use crate::catch_up::{any_due_since, backlog_part, missed_ticks, misses_any, Missed, MAX_CATCH_UP};
+use crate::claims::{Book, Claimer, Halt, Owner, Want};
 use crate::clock;
 use crate::config::{Delivery, Job};
+use crate::fleet::FleetView;
 use crate::ledger::MAX_OPS_PER_TXN;
-use crate::record::{Claim, Outcome, RunRecord, Trigger};
+use crate::record::{Claim, Debt, Outcome, RunRecord, Trigger};
 
-/// Per job (by index in the book): the pending ticks of an earlier leader this one records lost,
-/// with that leader's record and the revision it was read at.
-type Lost = HashMap<usize, (Claim, i64, Vec<DateTime<Utc>>)>;
+/// Per job (by index in the book): the revision of the record that listed them, and the pending
+/// ticks of earlier leaders this one records lost, with the leader that owed each.
+type Lost = HashMap<usize, (i64, Vec<(Debt, Vec<DateTime<Utc>>)>)>;
 
 impl Term {
     /// Settles, for the jobs of `behind` (front first), what earlier leaders left: ticks they
@@ -25,12 +26,15 @@ impl Term {
     /// as each job's `catch_up` says. Returns the jobs settled, which fire from now on. A job
     /// that owes late runs while the node has no room for more of them (see
     /// [`crate::runs::LATE_ROOM`]) stays in `behind` until the leader has room to claim it; its
-    /// ticks due meanwhile join its backlog, every one of them ([`due_since`]).
+    /// ticks due meanwhile join its backlog, every one of them ([`crate::catch_up::due_since`]).
+    /// A job may owe at most [`crate::catch_up::MAX_OWED`] ticks at once: one whose backlog is
+    /// longer is claimed in part and joins `refilling`, to claim the rest as its ticks start.
     pub(super) async fn catch_up(
         &self,
         claimer: &Claimer<'_>,
         book: &mut Book,
         behind: &mut VecDeque<usize>,
+        refilling: &mut Vec<usize>,
         took_over: DateTime<Utc>,
         now: DateTime<Utc>,
     ) -> Result<Vec<usize>, Halt> {
@@ -55,7 +59,7 @@ impl Term {
                 tokio::task::yield_now().await;
                 continue;
             }
-            let (wants, lost) = self.wants(book, &chunk, took_over, now);
+            let (wants, lost, unfinished) = self.wants(book, &chunk, took_over, now);
             let late: usize = wants.iter().map(|want| want.fresh.len() + want.adopt.len()).sum();
             let room = if wants.is_empty() {
                 None
@@ -73,7 +77,8 @@ impl Term {
                 self.deliver(claimer, book, &wants, lost, now).await?;
             }
             drop(room);
-            settled.extend(chunk);
+            settled.extend(chunk.iter().filter(|index| !unfinished.contains(index)));
+            refilling.extend(unfinished);
             tokio::task::yield_now().await;
         }
         if !waiting.is_empty() {
@@ -87,28 +92,45 @@ impl Term {
     /// out its ticks; true when in doubt.
     fn may_owe(&self, book: &Book, index: usize, took_over: DateTime<Utc>, now: DateTime<Utc>) -> bool {
         let entry = &book.entries()[index];
-        self.left_pending(entry.record()).is_some()
+        !self.settleable(entry.record(), &self.fleet.borrow()).is_empty()
             || misses_any(&entry.job, entry.last(), took_over)
             || any_due_since(&entry.job, entry.last(), took_over, now)
     }
 
-    /// `record`, if it lists pending ticks of an earlier leader of this election, which is
-    /// deposed since this one leads. Those of another election's leader stay listed for its
-    /// successor.
-    fn left_pending<'r>(&self, record: Option<&'r Claim>) -> Option<&'r Claim> {
-        record.filter(|claim| {
-            !claim.pending.is_empty()
-                && claim.shards.is_none_or(|shards| shards == self.leadership.shards)
-                && (claim.fence != self.leadership.fence || claim.node != self.node.node_id)
-        })
+    /// The debts `record` lists that this leader settles: those of earlier leaders of its own
+    /// election, deposed since it leads, and those of a shard count no live node runs any more
+    /// (`view`), whose elections have no successor. The debts of another live election's leaders
+    /// stay listed for their successors.
+    fn settleable(&self, record: Option<&Claim>, view: &FleetView) -> Vec<Debt> {
+        let Some(claim) = record else {
+            return Vec::new();
+        };
+        claim
+            .debts()
+            .filter(|debt| {
+                !debt.owed_by(self.leadership.fence, &self.node.node_id)
+                    && debt
+                        .shards
+                        .is_none_or(|shards| shards == self.leadership.shards || view.shard_count_gone(shards))
+            })
+            .collect()
     }
 
     /// What to claim for `jobs`: ticks missed before `took_over` as each job's `catch_up` says,
     /// every tick due since, and the pending ticks earlier leaders left, to run again or
-    /// (returned apart) to record lost.
-    fn wants(&self, book: &Book, jobs: &[usize], took_over: DateTime<Utc>, now: DateTime<Utc>) -> (Vec<Want>, Lost) {
+    /// (returned apart) to record lost. Also returned: the jobs whose backlog is claimed only in
+    /// part, as they may owe no more at once.
+    fn wants(
+        &self,
+        book: &Book,
+        jobs: &[usize],
+        took_over: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> (Vec<Want>, Lost, Vec<usize>) {
         let mut wants = Vec::new();
         let mut lost = Lost::new();
+        let mut unfinished = Vec::new();
+        let view = self.fleet.borrow().clone();
         for &index in jobs {
             let entry = &book.entries()[index];
             let label = entry.job.schedule.label();
@@ -116,7 +138,7 @@ impl Term {
                 .record()
                 .and_then(|claim| claim.schedule.as_deref())
                 .filter(|was| *was != label);
-            let mut missed = match was {
+            let missed = match was {
                 Some(was) => {
                     tracing::info!(job = %entry.job.name, was, now = %label, "the schedule changed since the last claim: the ticks the new one would have had before now never existed, none is caught up");
                     Missed::default()
@@ -126,26 +148,39 @@ impl Term {
             if missed.truncated {
                 tracing::warn!(job = %entry.job.name, kept = MAX_CATCH_UP, "more ticks were missed than one takeover catches up: running only the newest");
             }
-            missed.ticks.extend(due_since(&entry.job, entry.last(), took_over, now));
-            let left = self.left_pending(entry.record());
-            let (adopt, dropped) = match left {
-                Some(claim) => {
-                    let (started, unstarted) = self.started_here(&entry.job.name, &claim.pending);
-                    if let Some(first) = started.first() {
-                        tracing::info!(job = %entry.job.name, ticks = started.len(), first = %first, fence = claim.fence, "ticks this node started in an earlier leadership, whose start that one could not write: recorded now, not run again");
-                    }
-                    redelivery(&entry.job, &unstarted, now)
-                }
-                None => (Vec::new(), Vec::new()),
-            };
-            if let (Some(claim), false) = (left, dropped.is_empty()) {
-                lost.insert(index, (claim.clone(), entry.revision(), dropped));
+            let owed = self.starts.owed(&entry.job.name).len();
+            let (fresh, more) = backlog_part(&entry.job, missed.ticks, entry.last(), took_over, now, owed);
+            if more {
+                unfinished.push(index);
             }
-            if left.is_some() || !missed.ticks.is_empty() {
-                wants.push(Want::catch_up(index, missed.ticks, adopt, left.is_some()));
+            let debts = self.settleable(entry.record(), &view);
+            let mut adopt = Vec::new();
+            let mut settles = Vec::with_capacity(debts.len());
+            for debt in debts {
+                let (started, unstarted) = self.started_here(&entry.job.name, &debt.pending);
+                if let Some(first) = started.first() {
+                    tracing::info!(job = %entry.job.name, ticks = started.len(), first = %first, term = debt.term, "ticks this node started in an earlier leadership, whose start that one could not write: recorded now, not run again");
+                }
+                if debt.shards.is_some_and(|shards| shards != self.leadership.shards) {
+                    tracing::info!(job = %entry.job.name, ticks = debt.pending.len(), node = %debt.node, term = debt.term, shards = ?debt.shards, "settling the pending ticks of a leader of a shard count no node runs any more");
+                }
+                let (run, dropped) = redelivery(&entry.job, &unstarted, now);
+                adopt.extend(run);
+                settles.push(Owner::of(&debt));
+                if !dropped.is_empty() {
+                    lost.entry(index)
+                        .or_insert_with(|| (entry.revision(), Vec::new()))
+                        .1
+                        .push((debt, dropped));
+                }
+            }
+            adopt.sort_unstable();
+            adopt.dedup();
+            if !settles.is_empty() || !fresh.is_empty() {
+                wants.push(Want::catch_up(index, fresh, adopt, settles));
             }
         }
-        (wants, lost)
+        (wants, lost, unfinished)
     }
 
     /// Claims `wants` (one transaction's worth) and starts what they won.
@@ -159,8 +194,10 @@ impl Term {
     ) -> Result<(), Halt> {
         for won in claimer.claim(book, wants).await? {
             let job = book.job(won.index);
-            if let Some((claim, listed_at, ticks)) = lost.remove(&won.index) {
-                self.record_lost(job, &claim, listed_at, &ticks);
+            if let Some((listed_at, debts)) = lost.remove(&won.index) {
+                for (debt, ticks) in debts {
+                    self.record_lost(job, &debt, listed_at, &ticks);
+                }
             }
             // An earlier leader's tick that is not due yet was claimed ahead and never
             // started: it is owed now and fires on time from the queue.
@@ -204,13 +241,13 @@ impl Term {
     /// Records ticks an earlier leader claimed and never started, which this one does not run.
     /// Their fence is the revision of the record that listed them: no earlier than their claim,
     /// and earlier than any claim of this leader.
-    fn record_lost(&self, job: &Arc<Job>, claim: &Claim, listed_at: i64, ticks: &[DateTime<Utc>]) {
+    fn record_lost(&self, job: &Arc<Job>, debt: &Debt, listed_at: i64, ticks: &[DateTime<Utc>]) {
         for tick in ticks {
-            tracing::warn!(job = %job.name, tick = %tick, fence = listed_at, term = claim.fence, node = %claim.node, delivery = ?job.delivery, "lost: a tick its leader claimed and never started, not run again");
+            tracing::warn!(job = %job.name, tick = %tick, fence = listed_at, term = debt.term, node = %debt.node, delivery = ?job.delivery, "lost: a tick its leader claimed and never started, not run again");
             let record = RunRecord {
                 scheduled_at: *tick,
                 fence: listed_at,
-                node: claim.node.clone(),
+                node: debt.node.clone(),
                 outcome: Outcome::Lost,
                 exit_code: None,
                 duration_ms: 0,

@@ -40,6 +40,7 @@ fn seed(world: &World, names: &[String]) -> usize {
                     pending: Vec::new(),
                     shards: None,
                     schedule: None,
+                    others: Vec::new(),
                 };
                 let run = RunRecord {
                     scheduled_at: tick(),

@@ -165,6 +165,7 @@ impl World {
             pending: Vec::new(),
             shards: None,
             schedule: None,
+            others: Vec::new(),
         };
         let value = serde_json::to_string(&record).expect("record");
         let runtime = tokio::runtime::Runtime::new().expect("runtime");
