@@ -30,6 +30,7 @@ mod scenarios {
     mod observability;
     mod operations;
     mod package;
+    mod packet_drops;
     mod read_path;
     mod secrets;
     mod security;
