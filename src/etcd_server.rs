@@ -1,5 +1,6 @@
 //! Throwaway etcd on free loopback ports in a temp dir: one member for `shardcron dev` and most
-//! tests, three for the tests that kill etcd's own leader. Killed and removed on drop.
+//! tests, three for the tests that kill etcd's own leader. Killed and removed on drop. The
+//! packet-drop tests put a member on other addresses, or in a network namespace ([`MemberNet`]).
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -30,11 +31,39 @@ pub struct ServerTls {
 
 struct Member {
     name: String,
+    /// The address its peer, client and metrics URLs are on.
+    host: String,
+    /// More addresses it serves clients on, at the same port.
+    extra_client_hosts: Vec<String>,
+    /// A program and its arguments that exec etcd (`ip netns exec NS`), if any.
+    wrapper: Vec<String>,
     client_port: u16,
     peer_port: u16,
     /// Plain-HTTP `/health` and `/metrics`, also when clients speak TLS.
     metrics_port: u16,
     child: Option<Child>,
+}
+
+/// Where one member of a test's cluster listens and how it is started: what the packet-drop
+/// scenarios need to put a member in a network namespace, or to serve clients that run in one.
+#[derive(Debug, Clone)]
+pub struct MemberNet {
+    /// The address of its peer, client and metrics URLs (`127.0.0.1` by default).
+    pub host: String,
+    /// More addresses it serves clients on, at the same port, and advertises.
+    pub extra_client_hosts: Vec<String>,
+    /// A program and its arguments that exec etcd, such as `ip netns exec NS`.
+    pub wrapper: Vec<String>,
+}
+
+impl Default for MemberNet {
+    fn default() -> MemberNet {
+        MemberNet {
+            host: "127.0.0.1".into(),
+            extra_client_hosts: Vec::new(),
+            wrapper: Vec::new(),
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -100,16 +129,36 @@ impl EtcdServer {
         Self::start_with(bin, 1, None, flags)
     }
 
+    /// Starts one member per entry of `nets`, each listening and started as it says.
+    #[cfg(feature = "test-support")]
+    pub fn start_cluster_on(bin: &Path, nets: &[MemberNet]) -> Result<EtcdServer, EtcdServerError> {
+        Self::start_members(bin, nets, None, &[])
+    }
+
     fn start_with(
         bin: &Path,
         size: usize,
         tls: Option<ServerTls>,
         flags: &[&str],
     ) -> Result<EtcdServer, EtcdServerError> {
+        let loopback = vec![MemberNet::default(); size];
+        Self::start_members(bin, &loopback, tls, flags)
+    }
+
+    fn start_members(
+        bin: &Path,
+        nets: &[MemberNet],
+        tls: Option<ServerTls>,
+        flags: &[&str],
+    ) -> Result<EtcdServer, EtcdServerError> {
+        let size = nets.len();
         let mut members = Vec::with_capacity(size);
-        for index in 0..size {
+        for (index, net) in nets.iter().enumerate() {
             members.push(Member {
                 name: format!("member{index}"),
+                host: net.host.clone(),
+                extra_client_hosts: net.extra_client_hosts.clone(),
+                wrapper: net.wrapper.clone(),
                 client_port: free_port()?,
                 peer_port: free_port()?,
                 metrics_port: free_port()?,
@@ -118,7 +167,7 @@ impl EtcdServer {
         }
         let initial_cluster = members
             .iter()
-            .map(|member| format!("{}=http://127.0.0.1:{}", member.name, member.peer_port))
+            .map(|member| format!("{}=http://{}:{}", member.name, member.host, member.peer_port))
             .collect::<Vec<_>>()
             .join(",");
         let mut server = EtcdServer {
@@ -140,8 +189,16 @@ impl EtcdServer {
 
     fn spawn(&mut self, index: usize) -> Result<(), EtcdServerError> {
         let member = &self.members[index];
-        let client = self.client_url_of(index);
-        let peer = format!("http://127.0.0.1:{}", member.peer_port);
+        let clients = std::iter::once(self.client_url_of(index))
+            .chain(
+                member
+                    .extra_client_hosts
+                    .iter()
+                    .map(|host| self.client_url_on(index, host)),
+            )
+            .collect::<Vec<_>>()
+            .join(",");
+        let peer = format!("http://{}:{}", member.host, member.peer_port);
         let tls_args: Vec<String> = self
             .tls
             .iter()
@@ -158,14 +215,22 @@ impl EtcdServer {
             .create(true)
             .append(true)
             .open(self.log_path_of(index))?;
-        let child = Command::new(&self.bin)
+        let mut command = match member.wrapper.split_first() {
+            Some((program, rest)) => {
+                let mut command = Command::new(program);
+                command.args(rest).arg(&self.bin);
+                command
+            }
+            None => Command::new(&self.bin),
+        };
+        let child = command
             .arg(format!("--name={}", member.name))
             .arg(format!("--data-dir={}", self.dir.path().join(&member.name).display()))
-            .arg(format!("--listen-client-urls={client}"))
-            .arg(format!("--advertise-client-urls={client}"))
+            .arg(format!("--listen-client-urls={clients}"))
+            .arg(format!("--advertise-client-urls={clients}"))
             .arg(format!(
-                "--listen-metrics-urls=http://127.0.0.1:{}",
-                member.metrics_port
+                "--listen-metrics-urls=http://{}:{}",
+                member.host, member.metrics_port
             ))
             .args(tls_args)
             .arg(format!("--listen-peer-urls={peer}"))
@@ -196,8 +261,13 @@ impl EtcdServer {
     }
 
     pub fn client_url_of(&self, index: usize) -> String {
+        self.client_url_on(index, &self.members[index].host)
+    }
+
+    /// The client URL of member `index` at `host`: its own address or one of its extra ones.
+    pub fn client_url_on(&self, index: usize, host: &str) -> String {
         let scheme = if self.tls.is_some() { "https" } else { "http" };
-        format!("{scheme}://127.0.0.1:{}", self.members[index].client_port)
+        format!("{scheme}://{host}:{}", self.members[index].client_port)
     }
 
     #[cfg(feature = "test-support")]
@@ -209,7 +279,7 @@ impl EtcdServer {
     #[cfg(feature = "test-support")]
     /// host:port of the first member, for proxies.
     pub fn client_address(&self) -> String {
-        format!("127.0.0.1:{}", self.members[0].client_port)
+        format!("{}:{}", self.members[0].host, self.members[0].client_port)
     }
 
     /// The first member's log.
@@ -350,10 +420,11 @@ impl EtcdServer {
     }
 
     fn http_get(&self, index: usize, path: &str) -> Option<String> {
-        let port = self.members[index].metrics_port;
-        let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+        let (host, port) = (self.members[index].host.as_str(), self.members[index].metrics_port);
+        let address: std::net::SocketAddr = format!("{host}:{port}").parse().ok()?;
+        let mut stream = TcpStream::connect_timeout(&address, Duration::from_secs(2)).ok()?;
         stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-        let request = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n");
+        let request = format!("GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n");
         stream.write_all(request.as_bytes()).ok()?;
         let mut response = String::new();
         stream.read_to_string(&mut response).ok()?;

@@ -1,9 +1,10 @@
 //! shardcron's scenario tests, in one binary: the harness and every scenario compile and link
 //! once, instead of once per scenario file. Each scenario starts its own etcd on free loopback
-//! ports and runs the built `shardcron` binary as its nodes. The fault scenarios (lease stall,
-//! split brain, etcd faults, bad commands, delivery, security, chaos, control, etcd space) print
-//! every figure they measure, for the README's table of faults; `scripts/test` runs them a
-//! second time on etcd 3.5.1 (`SHARDCRON_TEST_ETCD`).
+//! ports (the packet-drop ones on 198.18.0.0/15 addresses of veth pairs they make, which needs
+//! root) and runs the built `shardcron` binary as its nodes. The fault scenarios (lease stall,
+//! split brain, etcd faults, bad commands, delivery, security, chaos, control, etcd space, packet
+//! drops) print every figure they measure, for the README's table of faults; `scripts/test` runs
+//! them a second time on etcd 3.5.1 (`SHARDCRON_TEST_ETCD`).
 //!
 //! ```text
 //! cargo test --test main                       # every scenario
@@ -30,6 +31,7 @@ mod scenarios {
     mod observability;
     mod operations;
     mod package;
+    mod packet_drops;
     mod read_path;
     mod secrets;
     mod security;

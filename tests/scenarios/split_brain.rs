@@ -3,54 +3,12 @@
 //! store ends with one row per tick and no write from a stale fence.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
+use crate::support::fenced::*;
 use crate::support::*;
-
-/// The fenced-SQLite example's job, run against `db`, after recording the run as usual.
-fn fenced_sqlite_command(world: &World, db: &Path) -> String {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/fenced-sqlite/report.sh");
-    format!("{} && {} {}", world.record_command(), script.display(), db.display())
-}
-
-fn sqlite(db: &Path, sql: &str) -> String {
-    let out = Command::new("sqlite3")
-        .arg(db)
-        .arg(sql)
-        .output()
-        .expect("run sqlite3 (apt-get install sqlite3)");
-    assert!(
-        out.status.success(),
-        "sqlite3: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// `attempts` rows: (job, tick, fence, shard, started_at).
-fn attempts(db: &Path) -> Vec<(String, String, i64, u32, f64)> {
-    sqlite(
-        db,
-        "SELECT job, tick, fence, shard, started_at FROM attempts ORDER BY started_at",
-    )
-    .lines()
-    .filter_map(|line| {
-        let fields: Vec<&str> = line.split('|').collect();
-        let [job, tick, fence, shard, started] = fields.as_slice() else {
-            return None;
-        };
-        Some((
-            job.to_string(),
-            tick.to_string(),
-            fence.parse().ok()?,
-            shard.parse().ok()?,
-            started.parse().ok()?,
-        ))
-    })
-    .collect()
-}
 
 #[test]
 fn a_split_brain_leaves_the_fenced_store_with_one_row_per_tick() {
@@ -180,8 +138,7 @@ fn a_split_brain_leaves_the_fenced_store_with_one_row_per_tick() {
     step("a stale leader's late write is refused by the store");
     let (job, tick, newest_fence, shard, _) = attempts.last().expect("attempts").clone();
     let stale_fence = newest_fence - 1;
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/fenced-sqlite/report.sh");
-    let status = Command::new(&script)
+    let status = Command::new(report_script())
         .arg(&db)
         .arg("late write")
         .env("CRON_JOB", &job)

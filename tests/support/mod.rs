@@ -2,10 +2,12 @@
 //! jobs that append one line per run to a file, and waits on conditions with deadlines.
 //!
 //! The [`World`] (its etcd, configs, nodes and status) is here; node processes are in `node`,
-//! the recorded runs and the checks on them in `runs`, and the proxy that cuts a node off from
-//! etcd in `proxy`.
+//! the recorded runs and the checks on them in `runs`, the proxy that cuts a node off from
+//! etcd in `proxy`, the fenced-SQLite downstream in `fenced`, and the network namespaces whose packets a test drops in `netns`.
 
 pub mod browser;
+pub mod fenced;
+pub mod netns;
 mod node;
 pub mod proxy;
 mod runs;
@@ -213,6 +215,11 @@ impl World {
         step("start a and b");
         self.node("a", config).start();
         self.node("b", config).start();
+        self.wait_leader_and_standby(config)
+    }
+
+    /// [`World::leader_and_standby`] for nodes `a` and `b` the test started itself.
+    pub fn wait_leader_and_standby(&self, config: &Path) -> Roles {
         // Both nodes compute the same target for the shard; wait until it leads and the other
         // waits.
         let target = shardcron::assignment::assign(1, &["a", "b"])[0]
@@ -239,6 +246,24 @@ impl World {
         let standby_id = self.nodes[1 - leader].id.clone();
         step(&format!("{target} leads, {standby_id} stands by"));
         Roles { leader, standby_id }
+    }
+
+    /// A world whose one etcd member serves clients on loopback and on the host's end of each of
+    /// `nets`, for nodes started [`NodeBuilder::in_netns`].
+    pub fn reachable_from(nets: &[&netns::Netns]) -> World {
+        let bin = etcd_bin();
+        step(&format!(
+            "etcd {} ({}), reachable from {} network namespace(s)",
+            etcd_version(&bin).unwrap_or_else(|| "of unknown version".into()),
+            bin.display(),
+            nets.len()
+        ));
+        let member = shardcron::etcd_server::MemberNet {
+            extra_client_hosts: nets.iter().map(|net| net.root_addr.to_string()).collect(),
+            ..Default::default()
+        };
+        let etcd = EtcdServer::start_cluster_on(&bin, &[member]).expect("start etcd (apt-get install etcd-server)");
+        World::with_etcd(etcd, tempfile::tempdir().expect("temp dir"))
     }
 
     /// Starts one node per id, each reaching etcd through a proxy of its own.

@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use super::netns::Netns;
 use super::proxy::Proxy;
 use super::{World, SHARDCRON};
 
@@ -33,6 +34,13 @@ impl<'w> NodeBuilder<'w> {
     /// Reaches etcd through `proxy` instead of the config's endpoints.
     pub fn via(self, proxy: &Proxy) -> Self {
         self.args(&["--endpoints", &proxy.url()])
+    }
+
+    /// Runs in `net`, reaching etcd's first member at the host's end of `net`'s veth pair
+    /// instead of the config's endpoints (see [`World::reachable_from`]).
+    pub fn in_netns(self, net: &Netns) -> Self {
+        let url = self.world.etcd.client_url_on(0, &net.root_addr.to_string());
+        self.under(&net.exec()).args(&["--endpoints", &url])
     }
 
     /// Extra arguments after `run --config …`.
