@@ -243,6 +243,10 @@ pub(crate) struct Won {
 pub(super) enum Resolution {
     /// The write landed.
     Ours,
+    /// An earlier attempt of the same claim landed late, after its outcome was taken for
+    /// unknown: the record is this leadership's, its ticks are won, and what that attempt
+    /// listed as pending (starts made since) is written again by the next claim.
+    Earlier,
     /// The record is as it was: nothing landed and nobody else wrote; write again.
     Open,
     /// Another leader wrote the record meanwhile.
@@ -250,14 +254,22 @@ pub(super) enum Resolution {
 }
 
 /// Resolves a write of `intended` over a record at `expected_revision` from the record read
-/// after it.
+/// after it. Only this leadership writes records with its fence and node: such a record that
+/// is not `intended` is an earlier attempt of the same claim.
 pub(super) fn resolve(seen: &Seen, expected_revision: i64, intended: &Claim) -> Resolution {
     if seen.mod_revision == expected_revision {
-        Resolution::Open
-    } else if seen.claim.as_ref() == Some(intended) {
-        Resolution::Ours
-    } else {
-        Resolution::Changed
+        return Resolution::Open;
+    }
+    match &seen.claim {
+        Some(claim) if claim == intended => Resolution::Ours,
+        Some(claim)
+            if claim.fence == intended.fence
+                && claim.node == intended.node
+                && claim.scheduled_at >= intended.scheduled_at =>
+        {
+            Resolution::Earlier
+        }
+        _ => Resolution::Changed,
     }
 }
 
@@ -392,8 +404,13 @@ mod tests {
             ),
             (
                 seen(8, Some(claim(10, 5, "a", &[]))),
+                Resolution::Earlier,
+                "the same tick with other pending ticks: an earlier attempt landed late",
+            ),
+            (
+                seen(8, Some(claim(9, 5, "a", &[]))),
                 Resolution::Changed,
-                "the same tick with other pending ticks is not our write",
+                "a write of ours that did not claim the tick",
             ),
         ];
         for (seen, expected, why) in cases {

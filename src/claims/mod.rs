@@ -214,6 +214,15 @@ impl Claimer<'_> {
                 };
                 match resolution {
                     Resolution::Ours => self.won(book, want, intended, seen.mod_revision, won),
+                    Resolution::Earlier => {
+                        let job = book.entries[want.index].job.name.clone();
+                        tracing::info!(job = %job, "an earlier attempt of this claim landed late: its ticks are ours; the starts since are written again");
+                        let (rewrite, riding): (Vec<_>, Vec<_>) =
+                            riding_starts.drain(..).partition(|(riding, _)| *riding == job);
+                        *riding_starts = riding;
+                        self.starts.unrecord(rewrite);
+                        self.won(book, want, seen.claim.clone(), seen.mod_revision, won);
+                    }
                     Resolution::Open => open.push(want),
                     Resolution::Changed => {
                         book.learn(want.index, &seen);
