@@ -10,6 +10,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 pub struct Proxy {
+    host: std::net::Ipv4Addr,
     port: u16,
     cut: Arc<(Mutex<bool>, Condvar)>,
     /// Milliseconds each chunk is held before it is passed on, in each direction.
@@ -20,7 +21,13 @@ pub struct Proxy {
 impl Proxy {
     /// Listens on a free loopback port and forwards every connection to `target` (host:port).
     pub fn start(target: &str) -> Proxy {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind proxy");
+        Proxy::start_on(std::net::Ipv4Addr::LOCALHOST, target)
+    }
+
+    /// Listens on a free port of `host` (the host's end of a test's veth pair, say) and forwards
+    /// every connection to `target` (host:port).
+    pub fn start_on(host: std::net::Ipv4Addr, target: &str) -> Proxy {
+        let listener = TcpListener::bind((host, 0)).expect("bind proxy");
         let port = listener.local_addr().expect("proxy address").port();
         listener.set_nonblocking(true).expect("nonblocking listener");
         let cut = Arc::new((Mutex::new(false), Condvar::new()));
@@ -55,6 +62,7 @@ impl Proxy {
             }
         });
         Proxy {
+            host,
             port,
             cut,
             delay_ms,
@@ -69,7 +77,7 @@ impl Proxy {
     }
 
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        format!("http://{}:{}", self.host, self.port)
     }
 
     /// Holds back every byte in both directions until [`Proxy::heal`].
