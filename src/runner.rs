@@ -124,6 +124,10 @@ pub async fn run(
     }
 }
 
+/// How many times one attempt is spawned again after the child's lease check refused it while
+/// the node's own check still finds the lease held.
+const MAX_GATE_REFUSALS: u32 = 3;
+
 /// One attempt; `None` if it may not start: the first attempt's `ticket` or, for a retry, the
 /// leadership says no, checked with nothing between the check and the spawn.
 async fn run_once(
@@ -174,69 +178,84 @@ async fn run_once(
         }
         None => Vec::new(),
     };
-    let mut command = std::process::Command::new("sh");
-    // The node's environment without its secrets, then the job's env_file and env: the child
-    // never inherits the node's environment as it is.
-    command
-        .arg("-c")
-        .env_clear()
-        .envs(child_env.vars().iter().map(|(name, value)| (name, value)))
-        .envs(secrets)
-        .envs(&job.env)
-        .env("CRON_FENCE", tick.fence.to_string())
-        .env("CRON_TERM", tick.term.to_string())
-        .env("CRON_JOB", &job.name)
-        .env("CRON_SHARD", job.shard.to_string())
-        .env("CRON_SCHEDULED_AT", tick.scheduled_at_text())
-        .env("CRON_NODE", &tick.node)
-        .env("CRON_ATTEMPT", attempt.to_string())
-        .env("CRON_TRIGGER", tick.trigger().as_str())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    if tick.redelivered {
-        command.env("CRON_REDELIVERED", "1");
-    } else {
-        command.env_remove("CRON_REDELIVERED");
-    }
-    if let Some(dir) = &job.working_dir {
-        command.current_dir(dir);
-    }
-    // The first attempt's ticket and a retry's leadership both say yes only while the
-    // leadership lasts and its lease holds, read with nothing between the check and the spawn;
-    // the child itself checks the lease's deadline once more before the command.
-    let (starts, job_for_check) = (Arc::clone(&tick.starts), Arc::clone(job));
-    let last_check = move |command: &mut std::process::Command| {
-        if !starts.may_spawn_quietly() {
-            return false;
+    // Built once per spawn: a spawn the child's lease check refused is tried again.
+    let build = || {
+        let mut command = std::process::Command::new("sh");
+        // The node's environment without its secrets, then the job's env_file and env: the
+        // child never inherits the node's environment as it is.
+        command
+            .arg("-c")
+            .env_clear()
+            .envs(child_env.vars().iter().map(|(name, value)| (name, value)))
+            .envs(secrets.iter().map(|(name, value)| (name, value)))
+            .envs(&job.env)
+            .env("CRON_FENCE", tick.fence.to_string())
+            .env("CRON_TERM", tick.term.to_string())
+            .env("CRON_JOB", &job.name)
+            .env("CRON_SHARD", job.shard.to_string())
+            .env("CRON_SCHEDULED_AT", tick.scheduled_at_text())
+            .env("CRON_NODE", &tick.node)
+            .env("CRON_ATTEMPT", attempt.to_string())
+            .env("CRON_TRIGGER", tick.trigger().as_str())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if tick.redelivered {
+            command.env("CRON_REDELIVERED", "1");
+        } else {
+            command.env_remove("CRON_REDELIVERED");
         }
-        command.arg(gate::script(&job_for_check.command, starts.lease_deadline()));
-        true
+        if let Some(dir) = &job.working_dir {
+            command.current_dir(dir);
+        }
+        command
     };
-    let mut child = match spawner::spawn(command, last_check).await {
-        Ok(Some(child)) => child,
-        Ok(None) => {
-            // A lease the spawner found expired is lost here, on the runtime.
-            let _ = tick.starts.may_spawn();
-            return None;
-        }
-        Err(err) => {
-            if let Some(ticket) = ticket {
-                ticket.started();
+    let mut refusals = 0;
+    let (mut child, stdout) = loop {
+        // The first attempt's ticket and a retry's leadership both say yes only while the
+        // leadership lasts and its lease holds, read with nothing between the check and the
+        // spawn; the child itself checks the lease's deadline once more before the command.
+        let (starts, job_for_check) = (Arc::clone(&tick.starts), Arc::clone(job));
+        let last_check = move |command: &mut std::process::Command| {
+            if !starts.may_spawn_quietly() {
+                return false;
             }
-            if crate::descriptors::is_exhaustion(&err) {
-                crate::metrics::get().spawn_descriptor_exhausted.inc();
-                crate::descriptors::note_exhaustion();
+            command.arg(gate::script(&job_for_check.command, starts.lease_deadline()));
+            true
+        };
+        let mut child = match spawner::spawn(build(), last_check).await {
+            Ok(Some(child)) => child,
+            Ok(None) => {
+                // A lease the spawner found expired is lost here, on the runtime.
+                let _ = tick.starts.may_spawn();
+                return None;
             }
-            tracing::error!(job = %job.name, tick = %tick.scheduled_at_text(), attempt, error = %err, "could not start the command");
-            return Some(record(Outcome::SpawnFailed, None));
+            Err(err) => {
+                if let Some(ticket) = ticket {
+                    ticket.started();
+                }
+                if crate::descriptors::is_exhaustion(&err) {
+                    crate::metrics::get().spawn_descriptor_exhausted.inc();
+                    crate::descriptors::note_exhaustion();
+                }
+                tracing::error!(job = %job.name, tick = %tick.scheduled_at_text(), attempt, error = %err, "could not start the command");
+                return Some(record(Outcome::SpawnFailed, None));
+            }
+        };
+        let mut stdout = child.stdout.take().map(BufReader::new);
+        if passed_gate(stdout.as_mut()).await {
+            break (child, stdout);
         }
-    };
-    let pid = child.pid();
-    let mut stdout = child.stdout.take().map(BufReader::new);
-    if !passed_gate(stdout.as_mut()).await {
         let status = child.wait().await;
         if status.as_ref().is_ok_and(|status| status.code() == Some(gate::REFUSED)) {
+            // The deadline the child checked was the one at the spawn: a renewal since may
+            // have moved it. While the leadership lasts the tick is still this node's to start;
+            // left owed, it would wait for the next leader, maybe for days.
+            refusals += 1;
+            if refusals <= MAX_GATE_REFUSALS && tick.starts.may_spawn() {
+                tracing::info!(job = %job.name, tick = %tick.scheduled_at_text(), attempt, refusals, "the child's lease check refused, and the lease has been renewed since: spawning it again");
+                continue;
+            }
             tracing::warn!(job = %job.name, tick = %tick.scheduled_at_text(), attempt, "the lease may have expired before the command could run: not run");
             return None;
         }
@@ -246,7 +265,8 @@ async fn run_once(
         }
         tracing::warn!(job = %job.name, tick = %tick.scheduled_at_text(), attempt, status = ?status, "the shell ended before running the command; check its first line");
         return Some(record(Outcome::Exited, status.ok().and_then(|status| status.code())));
-    }
+    };
+    let pid = child.pid();
     if let Some(ticket) = ticket {
         ticket.started();
     }

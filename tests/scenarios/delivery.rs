@@ -418,3 +418,43 @@ fn an_unreadable_claim_record_stops_its_claims_instead_of_a_fresh_start() {
     runtime.block_on(client.delete(record, None)).expect("delete");
     wait_for(Duration::from_secs(20), "job0 runs", || !world.runs().is_empty());
 }
+
+/// The child checks the lease's deadline as it was at the spawn. A child that reaches its check
+/// late (here: an `sh` on the node's PATH that sleeps past the TTL before its first run) is
+/// refused although the node renewed its lease meanwhile: the node spawns it again rather than
+/// leave the tick owed until another leader takes the shard, which with one node is never.
+#[test]
+fn a_child_refused_by_its_lease_check_while_the_lease_was_renewed_runs_all_the_same() {
+    let mut world = World::new();
+    let names = job_names(1, 1);
+    let config = world.write_config("jobs.toml", 1, TTL, &every_second(&names, "catch_up = \"none\""));
+    let slow = world.dir.path().join("slow-sh");
+    std::fs::create_dir(&slow).expect("dir");
+    let delayed = world.dir.path().join("delayed");
+    let wrapper = slow.join("sh");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nif [ ! -e {delayed} ]; then echo \"$CRON_SCHEDULED_AT\" > {delayed}; sleep {late}; fi\nexec /bin/sh \"$@\"\n",
+            delayed = delayed.display(),
+            late = TTL + 1
+        ),
+    )
+    .expect("wrapper");
+    std::fs::set_permissions(&wrapper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
+    let path = format!("{}:{}", slow.display(), std::env::var("PATH").unwrap_or_default());
+    world.node("a", &config).env(&[("PATH", &path)]).start();
+    wait_for(Duration::from_secs(20), "a spawn was held past the TTL", || {
+        std::fs::read_to_string(&delayed).is_ok_and(|text| !text.trim().is_empty())
+    });
+    let tick = std::fs::read_to_string(&delayed).expect("delayed tick");
+    let tick: DateTime<Utc> = tick.trim().parse().expect("a tick");
+    wait_for(Duration::from_secs(20), "the held tick ran", || {
+        world.runs().iter().any(|run| run.tick == tick)
+    });
+    assert!(
+        world.nodes[0].log_text().contains("spawning it again"),
+        "the refusal was seen and the spawn made again"
+    );
+    assert_each_tick_once(&world.runs(), "job0", 1);
+}
