@@ -23,6 +23,12 @@ use crate::secrets::ChildEnv;
 /// would bury the machine (and the node's lease renewals) under processes. Live ticks never wait.
 const LATE_RUNS_PER_CORE: usize = 4;
 
+/// At most how long a late run holds its permit. The permits keep a backlog from starting
+/// thousands of processes at once; a run that has gone on this long is past that burst, and
+/// runs that never end (no `timeout`) would otherwise hold every permit and stop every backlog
+/// of the node for good.
+const LATE_PERMIT_HOLD: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// How many caught-up and redelivered ticks may wait for a permit on a node before a leader
 /// claims more of its backlog: a takeover that owes 100 ticks to each of 100,000 jobs claims and
 /// holds them a part at a time, not ten million at once.
@@ -209,9 +215,9 @@ impl Runs {
                 }
             }
             for tick in ticks {
-                // Held for the run; the semaphore is never closed. A late tick waits for room
-                // until it holds a permit.
-                let _late = if tick.caught_up {
+                // Held for the run, at most LATE_PERMIT_HOLD; the semaphore is never closed. A
+                // late tick waits for room until it holds a permit.
+                let late = if tick.caught_up {
                     let permit = Arc::clone(&runs.late).acquire_owned().await.ok();
                     runs.late_taken_up();
                     permit
@@ -265,7 +271,21 @@ impl Runs {
                     replace: &replace,
                 };
                 let began = clock::now();
-                let record = runner::run(&tick, &stops, ticket, &runs.child_env).await;
+                let record = match late {
+                    Some(permit) => {
+                        let run = runner::run(&tick, &stops, ticket, &runs.child_env);
+                        tokio::pin!(run);
+                        tokio::select! {
+                            record = &mut run => record,
+                            _ = tokio::time::sleep(LATE_PERMIT_HOLD) => {
+                                drop(permit);
+                                tracing::info!(job = %job.name, tick = %tick.scheduled_at_text(), held_s = LATE_PERMIT_HOLD.as_secs(), "a late run still going gives its permit back: the node's other backlogs go on beside it");
+                                run.await
+                            }
+                        }
+                    }
+                    None => runner::run(&tick, &stops, ticket, &runs.child_env).await,
+                };
                 runs.took(&job.name, clock::now() - began);
                 match record {
                     Some(record) => runs.report(&tick, record),

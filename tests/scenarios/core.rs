@@ -494,3 +494,51 @@ fn a_schedule_change_catches_up_no_tick_the_old_schedule_never_had() {
         .log_text()
         .contains("the schedule changed since the last claim"));
 }
+
+/// Late runs that never end (no `timeout`) on every late permit of the node: another job's
+/// backlog still runs, since a late run gives its permit back after a while.
+#[test]
+fn late_runs_that_never_end_do_not_stop_another_jobs_backlog() {
+    let mut world = World::new();
+    let permits = 4 * std::thread::available_parallelism().map_or(2, usize::from);
+    let hung: Vec<String> = (0..permits).map(|index| format!("hung{index:02}")).collect();
+    let mut tables: Vec<(&str, String)> = hung
+        .iter()
+        .map(|name| {
+            (
+                name.as_str(),
+                // Once a year: the one late tick each owes is its only run, and it never ends.
+                "schedule = \"0 0 0 1 1 *\"\ncommand = \"sleep 600\"\ncatch_up = \"latest\"\noverlap = \"allow\""
+                    .to_string(),
+            )
+        })
+        .collect();
+    tables.push((
+        "behind",
+        format!(
+            "schedule = \"* * * * * *\"\ncommand = '{}'\ncatch_up = \"all\"",
+            world.record_command()
+        ),
+    ));
+    let config = world.write_config_tables("jobs.toml", 1, 3, &tables);
+    let long_ago = Utc::now() - chrono::Duration::days(400);
+    world.seed_job_records("test", &hung, long_ago);
+    // Seeded after the hung jobs, so its backlog is claimed after theirs took every permit.
+    world.seed_job_records(
+        "test",
+        &["behind".to_string()],
+        Utc::now() - chrono::Duration::seconds(20),
+    );
+    world.node("a", &config).start();
+    wait_for(
+        Duration::from_secs(60),
+        "the backlog of `behind` ran beside the hung runs",
+        || world.runs().iter().filter(|run| run.job == "behind").count() >= 20,
+    );
+    let log = world.nodes[0].log_text();
+    assert!(
+        log.contains("gives its permit back"),
+        "the hung late runs gave their permits back"
+    );
+    assert_each_tick_once(&world.runs(), "behind", 1);
+}
