@@ -1586,6 +1586,7 @@ fn seed_run_records(url: &str, jobs: usize) -> f64 {
                     shards: None,
                     schedule: None,
                     others: Vec::new(),
+                    released: false,
                 };
                 let run = RunRecord {
                     scheduled_at: now,

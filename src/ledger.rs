@@ -272,6 +272,7 @@ mod tests {
                 shards: Some(1),
                 schedule: None,
                 others: Vec::new(),
+                released: false,
             },
         };
         step("a's session ends; b leads");

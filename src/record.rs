@@ -37,6 +37,12 @@ pub struct Claim {
     /// a tick another leader may still start.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub others: Vec<Debt>,
+    /// The writer's leadership had ended, and every run it was spawning had settled, when it
+    /// wrote `pending`: none of those ticks started or ever will. A successor runs them as
+    /// never started; without the mark, a tick not due yet by the successor's clock may still
+    /// have started on a writer whose clock ran ahead.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub released: bool,
 }
 
 /// Ticks a leader claimed and had not started when its record was last written by itself.
@@ -50,6 +56,9 @@ pub struct Debt {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shards: Option<u32>,
     pub pending: Vec<DateTime<Utc>>,
+    /// As [`Claim::released`], for the owner's own last write.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub released: bool,
 }
 
 impl Claim {
@@ -60,6 +69,7 @@ impl Claim {
             node: self.node.clone(),
             shards: self.shards,
             pending: self.pending.clone(),
+            released: self.released,
         });
         own.into_iter().chain(self.others.iter().cloned())
     }

@@ -90,6 +90,9 @@ struct State {
     starting: HashMap<String, BTreeSet<DateTime<Utc>>>,
     /// Jobs whose owed ticks changed since their record was last written, and since when.
     unrecorded: HashMap<String, Instant>,
+    /// Owed ticks adopted from an earlier leader that may have started them: they run as
+    /// redeliveries when they fire.
+    redeliveries: HashMap<String, BTreeSet<DateTime<Utc>>>,
 }
 
 impl std::fmt::Debug for Starts {
@@ -276,6 +279,47 @@ impl Starts {
     /// Resolves once some start is not written yet.
     pub(crate) async fn any_unrecorded(&self) {
         self.until(|state| !state.unrecorded.is_empty()).await;
+    }
+
+    /// `tick` of `job`, owed, may have started under an earlier leader.
+    pub(crate) fn redeliver(&self, job: &str, tick: DateTime<Utc>) {
+        self.lock()
+            .redeliveries
+            .entry(job.to_string())
+            .or_default()
+            .insert(tick);
+    }
+
+    /// Whether `tick` of `job` fires as a redelivery; asked once, when it fires.
+    pub(crate) fn take_redelivery(&self, job: &str, tick: DateTime<Utc>) -> bool {
+        let mut state = self.lock();
+        let Some(ticks) = state.redeliveries.get_mut(job) else {
+            return false;
+        };
+        let taken = ticks.remove(&tick);
+        if ticks.is_empty() {
+            state.redeliveries.remove(job);
+        }
+        taken
+    }
+
+    /// The jobs this leadership owes ticks of, those about to start included.
+    pub(crate) fn owing_jobs(&self) -> Vec<String> {
+        let state = self.lock();
+        let owed = state
+            .owed
+            .iter()
+            .filter(|(_, ticks)| !ticks.is_empty())
+            .map(|(job, _)| job);
+        let starting = state
+            .starting
+            .iter()
+            .filter(|(_, ticks)| !ticks.is_empty())
+            .map(|(job, _)| job);
+        let mut jobs: Vec<String> = owed.chain(starting).cloned().collect();
+        jobs.sort_unstable();
+        jobs.dedup();
+        jobs
     }
 
     /// Resolves once one of `jobs` owes at most `limit` ticks, or the leadership ends.

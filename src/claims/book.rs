@@ -187,7 +187,7 @@ impl Want {
 
     /// Whether this write asks anything of the record.
     pub(super) fn asks_anything(&self) -> bool {
-        !self.fresh.is_empty() || !self.adopt.is_empty() || !self.settles.is_empty()
+        !self.fresh.is_empty() || !self.adopt.is_empty() || !self.settles.is_empty() || self.starts_only
     }
 
     fn settles_debt(&self, debt: &Debt) -> bool {
@@ -199,7 +199,7 @@ impl Want {
         self.fresh.retain(|tick| last.is_none_or(|last| last < *tick));
     }
 
-    pub(super) fn starts_only(index: usize) -> Want {
+    pub(crate) fn starts_only(index: usize) -> Want {
         Want {
             index,
             fresh: Vec::new(),
@@ -288,7 +288,12 @@ pub(super) fn next_record(
     writer: &Writer,
     schedule: &str,
 ) -> Option<Claim> {
-    let Writer { fence, node, shards } = *writer;
+    let Writer {
+        fence,
+        node,
+        shards,
+        releasing,
+    } = *writer;
     let mut pending = owed.clone();
     pending.extend(want.fresh.iter().chain(&want.adopt).copied());
     let mut others: Vec<Debt> = Vec::new();
@@ -307,6 +312,7 @@ pub(super) fn next_record(
             None => others.push(debt),
         }
     }
+    let pending_is_empty = pending.is_empty();
     let newest = want.fresh.iter().max().copied();
     let last = current.map(|claim| claim.scheduled_at);
     let scheduled_at = match (last, newest) {
@@ -324,18 +330,21 @@ pub(super) fn next_record(
         scheduled_at,
         fence,
         node: node.to_string(),
-        shards: (!pending.is_empty()).then_some(shards),
+        shards: (!pending_is_empty).then_some(shards),
         pending: pending.into_iter().collect(),
         schedule,
         others,
+        released: releasing && !pending_is_empty,
     })
 }
 
-/// Who writes a record: a leader's fence, node and election.
+/// Who writes a record: a leader's fence, node and election, and whether its leadership has
+/// ended with every spawn settled, so what it still lists will never start.
 pub(super) struct Writer<'a> {
     pub(super) fence: i64,
     pub(super) node: &'a str,
     pub(super) shards: u32,
+    pub(super) releasing: bool,
 }
 
 #[cfg(test)]
@@ -355,6 +364,7 @@ mod tests {
             pending: pending.iter().map(|second| at(*second)).collect(),
             schedule: Some("s".into()),
             others: Vec::new(),
+            released: false,
         }
     }
 
@@ -366,6 +376,7 @@ mod tests {
             node: node.into(),
             shards: Some(shards),
             pending: pending.iter().map(|second| at(*second)).collect(),
+            released: false,
         });
         claim
     }
@@ -507,6 +518,7 @@ mod tests {
                 fence: 5,
                 node: "a",
                 shards: 4,
+                releasing: false,
             };
             assert_eq!(
                 next_record(current.as_ref(), &want, &owed, &writer, "s"),
@@ -517,11 +529,46 @@ mod tests {
     }
 
     #[test]
+    fn a_released_record_says_its_pending_ticks_never_start_and_another_writer_keeps_that() {
+        let releasing = Writer {
+            fence: 5,
+            node: "a",
+            shards: 4,
+            releasing: true,
+        };
+        let owed: BTreeSet<DateTime<Utc>> = [at(10)].into();
+        let written = next_record(
+            Some(&claim(10, 5, "a", &[10])),
+            &Want::starts_only(0),
+            &owed,
+            &releasing,
+            "s",
+        )
+        .unwrap();
+        assert!(written.released, "a releasing writer with ticks pending marks them");
+        let nothing = next_record(Some(&written), &Want::starts_only(0), &BTreeSet::new(), &releasing, "s").unwrap();
+        assert!(!nothing.released, "nothing pending, nothing released");
+        let other = Writer {
+            fence: 7,
+            node: "b",
+            shards: 7,
+            releasing: false,
+        };
+        let over = next_record(Some(&written), &Want::tick(0, at(11)), &BTreeSet::new(), &other, "s").unwrap();
+        assert!(!over.released, "the new writer's own ticks are not released");
+        assert!(
+            over.others.iter().any(|debt| debt.node == "a" && debt.released),
+            "a's released ticks stay released under b's write: {over:?}"
+        );
+    }
+
+    #[test]
     fn a_record_names_the_schedule_that_made_its_tick() {
         let writer = Writer {
             fence: 5,
             node: "a",
             shards: 4,
+            releasing: false,
         };
         let old = Claim {
             schedule: Some("old".into()),

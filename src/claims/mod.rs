@@ -64,6 +64,9 @@ pub(crate) struct Claimer<'a> {
     pub(crate) results: &'a ResultQueue,
     pub(crate) lead: &'a ClaimLead,
     pub(crate) shutdown: &'a CancellationToken,
+    /// The leadership has ended with every spawn settled: its writes mark what it still lists
+    /// as released ([`Claim::released`]).
+    pub(crate) releasing: bool,
 }
 
 /// Pause between attempts when etcd fails a call during a term.
@@ -166,6 +169,7 @@ impl Claimer<'_> {
                 fence: self.leadership.fence,
                 node: self.node_id,
                 shards: self.leadership.shards,
+                releasing: self.releasing,
             };
             let intended: Vec<Option<Claim>> = wants
                 .iter()
@@ -270,6 +274,27 @@ impl Claimer<'_> {
                 fence: revision,
             });
         }
+    }
+
+    /// The last write of a leadership that has ended with every spawn settled: the starts not
+    /// written yet, and the record of every job it still owes ticks of, marked released, so
+    /// its successor runs them as never started whatever its clock says.
+    pub(crate) async fn release(&self, book: &mut Book) -> Result<(), Halt> {
+        let releasing = Claimer {
+            releasing: true,
+            ..*self
+        };
+        let owing: Vec<Want> = self
+            .starts
+            .owing_jobs()
+            .iter()
+            .filter_map(|job| book.index_of(job))
+            .map(Want::starts_only)
+            .collect();
+        for chunk in batches(&owing) {
+            releasing.claim_chunk(book, chunk.to_vec()).await?;
+        }
+        releasing.claim(book, &[]).await.map(drop)
     }
 
     /// Confirms, with a linearizable read, that this leadership still leads: what lets a tick

@@ -234,16 +234,19 @@ impl Term {
             // before the lease is revoked or the shard resigned, so the next leader delivers
             // exactly the claimed ticks that never started.
             self.starts.leading().cancel();
-            if tokio::time::timeout(SPAWNS_SETTLE, self.starts.spawns_settled())
+            let settled = tokio::time::timeout(SPAWNS_SETTLE, self.starts.spawns_settled())
                 .await
-                .is_err()
-            {
+                .is_ok();
+            let last_write = if settled {
+                claimer.release(&mut book).await
+            } else {
                 tracing::warn!(
                     shard = self.leadership.shard,
                     "runs still spawning after the leadership ended: the next leader may run them again"
                 );
-            }
-            if let Err(halt) = claimer.claim(&mut book, &[]).await {
+                claimer.claim(&mut book, &[]).await.map(drop)
+            };
+            if let Err(halt) = last_write {
                 tracing::warn!(shard = self.leadership.shard, reason = ?halt, "could not write the last starts: the next leader runs those ticks again");
             }
         }
@@ -461,9 +464,13 @@ impl Term {
             let lateness = (clock::now() - due).to_std().unwrap_or_default();
             for &(index, fence) in &won {
                 crate::metrics::get().lateness.observe(lateness.as_secs_f64());
-                self.node
-                    .runs
-                    .start(vec![self.tick(book.job(index), due, fence, Late::OnTime)]);
+                let job = book.job(index);
+                let late = if self.starts.take_redelivery(&job.name, due) {
+                    Late::Redelivered
+                } else {
+                    Late::OnTime
+                };
+                self.node.runs.start(vec![self.tick(job, due, fence, late)]);
             }
             last_fired = Some((clock::now(), due));
         }
@@ -550,6 +557,7 @@ impl Term {
             results: &self.node.results,
             lead: &self.node.claim_lead,
             shutdown: &self.node.shutdown,
+            releasing: false,
         }
     }
 

@@ -1,7 +1,7 @@
 //! What a new leader does first: the ticks its predecessor claimed and never started, and the
 //! ticks missed while the shard had no leader.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
@@ -18,6 +18,10 @@ use crate::record::{Claim, Debt, Outcome, RunRecord, Trigger};
 /// Per job (by index in the book): the revision of the record that listed them, and the pending
 /// ticks of earlier leaders this one records lost, with the leader that owed each.
 type Lost = HashMap<usize, (i64, Vec<(Debt, Vec<DateTime<Utc>>)>)>;
+
+/// Per job (by index in the book): the adopted ticks an earlier leader released, which never
+/// started; the other adopted ticks may have, and run as redeliveries.
+type NeverStarted = HashMap<usize, BTreeSet<DateTime<Utc>>>;
 
 impl Term {
     /// Settles, for the jobs of `behind` (front first), what earlier leaders left: ticks they
@@ -59,7 +63,7 @@ impl Term {
                 tokio::task::yield_now().await;
                 continue;
             }
-            let (wants, lost, unfinished) = self.wants(book, &chunk, took_over, now);
+            let (wants, lost, never_started, unfinished) = self.wants(book, &chunk, took_over, now);
             let late: usize = wants.iter().map(|want| want.fresh.len() + want.adopt.len()).sum();
             let room = if wants.is_empty() {
                 None
@@ -74,7 +78,7 @@ impl Term {
                 continue;
             }
             if !wants.is_empty() {
-                self.deliver(claimer, book, &wants, lost, now).await?;
+                self.deliver(claimer, book, &wants, (lost, never_started), now).await?;
             }
             drop(room);
             settled.extend(chunk.iter().filter(|index| !unfinished.contains(index)));
@@ -126,9 +130,10 @@ impl Term {
         jobs: &[usize],
         took_over: DateTime<Utc>,
         now: DateTime<Utc>,
-    ) -> (Vec<Want>, Lost, Vec<usize>) {
+    ) -> (Vec<Want>, Lost, NeverStarted, Vec<usize>) {
         let mut wants = Vec::new();
         let mut lost = Lost::new();
+        let mut never_started = NeverStarted::new();
         let mut unfinished = Vec::new();
         let view = self.fleet.borrow().clone();
         for &index in jobs {
@@ -164,7 +169,10 @@ impl Term {
                 if debt.shards.is_some_and(|shards| shards != self.leadership.shards) {
                     tracing::info!(job = %entry.job.name, ticks = debt.pending.len(), node = %debt.node, term = debt.term, shards = ?debt.shards, "settling the pending ticks of a leader of a shard count no node runs any more");
                 }
-                let (run, dropped) = redelivery(&entry.job, &unstarted, now);
+                let (run, dropped) = redelivery(&entry.job, &unstarted, now, debt.released);
+                if debt.released {
+                    never_started.entry(index).or_default().extend(run.iter().copied());
+                }
                 adopt.extend(run);
                 settles.push(Owner::of(&debt));
                 if !dropped.is_empty() {
@@ -180,7 +188,7 @@ impl Term {
                 wants.push(Want::catch_up(index, fresh, adopt, settles));
             }
         }
-        (wants, lost, unfinished)
+        (wants, lost, never_started, unfinished)
     }
 
     /// Claims `wants` (one transaction's worth) and starts what they won.
@@ -189,7 +197,7 @@ impl Term {
         claimer: &Claimer<'_>,
         book: &mut Book,
         wants: &[Want],
-        mut lost: Lost,
+        (mut lost, mut never_started): (Lost, NeverStarted),
         now: DateTime<Utc>,
     ) -> Result<(), Halt> {
         for won in claimer.claim(book, wants).await? {
@@ -199,15 +207,28 @@ impl Term {
                     self.record_lost(job, &debt, listed_at, &ticks);
                 }
             }
-            // An earlier leader's tick that is not due yet was claimed ahead and never
-            // started: it is owed now and fires on time from the queue.
-            let adopted: Vec<DateTime<Utc>> = won.adopt.iter().copied().filter(|tick| *tick <= now).collect();
+            let never_started = never_started.remove(&won.index).unwrap_or_default();
+            // An earlier leader's tick that is not due yet is owed now and fires on time from
+            // the queue; unless that leader released it, its clock may have run ahead of ours
+            // and started it, so it runs as a redelivery.
+            let (adopted, not_due): (Vec<DateTime<Utc>>, Vec<DateTime<Utc>>) =
+                won.adopt.iter().partition(|tick| **tick <= now);
+            for tick in not_due.iter().filter(|tick| !never_started.contains(tick)) {
+                self.starts.redeliver(&job.name, *tick);
+            }
             if won.fresh.is_empty() && adopted.is_empty() {
                 continue;
             }
             let mut ticks: Vec<(DateTime<Utc>, Late)> = adopted
                 .iter()
-                .map(|tick| (*tick, Late::Redelivered))
+                .map(|tick| {
+                    let late = if never_started.contains(tick) {
+                        Late::CaughtUp
+                    } else {
+                        Late::Redelivered
+                    };
+                    (*tick, late)
+                })
                 .chain(won.fresh.iter().map(|tick| (*tick, Late::CaughtUp)))
                 .collect();
             ticks.sort();
@@ -262,16 +283,22 @@ impl Term {
 }
 
 /// Which of the ticks an earlier leader left pending this leader runs, and which it records
-/// lost. A tick not due yet cannot have started, so it runs on time. Of the others an
-/// `at-most-once` job runs none, an `at-least-once` job every one still within its
-/// `starting_deadline`.
-fn redelivery(job: &Job, pending: &[DateTime<Utc>], now: DateTime<Utc>) -> (Vec<DateTime<Utc>>, Vec<DateTime<Utc>>) {
+/// lost. Ticks that leader `released` never started: each runs within the job's
+/// `starting_deadline`. Any other may have started, even one not due yet by this leader's
+/// clock (the other's may have run ahead): an `at-most-once` job runs none of them, an
+/// `at-least-once` job every one within its `starting_deadline`.
+fn redelivery(
+    job: &Job,
+    pending: &[DateTime<Utc>],
+    now: DateTime<Utc>,
+    released: bool,
+) -> (Vec<DateTime<Utc>>, Vec<DateTime<Utc>>) {
     let floor = job
         .starting_deadline
         .and_then(|deadline| chrono::Duration::from_std(deadline).ok())
         .map(|deadline| now - deadline);
     pending.iter().partition(|tick| {
-        **tick > now || (job.delivery == Delivery::AtLeastOnce && floor.is_none_or(|floor| **tick >= floor))
+        floor.is_none_or(|floor| **tick >= floor) && (released || job.delivery == Delivery::AtLeastOnce)
     })
 }
 
@@ -293,21 +320,42 @@ mod tests {
         let cases = [
             (
                 job(Delivery::AtLeastOnce, None),
+                false,
                 vec![at(1), at(5), at(9), at(11)],
                 vec![],
             ),
             (
                 job(Delivery::AtLeastOnce, Some(5)),
+                false,
                 vec![at(5), at(9), at(11)],
                 vec![at(1)],
             ),
-            (job(Delivery::AtMostOnce, None), vec![at(11)], vec![at(1), at(5), at(9)]),
+            // 11 is not due by this clock, but may be by the earlier leader's.
+            (
+                job(Delivery::AtMostOnce, None),
+                false,
+                vec![],
+                vec![at(1), at(5), at(9), at(11)],
+            ),
+            // Released: none of them started.
+            (
+                job(Delivery::AtMostOnce, None),
+                true,
+                vec![at(1), at(5), at(9), at(11)],
+                vec![],
+            ),
+            (
+                job(Delivery::AtMostOnce, Some(5)),
+                true,
+                vec![at(5), at(9), at(11)],
+                vec![at(1)],
+            ),
         ];
-        for (job, run, lost) in cases {
+        for (job, released, run, lost) in cases {
             assert_eq!(
-                redelivery(&job, &pending, at(10)),
+                redelivery(&job, &pending, at(10), released),
                 (run, lost),
-                "{:?} {:?}",
+                "{:?} {:?} released: {released}",
                 job.delivery,
                 job.starting_deadline
             );

@@ -41,6 +41,7 @@ fn seed(world: &World, names: &[String]) -> usize {
                     shards: None,
                     schedule: None,
                     others: Vec::new(),
+                    released: false,
                 };
                 let run = RunRecord {
                     scheduled_at: tick(),

@@ -168,6 +168,7 @@ impl World {
             shards: None,
             schedule: None,
             others: Vec::new(),
+            released: false,
         };
         let value = serde_json::to_string(&record).expect("record");
         let runtime = tokio::runtime::Runtime::new().expect("runtime");
