@@ -20,7 +20,7 @@ use crate::backoff::Pushback;
 use crate::etcd::{self, CoordError};
 use crate::fleet::FleetView;
 use crate::keys::Keys;
-use crate::ledger::MAX_OPS_PER_TXN;
+use crate::ledger::ops_per_txn;
 use crate::repeats;
 use crate::session::Session;
 
@@ -101,7 +101,7 @@ pub async fn enter_all(
     node_id: &str,
 ) -> Result<Vec<Leadership>, CoordError> {
     let mut candidacies = Vec::with_capacity(list.len());
-    for chunk in list.chunks(MAX_OPS_PER_TXN) {
+    for chunk in list.chunks(ops_per_txn()) {
         let entries: Vec<TxnOp> = chunk
             .iter()
             .map(|shard| {

@@ -34,6 +34,12 @@ impl CoordError {
             if status.code() == tonic::Code::OutOfRange || status.message().contains("message length too large"))
     }
 
+    /// Whether etcd refused a transaction for its number of operations (its `--max-txn-ops`).
+    pub(crate) fn is_too_many_ops(&self) -> bool {
+        matches!(self, CoordError::Etcd(etcd_client::Error::GRpcStatus(status))
+            if status.message().contains("too many operations in txn request"))
+    }
+
     /// Whether etcd pushed back: it answered "too many requests", or did not answer in time.
     /// Every request of the node should slow down, not just the one that failed.
     pub fn is_pushback(&self) -> bool {

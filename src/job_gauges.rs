@@ -19,7 +19,7 @@ use prometheus_client::metrics::MetricType;
 use crate::config::Job;
 use crate::etcd::{self, CoordError};
 use crate::keys::Keys;
-use crate::ledger::MAX_OPS_PER_TXN;
+use crate::ledger::ops_per_txn;
 use crate::record::RunRecord;
 
 #[derive(Debug, Default)]
@@ -231,7 +231,7 @@ pub(crate) async fn read_successes(
     keys: &Keys,
     jobs: &[Arc<Job>],
 ) -> Result<(), CoordError> {
-    for chunk in jobs.chunks(MAX_OPS_PER_TXN) {
+    for chunk in jobs.chunks(ops_per_txn()) {
         let gets: Vec<TxnOp> = chunk
             .iter()
             .map(|job| TxnOp::get(keys.job_success(&job.name), None))

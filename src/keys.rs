@@ -135,6 +135,12 @@ impl Keys {
         format!("{}jobs/{job}/result", self.root)
     }
 
+    /// A key never written: what a node reads to learn how many operations etcd takes in one
+    /// transaction.
+    pub(crate) fn txn_probe(&self) -> String {
+        format!("{}txn-probe", self.root)
+    }
+
     pub fn nodes_prefix(&self) -> String {
         format!("{}nodes/", self.root)
     }

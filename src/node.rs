@@ -201,6 +201,16 @@ pub async fn run(
             shards: cluster.shards,
             started_at,
         };
+        // Before any claim: an etcd that takes fewer operations per transaction than a claim
+        // writes would refuse every full one.
+        if let Err(err) = crate::ledger::learn_txn_limit(&client, &node.keys).await {
+            let wait = backoff.next_delay();
+            readiness.set(Stage::EtcdUnreachable(err.to_string()));
+            tracing::warn!(error = %err, retry_in = ?wait, "cannot learn how many operations etcd takes in a transaction; retrying with a new session");
+            close(&session, &mut unrevoked).await;
+            sleep_or_cancel(wait, &shutdown).await;
+            continue;
+        }
         if let Err(err) = fleet::register(&session, &node.keys, &node.node_id, &member).await {
             let wait = backoff.next_delay();
             readiness.set(Stage::EtcdUnreachable(err.to_string()));

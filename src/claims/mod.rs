@@ -27,7 +27,7 @@ use crate::election::{self, Leadership};
 use crate::etcd::CoordError;
 use crate::history;
 use crate::keys::Keys;
-use crate::ledger::{self, ClaimRequest, MAX_OPS_PER_TXN};
+use crate::ledger::{self, ops_per_txn, ClaimRequest};
 use crate::record::{Claim, RunRecord};
 use crate::results::ResultQueue;
 use crate::session::Session;
@@ -46,12 +46,12 @@ pub(crate) enum Halt {
 
 /// `items` in groups of at most as many as one claim transaction takes.
 fn batches<T>(items: &[T]) -> std::slice::Chunks<'_, T> {
-    items.chunks(MAX_OPS_PER_TXN)
+    items.chunks(ops_per_txn())
 }
 
 /// How many more operations fit in a claim that already has `used`.
 fn room(used: usize) -> usize {
-    MAX_OPS_PER_TXN.saturating_sub(used)
+    ops_per_txn().saturating_sub(used)
 }
 
 /// A leader's claims for one shard: borrowed from its term for the length of a claim.
@@ -92,7 +92,7 @@ impl Claimer<'_> {
         Ok(())
     }
 
-    /// Writes each of `wants`, in transactions of at most [`MAX_OPS_PER_TXN`] records, with the
+    /// Writes each of `wants`, in transactions of at most [`ops_per_txn`] records, with the
     /// starts not yet written riding along, and returns the ticks won. With no wants it writes
     /// only the starts. After a shutdown it claims nothing new and only writes starts and
     /// takeovers.
@@ -112,7 +112,7 @@ impl Claimer<'_> {
         Ok(won)
     }
 
-    /// One guarded transaction for at most [`MAX_OPS_PER_TXN`] records, repeated after a
+    /// One guarded transaction for at most [`ops_per_txn`] records, repeated after a
     /// rejection or an unknown outcome until every want is settled.
     async fn claim_chunk(&self, book: &mut Book, mut wants: Vec<Want>) -> Result<Vec<Won>, Halt> {
         // A claim is guarded by the revision it read: a job asked for (a manual run) before the
@@ -386,10 +386,10 @@ mod tests {
     #[test]
     fn starts_and_results_fill_only_the_room_claims_leave() {
         for (used, left) in [
-            (0, MAX_OPS_PER_TXN),
-            (1, MAX_OPS_PER_TXN - 1),
-            (MAX_OPS_PER_TXN, 0),
-            (MAX_OPS_PER_TXN + 1, 0),
+            (0, ops_per_txn()),
+            (1, ops_per_txn() - 1),
+            (ops_per_txn(), 0),
+            (ops_per_txn() + 1, 0),
         ] {
             assert_eq!(room(used), left, "{used} used");
         }

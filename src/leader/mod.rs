@@ -400,7 +400,13 @@ impl Term {
                 }
                 // A backlog claimed in parts: the next part once half of the last has started.
                 _ = refill, if !refilling.is_empty() && claimed.is_none() => {
-                    behind.extend(refilling.drain(..));
+                    // Only those down to half: the others' records are not rewritten at every
+                    // start of another's run.
+                    let (ready, waiting): (Vec<usize>, Vec<usize>) = refilling
+                        .drain(..)
+                        .partition(|index| self.starts.owed(&book.job(*index).name).len() <= MAX_OWED / 2);
+                    refilling = waiting;
+                    behind.extend(ready);
                     let now = clock::now();
                     match self.catch_up(claimer, book, &mut behind, &mut refilling, took_over, now).await {
                         Ok(settled) => queue.extend(self.queue(book, &settled, now)),

@@ -12,7 +12,7 @@ use crate::claims::{Book, Claimer, Halt, Owner, Want};
 use crate::clock;
 use crate::config::{Delivery, Job};
 use crate::fleet::FleetView;
-use crate::ledger::MAX_OPS_PER_TXN;
+use crate::ledger::ops_per_txn;
 use crate::record::{Claim, Debt, Outcome, RunRecord, Trigger};
 
 /// Per job (by index in the book): the revision of the record that listed them, and the pending
@@ -47,7 +47,7 @@ impl Term {
         let mut settled = Vec::new();
         let mut waiting = VecDeque::new();
         while !behind.is_empty() {
-            let chunk: Vec<usize> = behind.drain(..behind.len().min(MAX_OPS_PER_TXN)).collect();
+            let chunk: Vec<usize> = behind.drain(..behind.len().min(ops_per_txn())).collect();
             claimer.read(book, chunk.iter().copied()).await?;
             if !self.node.runs.has_late_room() {
                 // Working out ticks there is no room to claim would only keep the workers from

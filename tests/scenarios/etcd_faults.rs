@@ -297,3 +297,29 @@ fn ticks_delayed_together_by_a_slow_etcd_all_run_once() {
         "a tick was skipped behind runs shorter than the period"
     );
 }
+
+/// An etcd started with `--max-txn-ops` below the 100 records a claim writes: the node learns
+/// the limit at its session's start and claims in smaller transactions, where every full claim
+/// used to be refused for ever.
+#[test]
+fn an_etcd_that_takes_fewer_operations_per_transaction_still_gets_every_tick_claimed() {
+    let etcd = shardcron::etcd_server::EtcdServer::start_with_flags(&etcd_bin(), &["--max-txn-ops=32"]).expect("etcd");
+    let mut world = World::with_etcd(etcd, tempfile::tempdir().expect("temp dir"));
+    // 60 jobs due at each instant on one shard: more than one transaction of 32 takes.
+    let names = job_names(60, 2);
+    let config = world.write_config("jobs.toml", 1, 3, &every_second(&names, ""));
+    world.node("a", &config).start();
+    wait_for(Duration::from_secs(30), "every job ran 3 times", || {
+        every_job_ran_since(&world.runs(), &names, 0.0, 3)
+    });
+    assert!(
+        world.nodes[0]
+            .log_text()
+            .contains("etcd takes fewer operations in a transaction"),
+        "the node said why its claims are smaller"
+    );
+    let runs = world.runs();
+    for name in &names {
+        assert_each_tick_once(&runs, name, 1);
+    }
+}
