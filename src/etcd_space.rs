@@ -6,11 +6,14 @@
 //! quota raises the NOSPACE alarm, and from then on refuses every write: no claim, no lease.
 //! Kubernetes' API server compacts its etcd itself; a dedicated etcd does so only if its
 //! operator set `--auto-compaction-retention`. So the node that leads shard 0 compacts, every
-//! `[etcd] compaction`, to the revision it saw one interval earlier: the history etcd keeps is
-//! always at least that long, far longer than any watch of ours needs between its read and its
+//! `[etcd] compaction`, to the revision seen one interval earlier (marked in etcd, so a change
+//! of leader does not start the interval over): the history etcd keeps is always at least that long, far longer than any watch of ours needs between its read and its
 //! start (and a watch that still finds its revision compacted reads its prefix again).
 
 use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
 
 use etcd_client::Client;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -20,16 +23,55 @@ use tokio_util::sync::CancellationToken;
 use crate::backoff::sleep_or_cancel;
 use crate::etcd::{self, CoordError};
 use crate::fleet::FleetView;
+use crate::keys::Keys;
 use crate::readiness::Readiness;
 use crate::session::Session;
 
 /// The shard whose leader compacts: one node at a time, and another within a TTL of its death.
 const COMPACTING_SHARD: u32 = 0;
 
-/// Compacts etcd's history every `every` while this node leads shard 0, to the revision it saw
-/// `every` before. Ends with the session.
-pub(crate) async fn compact(session: Session, node_id: String, every: Duration, view: watch::Receiver<FleetView>) {
-    let mut seen: Option<i64> = None;
+/// Where the compacting node keeps the revision it saw, and when: the mark outlives a change of
+/// leader, so a fleet whose shard 0 changes hands more often than every interval (a fault a
+/// minute) still compacts; a mark kept in memory started over at each change and never did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+struct Mark {
+    revision: i64,
+    at: DateTime<Utc>,
+}
+
+/// What to do with etcd's history at `now`, at revision `revision`, given the `mark` read.
+#[derive(Debug, PartialEq, Eq)]
+enum Step {
+    /// Nothing yet: the mark is younger than the interval.
+    Wait,
+    /// Compact to this revision (if older than now), then mark now.
+    CompactTo(i64),
+    /// No usable mark: mark now.
+    Mark,
+}
+
+fn step(mark: Option<Mark>, revision: i64, now: DateTime<Utc>, every: chrono::Duration) -> Step {
+    match mark {
+        // A mark from a clock far ahead is no mark: it would hold compaction off for as long.
+        Some(mark) if mark.at > now + every => Step::Mark,
+        Some(mark) if now - mark.at >= every => Step::CompactTo(mark.revision.min(revision)),
+        Some(_) => Step::Wait,
+        None => Step::Mark,
+    }
+}
+
+/// Compacts etcd's history while this node leads shard 0: every `every`, to the revision seen
+/// `every` before, as marked in etcd by whichever node led shard 0 then. Ends with the session.
+pub(crate) async fn compact(
+    session: Session,
+    keys: Keys,
+    node_id: String,
+    every: Duration,
+    view: watch::Receiver<FleetView>,
+) {
+    // Looked at a few times an interval, so a new leader of shard 0 goes on soon.
+    let look_every = (every / 5).clamp(Duration::from_secs(1), Duration::from_secs(60));
+    let every_chrono = chrono::Duration::from_std(every).unwrap_or(chrono::Duration::MAX);
     loop {
         let leads = view
             .borrow()
@@ -37,26 +79,34 @@ pub(crate) async fn compact(session: Session, node_id: String, every: Duration, 
             .get(COMPACTING_SHARD as usize)
             .and_then(Option::as_ref)
             .is_some_and(|(leader, _)| *leader == node_id);
-        if !leads {
-            // A node that leads again starts over: the revision it saw before may be any age.
-            seen = None;
-        } else {
-            match revision_now(&session.client()).await {
-                Ok(now) => {
-                    if let Some(revision) = seen.filter(|revision| *revision < now) {
-                        compact_to(&session.client(), revision).await;
-                    }
-                    seen = Some(now);
-                }
-                Err(err) => {
-                    tracing::debug!(error = %err, "cannot read etcd's revision to compact its history; trying at the next interval")
-                }
+        if leads {
+            if let Err(err) = compact_once(&session.client(), &keys.compaction_mark(), every_chrono).await {
+                tracing::debug!(error = %err, "cannot compact etcd's history now; trying again later");
             }
         }
-        if !sleep_or_cancel(every, session.ended()).await {
+        if !sleep_or_cancel(look_every, session.ended()).await {
             return;
         }
     }
+}
+
+async fn compact_once(client: &Client, key: &str, every: chrono::Duration) -> Result<(), CoordError> {
+    let revision = revision_now(client).await?;
+    let read = etcd::call(client.clone().get(key, None)).await?;
+    // An unreadable mark is no mark: it is written over.
+    let mark = read
+        .kvs()
+        .first()
+        .and_then(|kv| serde_json::from_slice::<Mark>(kv.value()).ok());
+    let now = Utc::now();
+    match step(mark, revision, now, every) {
+        Step::Wait => return Ok(()),
+        Step::CompactTo(old) if old < revision => compact_to(client, old).await,
+        Step::CompactTo(_) | Step::Mark => {}
+    }
+    let value = serde_json::to_vec(&Mark { revision, at: now }).map_err(|err| CoordError::Protocol(err.to_string()))?;
+    etcd::call(client.clone().put(key, value, None)).await?;
+    Ok(())
 }
 
 async fn revision_now(client: &Client) -> Result<i64, CoordError> {
@@ -203,6 +253,33 @@ fn quota_in(page: &str) -> Option<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_history_is_compacted_an_interval_after_the_mark_whoever_marked_it() {
+        let at = |second: i64| DateTime::<Utc>::from_timestamp(1_800_000_000 + second, 0).unwrap();
+        let every = chrono::Duration::seconds(300);
+        let mark = |revision: i64, second: i64| {
+            Some(Mark {
+                revision,
+                at: at(second),
+            })
+        };
+        let cases = [
+            (None, Step::Mark, "no mark yet"),
+            (mark(50, 0), Step::Wait, "younger than the interval"),
+            (
+                mark(50, -300),
+                Step::CompactTo(50),
+                "an interval old, whichever node wrote it",
+            ),
+            (mark(500, -400), Step::CompactTo(100), "never past the revision now"),
+            (mark(50, 100), Step::Wait, "a little ahead: waits"),
+            (mark(50, 400), Step::Mark, "far ahead of this clock: written over"),
+        ];
+        for (mark, expected, why) in cases {
+            assert_eq!(step(mark, 100, at(0), every), expected, "{why}");
+        }
+    }
 
     #[test]
     fn the_quota_is_read_from_a_metrics_page_and_nonsense_is_not() {

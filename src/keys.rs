@@ -135,6 +135,11 @@ impl Keys {
         format!("{}jobs/{job}/result", self.root)
     }
 
+    /// The revision the compacting node saw, and when ([`crate::etcd_space`]).
+    pub(crate) fn compaction_mark(&self) -> String {
+        format!("{}compaction", self.root)
+    }
+
     /// A key never written: what a node reads to learn how many operations etcd takes in one
     /// transaction.
     pub(crate) fn txn_probe(&self) -> String {

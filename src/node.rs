@@ -272,6 +272,7 @@ pub async fn run(
         if let Some(every) = etcd.compaction {
             tasks.spawn(crate::etcd_space::compact(
                 session.clone(),
+                node.keys.clone(),
                 node.node_id.clone(),
                 every,
                 view.clone(),
