@@ -239,17 +239,21 @@ impl Starts {
         owed
     }
 
-    /// Takes up to `max` jobs whose starts are not written yet, for a claim to write, skipping
-    /// `except` (written anyway); [`Starts::unrecord`] puts back what could not be written.
+    /// Takes up to `max` jobs whose starts are not written yet, the oldest first, for a claim to
+    /// write, skipping `except` (written anyway); [`Starts::unrecord`] puts back what could not
+    /// be written.
     pub(crate) fn take_unrecorded(&self, max: usize, except: &[&str]) -> Vec<(String, Instant)> {
         let mut state = self.lock();
-        let jobs: Vec<String> = state
+        let mut waiting: Vec<(&String, &Instant)> = state
             .unrecorded
-            .keys()
-            .filter(|job| !except.contains(&job.as_str()))
-            .take(max)
-            .cloned()
+            .iter()
+            .filter(|(job, _)| !except.contains(&job.as_str()))
             .collect();
+        if waiting.len() > max {
+            waiting.select_nth_unstable_by_key(max, |(_, since)| **since);
+            waiting.truncate(max);
+        }
+        let jobs: Vec<String> = waiting.into_iter().map(|(job, _)| job.clone()).collect();
         let mut taken: Vec<(String, Instant)> = jobs
             .into_iter()
             .filter_map(|job| state.unrecorded.remove_entry(&job))

@@ -99,8 +99,11 @@ impl Claimer<'_> {
     pub(crate) async fn claim(&self, book: &mut Book, wants: &[Want]) -> Result<Vec<Won>, Halt> {
         if wants.is_empty() {
             // Starts of more jobs than one transaction takes (a stop's last write after an
-            // instant of hundreds of jobs) take several: each leaves fewer unwritten.
-            while self.starts.oldest_unrecorded().is_some() {
+            // instant of hundreds of jobs) take several, oldest first. Only those made before
+            // this write: a backlog's runs may start faster than they are written, and the
+            // firing loop waits for this write.
+            let began = std::time::Instant::now();
+            while self.starts.oldest_unrecorded().is_some_and(|since| since <= began) {
                 self.claim_chunk(book, Vec::new()).await?;
             }
             return Ok(Vec::new());
