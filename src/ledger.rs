@@ -74,26 +74,37 @@ pub async fn learn_txn_limit(client: &etcd_client::Client, keys: &Keys) -> Resul
     Ok(limit)
 }
 
-/// The operations that write a finished run's `record` of `job`: its result, and for a success
-/// also the job's last success, which a failed run must not hide (alerts and the per-job
-/// gauges read it).
-pub(crate) fn result_ops(keys: &Keys, job: &str, record: &RunRecord) -> Result<Vec<TxnOp>, CoordError> {
-    let value = serde_json::to_vec(record).map_err(|err| CoordError::Protocol(err.to_string()))?;
+/// The operations that write a finished run's `record` of `job`: its result, and the job's
+/// last success: `record` if it succeeded, else `success`, an older success not written yet
+/// (a failure that came before it was written must not lose it). A failed run must not hide the
+/// last success: alerts and the per-job gauges read it.
+pub(crate) fn result_ops(
+    keys: &Keys,
+    job: &str,
+    record: &RunRecord,
+    success: Option<&RunRecord>,
+) -> Result<Vec<TxnOp>, CoordError> {
+    let encode = |record: &RunRecord| serde_json::to_vec(record).map_err(|err| CoordError::Protocol(err.to_string()));
     let mut ops = Vec::with_capacity(2);
-    if record.succeeded() {
-        ops.push(TxnOp::put(keys.job_success(job), value.clone(), None));
+    if let Some(success) = last_success(record, success) {
+        ops.push(TxnOp::put(keys.job_success(job), encode(success)?, None));
     }
-    ops.push(TxnOp::put(keys.job_result(job), value, None));
+    ops.push(TxnOp::put(keys.job_result(job), encode(record)?, None));
     Ok(ops)
 }
 
-/// How many operations [`result_ops`] writes for `record`.
-pub(crate) fn result_op_count(record: &RunRecord) -> usize {
+/// The success [`result_ops`] writes with `record`, if any.
+pub(crate) fn last_success<'r>(record: &'r RunRecord, success: Option<&'r RunRecord>) -> Option<&'r RunRecord> {
     if record.succeeded() {
-        2
+        Some(record)
     } else {
-        1
+        success
     }
+}
+
+/// How many operations [`result_ops`] writes for `record` and `success`.
+pub(crate) fn result_op_count(record: &RunRecord, success: Option<&RunRecord>) -> usize {
+    1 + usize::from(last_success(record, success).is_some())
 }
 
 /// A job's last claim as read from etcd, with the revision a claim must find unchanged.
@@ -168,20 +179,23 @@ pub async fn claim(
     keys: &Keys,
     leadership: &Leadership,
     requests: &[ClaimRequest],
-    results: &[(&str, &RunRecord)],
+    results: &[(&str, &RunRecord, Option<&RunRecord>)],
     history: &[history::Entry],
 ) -> Result<Option<i64>, CoordError> {
     debug_assert!(
         requests.len()
-            + results.iter().map(|(_, record)| result_op_count(record)).sum::<usize>()
+            + results
+                .iter()
+                .map(|(_, record, success)| result_op_count(record, *success))
+                .sum::<usize>()
             + history.len() * history::OPS_PER_ENTRY
             <= ops_per_txn()
     );
     let mut compares = vec![leadership.guard()];
     let mut puts = history::ops(keys, history)?;
     puts.reserve(requests.len() + results.len());
-    for (job, record) in results {
-        puts.extend(result_ops(keys, job, record)?);
+    for (job, record, success) in results {
+        puts.extend(result_ops(keys, job, record, *success)?);
     }
     for request in requests {
         let key = keys.job_last(&request.job);
@@ -208,15 +222,15 @@ pub async fn claim(
 pub async fn record_runs(
     client: &etcd_client::Client,
     keys: &Keys,
-    runs: &[(String, RunRecord)],
+    runs: &[(String, RunRecord, Option<RunRecord>)],
 ) -> Result<(), CoordError> {
     // Each run may write its result and its job's last success.
     for chunk in runs.chunks(ops_per_txn() / 2) {
-        let mut left: Vec<&(String, RunRecord)> = chunk.iter().collect();
+        let mut left: Vec<&(String, RunRecord, Option<RunRecord>)> = chunk.iter().collect();
         while !left.is_empty() {
             let gets: Vec<TxnOp> = left
                 .iter()
-                .map(|(job, _)| TxnOp::get(keys.job_result(job), None))
+                .map(|(job, _, _)| TxnOp::get(keys.job_result(job), None))
                 .collect();
             let read = etcd::call(client.clone().txn(Txn::new().and_then(gets))).await?;
             let mut compares = Vec::with_capacity(left.len());
@@ -237,7 +251,7 @@ pub async fn record_runs(
                 }
                 let revision = held.map_or(0, |kv| kv.mod_revision());
                 compares.push(Compare::mod_revision(keys.job_result(job), CompareOp::Equal, revision));
-                puts.extend(result_ops(keys, job, record)?);
+                puts.extend(result_ops(keys, job, record, run.2.as_ref())?);
                 writing.push(*run);
             }
             if writing.is_empty() {
@@ -408,21 +422,21 @@ mod tests {
                 serde_json::from_slice::<RunRecord>(got.kvs()[0].value()).unwrap()
             }
         };
-        record_runs(&client, &keys, &[("j".into(), result(10, 7))])
+        record_runs(&client, &keys, &[("j".into(), result(10, 7), None)])
             .await
             .unwrap();
         step("an earlier tick's result arrives late: not written");
-        record_runs(&client, &keys, &[("j".into(), result(9, 5))])
+        record_runs(&client, &keys, &[("j".into(), result(9, 5), None)])
             .await
             .unwrap();
         assert_eq!(held(client.clone()).await, result(10, 7));
         step("the same tick redelivered under a later claim: written");
-        record_runs(&client, &keys, &[("j".into(), result(10, 9))])
+        record_runs(&client, &keys, &[("j".into(), result(10, 9), None)])
             .await
             .unwrap();
         assert_eq!(held(client.clone()).await, result(10, 9));
         step("a later tick: written");
-        record_runs(&client, &keys, &[("j".into(), result(11, 9))])
+        record_runs(&client, &keys, &[("j".into(), result(11, 9), None)])
             .await
             .unwrap();
         assert_eq!(held(client.clone()).await, result(11, 9));

@@ -33,6 +33,16 @@ pub struct Pending {
     /// A claim is carrying this job's result (this one or an older one) right now: nothing else
     /// may write the job's result until that claim settles, or an older result could land last.
     riding: bool,
+    /// A success that `record`, a newer failure, replaced before it was written: it is still
+    /// the job's last success, written with `record`.
+    success: Option<RunRecord>,
+}
+
+impl Pending {
+    /// The older success written with this result, if `record` did not succeed.
+    pub fn unwritten_success(&self) -> Option<&RunRecord> {
+        self.success.as_ref()
+    }
 }
 
 /// The newest unwritten result of each job, and every run on its way to the history.
@@ -105,7 +115,14 @@ impl ResultQueue {
             Some(held) if held.record.scheduled_at > record.scheduled_at => {}
             // The slot keeps its age and its riding mark: a job whose runs finish faster than
             // its shard claims is still written within the window, and never under a claim.
-            Some(held) => held.record = record,
+            Some(held) => {
+                if record.succeeded() {
+                    held.success = None;
+                } else if held.record.succeeded() {
+                    held.success = Some(held.record.clone());
+                }
+                held.record = record;
+            }
             None => {
                 pending.insert(
                     job.to_string(),
@@ -115,6 +132,7 @@ impl ResultQueue {
                         record,
                         since,
                         riding: false,
+                        success: None,
                     },
                 );
             }
@@ -134,7 +152,7 @@ impl ResultQueue {
             if room == 0 {
                 break;
             }
-            let ops = ledger::result_op_count(&entry.record);
+            let ops = ledger::result_op_count(&entry.record, entry.success.as_ref());
             if entry.shard != shard || entry.riding || ops > room {
                 continue;
             }
@@ -160,6 +178,9 @@ impl ResultQueue {
                 pending.remove(&rider.job);
             } else {
                 held.riding = false;
+                if written && held.success.as_ref() == ledger::last_success(&rider.record, rider.success.as_ref()) {
+                    held.success = None;
+                }
                 if written {
                     // A newer result came while the claim carried the older one: it has not
                     // waited for a claim yet, so its window starts now rather than being
@@ -202,8 +223,13 @@ impl ResultQueue {
     fn put_back(&self, results: Vec<Pending>) {
         let mut pending = self.lock();
         for entry in results {
-            match pending.get(&entry.job) {
-                Some(held) if held.record.scheduled_at >= entry.record.scheduled_at => {}
+            match pending.get_mut(&entry.job) {
+                Some(held) if held.record.scheduled_at >= entry.record.scheduled_at => {
+                    // The newer result keeps the older one's unwritten success.
+                    if held.success.is_none() && !held.record.succeeded() {
+                        held.success = ledger::last_success(&entry.record, entry.success.as_ref()).cloned();
+                    }
+                }
                 _ => {
                     pending.insert(entry.job.clone(), entry);
                 }
@@ -266,9 +292,9 @@ pub async fn write_leftovers(
         let mut failed = false;
         let batch = queue.take_older_than(age);
         if !batch.is_empty() {
-            let records: Vec<(String, RunRecord)> = batch
+            let records: Vec<(String, RunRecord, Option<RunRecord>)> = batch
                 .iter()
-                .map(|entry| (entry.job.clone(), entry.record.clone()))
+                .map(|entry| (entry.job.clone(), entry.record.clone(), entry.success.clone()))
                 .collect();
             if let Err(err) = ledger::record_runs(&client, &keys, &records).await {
                 if err.is_nospace() {
@@ -314,6 +340,35 @@ mod tests {
     }
 
     #[test]
+    fn a_success_replaced_by_a_newer_failure_before_it_was_written_is_still_written() {
+        let queue = ResultQueue::default();
+        queue.push("j", 0, record(10));
+        let mut failed = record(11);
+        failed.exit_code = Some(1);
+        queue.push("j", 0, failed.clone());
+        let riders = queue.take_for(0, 10);
+        assert_eq!(riders.len(), 1);
+        assert_eq!(riders[0].record, failed, "the newest result");
+        assert_eq!(
+            riders[0].unwritten_success(),
+            Some(&record(10)),
+            "the success it replaced rides with it"
+        );
+        assert_eq!(
+            ledger::result_op_count(&riders[0].record, riders[0].unwritten_success()),
+            2
+        );
+        queue.settle(riders, true);
+        assert!(queue.take_for(0, 10).is_empty(), "both written");
+        // A success after it writes itself and forgets the older one.
+        queue.push("k", 0, record(10));
+        queue.push("k", 0, failed.clone());
+        queue.push("k", 0, record(12));
+        let riders = queue.take_for(0, 10);
+        assert_eq!(riders[0].unwritten_success(), None);
+    }
+
+    #[test]
     fn riders_fit_the_operations_left_and_a_success_takes_two() {
         let queue = ResultQueue::default();
         let mut failed = record(10);
@@ -322,7 +377,10 @@ mod tests {
         queue.push("succeeded", 0, record(10));
         // A success writes its result and the job's last success.
         let riders = queue.take_for(0, 2);
-        let ops: usize = riders.iter().map(|rider| ledger::result_op_count(&rider.record)).sum();
+        let ops: usize = riders
+            .iter()
+            .map(|rider| ledger::result_op_count(&rider.record, rider.unwritten_success()))
+            .sum();
         assert!(ops <= 2, "{ops} operations in a room of 2");
         queue.settle(riders, false);
         let riders = queue.take_for(0, 3);

@@ -331,8 +331,14 @@ impl Claimer<'_> {
             })
             .collect();
         let riders = self.results.take_for(self.leadership.shard, room(requests.len()));
-        let carried: Vec<(&str, &RunRecord)> = riders.iter().map(|rider| (rider.job.as_str(), &rider.record)).collect();
-        let rider_ops: usize = riders.iter().map(|rider| ledger::result_op_count(&rider.record)).sum();
+        let carried: Vec<(&str, &RunRecord, Option<&RunRecord>)> = riders
+            .iter()
+            .map(|rider| (rider.job.as_str(), &rider.record, rider.unwritten_success()))
+            .collect();
+        let rider_ops: usize = riders
+            .iter()
+            .map(|rider| ledger::result_op_count(&rider.record, rider.unwritten_success()))
+            .sum();
         let history_room = room(requests.len() + rider_ops) / history::OPS_PER_ENTRY;
         let entries = self.results.history.take_for(self.leadership.shard, history_room);
         let sent = std::time::Instant::now();
