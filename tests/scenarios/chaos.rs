@@ -186,11 +186,6 @@ fn a_randomized_fault_run_keeps_every_delivery_promise() {
 
     let runs = world.runs();
     let logs: String = world.nodes.iter().map(Node::log_text).collect();
-    let recorded_lost = |job: &str, tick: DateTime<Utc>| {
-        logs.lines().any(|line| {
-            line.contains("lost:") && line.contains(&format!("job={job} ")) && line.contains(&format!("tick={tick}"))
-        })
-    };
     // A tick that neither ran nor was recorded lost (only at-most-once ticks may be); a tick run
     // again without a higher fence and CRON_REDELIVERED, or an at-most-once tick run twice; a run
     // started with a lower fence than a run of its job before it.
@@ -209,7 +204,7 @@ fn a_randomized_fault_run_keeps_every_delivery_promise() {
             let mut ran = by_tick.get(&tick).cloned().unwrap_or_default();
             ran.sort_by(|a, b| a.started.total_cmp(&b.started));
             if ran.is_empty() {
-                if at_most_once && recorded_lost(name, tick) {
+                if at_most_once && recorded_lost(&logs, name, tick) {
                     lost += 1;
                 } else {
                     missing.note(format!("{name}: tick {tick} neither ran nor was recorded lost"));

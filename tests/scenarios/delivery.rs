@@ -2,7 +2,6 @@
 //! or stopped just after one, with many jobs due at that instant. Every (job, tick) of the
 //! window is checked, not a sample.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -30,18 +29,6 @@ fn world_with(extra: &str) -> (World, Roles, Vec<String>) {
         every_job_ran_since(&world.runs(), &names, 0.0, 1)
     });
     (world, roles, names)
-}
-
-/// The runs of each job, by tick.
-fn by_tick(runs: &[Run], job: &str) -> BTreeMap<DateTime<Utc>, Vec<Run>> {
-    let mut ticks: BTreeMap<DateTime<Utc>, Vec<Run>> = BTreeMap::new();
-    for run in runs.iter().filter(|run| run.job == job) {
-        ticks.entry(run.tick).or_default().push(run.clone());
-    }
-    for runs in ticks.values_mut() {
-        runs.sort_by(|a, b| a.started.total_cmp(&b.started));
-    }
-    ticks
 }
 
 /// Kills the leader `offset_ms` around a tick, waits for the standby to run 3 ticks of every
@@ -125,13 +112,8 @@ fn an_at_most_once_tick_claimed_by_a_killed_leader_runs_once_or_is_recorded_lost
             let mut expected = first;
             while expected <= killed {
                 if !ticks.contains_key(&expected) {
-                    let recorded = standby.lines().any(|line| {
-                        line.contains("lost:")
-                            && line.contains(&format!("job={name} "))
-                            && line.contains(&format!("tick={expected}"))
-                    });
                     assert!(
-                        recorded,
+                        recorded_lost(&standby, name, expected),
                         "{name}: tick {expected} neither ran nor was recorded lost (kill {offset_ms:+} ms)"
                     );
                     lost += 1;

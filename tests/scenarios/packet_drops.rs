@@ -327,11 +327,6 @@ fn a_node_dropped_while_it_catches_up_a_backlog_leaves_no_owed_tick_unrun_or_unr
 
     let runs = world.runs();
     let logs: String = world.nodes.iter().map(|node| node.log_text()).collect();
-    let recorded_lost = |name: &str, tick: DateTime<Utc>| {
-        logs.lines().any(|line| {
-            line.contains("lost:") && line.contains(&format!("job={name} ")) && line.contains(&format!("tick={tick}"))
-        })
-    };
     let (mut repeats, mut lost, mut checked) = (0, 0, 0);
     for name in &names {
         let ticks: BTreeMap<DateTime<Utc>, usize> =
@@ -357,7 +352,7 @@ fn a_node_dropped_while_it_catches_up_a_backlog_leaves_no_owed_tick_unrun_or_unr
                     Some(times) => panic!("{name}: at-most-once tick {tick} ran {times} times"),
                     None => {
                         assert!(
-                            recorded_lost(name, tick),
+                            recorded_lost(&logs, name, tick),
                             "{name}: tick {tick} neither ran nor was recorded lost"
                         );
                         lost += 1;

@@ -2,7 +2,6 @@
 //! of both delivery modes fire: every (job, tick) of the window runs, or is recorded `lost` for
 //! an at-most-once job, whichever shard count claimed it and whichever node stopped last.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -12,25 +11,6 @@ use crate::support::*;
 const TTL: u64 = 2;
 const NODES: [&str; 3] = ["a", "b", "c"];
 const EVERY_OTHER_SECOND: &str = "*/2 * * * * *";
-
-/// The runs of each tick of `job`, in the order they started.
-fn by_tick(runs: &[Run], job: &str) -> BTreeMap<DateTime<Utc>, Vec<Run>> {
-    let mut ticks: BTreeMap<DateTime<Utc>, Vec<Run>> = BTreeMap::new();
-    for run in runs.iter().filter(|run| run.job == job) {
-        ticks.entry(run.tick).or_default().push(run.clone());
-    }
-    for runs in ticks.values_mut() {
-        runs.sort_by(|a, b| a.started.total_cmp(&b.started));
-    }
-    ticks
-}
-
-/// Whether some node's log records `tick` of `job` lost.
-fn recorded_lost(logs: &str, job: &str, tick: DateTime<Utc>) -> bool {
-    logs.lines().any(|line| {
-        line.contains("lost:") && line.contains(&format!("job={job} ")) && line.contains(&format!("tick={tick}"))
-    })
-}
 
 /// Whether some job record lists a tick `node` claimed that is not due yet, so it has not
 /// started it.

@@ -1,7 +1,7 @@
 //! What the jobs recorded: a line per run in the world's runs file, read back as [`Run`]s, and
 //! the checks scenarios make on them.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 
 use chrono::{DateTime, Utc};
@@ -183,4 +183,23 @@ pub fn newest_term(runs: &[Run]) -> i64 {
         .max_by(|a, b| a.started.total_cmp(&b.started))
         .map(|run| run.term)
         .expect("runs")
+}
+
+/// The runs of each tick of `job`, in the order they started.
+pub fn by_tick(runs: &[Run], job: &str) -> BTreeMap<DateTime<Utc>, Vec<Run>> {
+    let mut ticks: BTreeMap<DateTime<Utc>, Vec<Run>> = BTreeMap::new();
+    for run in runs.iter().filter(|run| run.job == job) {
+        ticks.entry(run.tick).or_default().push(run.clone());
+    }
+    for runs in ticks.values_mut() {
+        runs.sort_by(|a, b| a.started.total_cmp(&b.started));
+    }
+    ticks
+}
+
+/// Whether node `logs` record `tick` of `job` lost.
+pub fn recorded_lost(logs: &str, job: &str, tick: DateTime<Utc>) -> bool {
+    logs.lines().any(|line| {
+        line.contains("lost:") && line.contains(&format!("job={job} ")) && line.contains(&format!("tick={tick}"))
+    })
 }
