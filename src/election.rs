@@ -7,7 +7,6 @@
 //! node. The term is the leader key's create revision: etcd revisions only grow, so a later
 //! leader always has a larger one.
 
-use std::collections::BTreeSet;
 use std::future::Future;
 
 use etcd_client::{
@@ -17,12 +16,12 @@ use etcd_client::{
 use tokio::sync::{watch, Semaphore};
 
 use crate::backoff::Pushback;
+use crate::etcd::ops_per_txn;
 use crate::etcd::{self, CoordError};
-use crate::fleet::FleetView;
 use crate::keys::Keys;
-use crate::ledger::ops_per_txn;
 use crate::repeats;
 use crate::session::Session;
+use crate::view::{Candidate, FleetView};
 
 /// This node leads a shard. Everything the term writes is guarded by `fence`.
 #[derive(Debug, Clone)]
@@ -229,109 +228,6 @@ pub async fn still_leads(session: &Session, leadership: &Leadership) -> Result<b
         .is_some_and(|kv| kv.key() == leadership.key.as_bytes() && kv.create_revision() == leadership.fence))
 }
 
-/// One candidate of a shard election, as etcd holds it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Candidate {
-    pub key: Vec<u8>,
-    /// The node id the candidate key holds.
-    pub node: String,
-    /// The key's create revision: the lowest leads, and it is the leader's fence.
-    pub fence: i64,
-    /// The lease the key lives on, when it is named for that lease as every member's candidate
-    /// key is; `None` for a key without a lease or named for another one, which no member put.
-    pub lease: Option<i64>,
-}
-
-impl Candidate {
-    /// Whether a live member put this key: it lives on the lease it is named for, and that lease
-    /// holds a member's registration. Anything else under an election prefix (a leaseless key,
-    /// a lease no member holds) is foreign and never leads.
-    pub fn is_member(&self, member_leases: &BTreeSet<i64>) -> bool {
-        self.lease.is_some_and(|lease| member_leases.contains(&lease))
-    }
-}
-
-/// A candidate key as it was put.
-#[derive(Debug, Clone, Copy)]
-pub struct Entered<'a> {
-    /// The node id it holds.
-    pub node: &'a [u8],
-    /// Its create revision.
-    pub fence: i64,
-    /// The lease it is on; 0 for none.
-    pub lease: i64,
-}
-
-/// The candidates of every shard election of one shard count, in the order etcd elects them.
-/// Built from a read of the election keys, kept current from a watch of them; `status` and the
-/// fleet view both read who leads and who stands by from here.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Ballot {
-    /// Per shard, ordered by create revision.
-    shards: Vec<Vec<Candidate>>,
-}
-
-impl Ballot {
-    pub fn new(shards: u32) -> Ballot {
-        Ballot {
-            shards: vec![Vec::new(); shards as usize],
-        }
-    }
-
-    /// Takes in a candidate key that was put or deleted (`None`), and returns the shard whose
-    /// election it is. Keys of elections with another shard count are not this ballot's and are
-    /// ignored.
-    pub fn apply(&mut self, keys: &Keys, key: &[u8], put: Option<Entered>) -> Option<u32> {
-        let (shard, of) = std::str::from_utf8(key)
-            .ok()
-            .and_then(|key| keys.parse_candidate(key))?;
-        if of as usize != self.shards.len() {
-            return None;
-        }
-        let candidates = self.shards.get_mut(shard as usize)?;
-        candidates.retain(|candidate| candidate.key != key);
-        if let Some(entered) = put {
-            let named_for_its_lease = entered.lease != 0 && keys.candidate(of, shard, entered.lease).as_bytes() == key;
-            let at = candidates.partition_point(|candidate| candidate.fence < entered.fence);
-            candidates.insert(
-                at,
-                Candidate {
-                    key: key.to_vec(),
-                    node: String::from_utf8_lossy(entered.node).into_owned(),
-                    fence: entered.fence,
-                    lease: named_for_its_lease.then_some(entered.lease),
-                },
-            );
-        }
-        Some(shard)
-    }
-
-    /// The candidates of `shard` in the order etcd elects them, foreign keys included.
-    pub fn candidates(&self, shard: u32) -> &[Candidate] {
-        self.shards.get(shard as usize).map_or(&[], Vec::as_slice)
-    }
-
-    /// The leader of `shard`: its oldest candidate, when a member put it. A foreign key in front
-    /// leaves the shard without a leader until it is removed: letting the next member lead past
-    /// it could make two leaders of nodes whose views of the members differ for a moment.
-    pub fn leader(&self, shard: u32, member_leases: &BTreeSet<i64>) -> Option<&Candidate> {
-        self.candidates(shard)
-            .first()
-            .filter(|candidate| candidate.is_member(member_leases))
-    }
-
-    /// The foreign candidate keys of `shard`.
-    pub fn foreign<'a>(
-        &'a self,
-        shard: u32,
-        member_leases: &'a BTreeSet<i64>,
-    ) -> impl Iterator<Item = &'a Candidate> + 'a {
-        self.candidates(shard)
-            .iter()
-            .filter(|candidate| !candidate.is_member(member_leases))
-    }
-}
-
 /// Removes a foreign candidate key, once etcd confirms it is foreign: its lease, if it has one,
 /// holds no member's registration (a view that saw a new member's candidate key before its
 /// registration must not remove a member's key). Guarded by the key's create revision, so a key
@@ -367,78 +263,4 @@ pub async fn resign(session: &Session, leadership: &Leadership) -> Result<(), Co
         .and_then([TxnOp::delete(leadership.key.as_str(), None)]);
     etcd::call(session.client().txn(txn)).await?;
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn entered(node: &[u8], fence: i64, lease: i64) -> Option<Entered<'_>> {
-        Some(Entered { node, fence, lease })
-    }
-
-    #[test]
-    fn the_oldest_candidate_leads_and_deletes_promote_the_next() {
-        let keys = Keys::new("c");
-        let key = |shard: u32, lease: i64| keys.candidate(4, shard, lease).into_bytes();
-        let members = BTreeSet::from([0xa, 0xb, 0xc, 0xd]);
-        let mut ballot = Ballot::new(4);
-        ballot.apply(&keys, &key(1, 0xb), entered(b"b", 20, 0xb));
-        ballot.apply(&keys, &key(1, 0xa), entered(b"a", 10, 0xa));
-        ballot.apply(&keys, &key(1, 0xc), entered(b"c", 30, 0xc));
-        ballot.apply(&keys, keys.candidate(8, 1, 0xd).as_bytes(), entered(b"d", 5, 0xd));
-        ballot.apply(&keys, b"/shardcron/c/nodes/x", entered(b"x", 1, 0xd));
-        let nodes = |ballot: &Ballot| -> Vec<String> { ballot.candidates(1).iter().map(|c| c.node.clone()).collect() };
-        assert_eq!(
-            nodes(&ballot),
-            ["a", "b", "c"],
-            "another shard count's election is not this one"
-        );
-        assert_eq!(ballot.leader(1, &members).map(|c| c.fence), Some(10));
-        ballot.apply(&keys, &key(1, 0xa), None);
-        assert_eq!(ballot.leader(1, &members).map(|c| c.node.as_str()), Some("b"));
-        assert!(ballot.leader(0, &members).is_none() && ballot.leader(9, &members).is_none());
-    }
-
-    #[test]
-    fn a_key_no_member_put_never_leads() {
-        let keys = Keys::new("c");
-        let members = BTreeSet::from([0xa, 0xb]);
-        let prefix = keys.election_prefix(2, 0);
-        let cases: [(&str, Vec<u8>, i64, Option<&str>); 5] = [
-            (
-                "the member's own key",
-                keys.candidate(2, 0, 0xa).into_bytes(),
-                0xa,
-                Some("a"),
-            ),
-            ("no lease", format!("{prefix}ffff").into_bytes(), 0, None),
-            (
-                "named for another lease",
-                keys.candidate(2, 0, 0xc).into_bytes(),
-                0xa,
-                None,
-            ),
-            (
-                "a lease no member holds",
-                keys.candidate(2, 0, 0xe).into_bytes(),
-                0xe,
-                None,
-            ),
-            (
-                "a key below a candidate's",
-                format!("{prefix}a/x").into_bytes(),
-                0xa,
-                None,
-            ),
-        ];
-        for (case, key, lease, leader) in cases {
-            let mut ballot = Ballot::new(2);
-            ballot.apply(&keys, &key, entered(b"a", 7, lease));
-            ballot.apply(&keys, keys.candidate(2, 0, 0xb).as_bytes(), entered(b"b", 9, 0xb));
-            let foreign = ballot.foreign(0, &members).count();
-            assert_eq!(ballot.leader(0, &members).map(|c| c.node.as_str()), leader, "{case}");
-            assert_eq!(foreign, usize::from(leader.is_none()), "{case}");
-        }
-    }
 }

@@ -22,10 +22,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backoff::sleep_or_cancel;
 use crate::etcd::{self, CoordError};
-use crate::fleet::FleetView;
 use crate::keys::Keys;
 use crate::readiness::Readiness;
 use crate::session::Session;
+use crate::view::FleetView;
 
 /// The shard whose leader compacts: one node at a time, and another within a TTL of its death.
 const COMPACTING_SHARD: u32 = 0;

@@ -16,117 +16,13 @@ use etcd_client::{EventType, PutOptions, WatchOptions};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::assignment::assign;
 use crate::backoff::{sleep_or_cancel, Backoff};
-use crate::context::NodeContext;
-use crate::election::{self, Ballot, Candidate, Entered};
+use crate::election;
 use crate::etcd::{self, CoordError};
 use crate::keys::Keys;
 use crate::record::Member;
 use crate::session::Session;
-
-/// What a node knows of the fleet at one moment.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct FleetView {
-    pub members: Arc<BTreeMap<String, Member>>,
-    /// Target owner of each of this node's shards, worked out once per change of the members.
-    pub targets: Arc<Vec<Option<String>>>,
-    /// Node ids campaigning in each of this node's shard elections.
-    pub candidates: Vec<BTreeSet<String>>,
-    /// The leader of each election: its node id and fence.
-    pub leaders: Vec<Option<(String, i64)>>,
-    /// Candidate keys of this node's elections that no live member put: they never lead.
-    pub foreign: Arc<Vec<Candidate>>,
-    /// Some registration's record could not be read: its node's shard count is unknown.
-    pub unread_members: bool,
-}
-
-/// The live members, and the lease each registration lives on: a candidate key leads only on a
-/// member's lease.
-#[derive(Debug, Clone, Default)]
-pub struct Members {
-    pub nodes: BTreeMap<String, Member>,
-    /// By node id; a registration whose record cannot be read still holds its lease, as etcd
-    /// sees it when a foreign key is checked before its removal.
-    leases: BTreeMap<String, i64>,
-}
-
-impl Members {
-    pub fn leases(&self) -> BTreeSet<i64> {
-        self.leases.values().copied().filter(|lease| *lease != 0).collect()
-    }
-
-    fn apply(&mut self, keys: &Keys, key: &[u8], put: Option<(&[u8], i64)>) {
-        let Some(id) = std::str::from_utf8(key).ok().and_then(|key| keys.parse_node(key)) else {
-            return;
-        };
-        let Some((value, lease)) = put else {
-            self.nodes.remove(id);
-            self.leases.remove(id);
-            return;
-        };
-        self.leases.insert(id.to_string(), lease);
-        match serde_json::from_slice::<Member>(value) {
-            Ok(member) => {
-                self.nodes.insert(id.to_string(), member);
-            }
-            Err(err) => {
-                self.nodes.remove(id);
-                tracing::warn!(node = id, error = %err, "unreadable member record; ignoring it");
-            }
-        }
-    }
-}
-
-/// Target owner of every shard, among the members that share `shards`.
-pub fn targets(members: &BTreeMap<String, Member>, shards: u32) -> Vec<Option<String>> {
-    let peers: Vec<&str> = members
-        .iter()
-        .filter(|(_, member)| member.shards == shards)
-        .map(|(id, _)| id.as_str())
-        .collect();
-    assign(shards, &peers)
-}
-
-impl FleetView {
-    /// Whether `me`, leading `shard`, should hand it over now: it is not the shard's target and
-    /// the target is already campaigning for it, so the handoff leaves no gap.
-    pub fn should_hand_over(&self, shard: u32, me: &str) -> bool {
-        match self.targets.get(shard as usize).cloned().flatten() {
-            Some(target) => {
-                target != me
-                    && self
-                        .candidates
-                        .get(shard as usize)
-                        .is_some_and(|ids| ids.contains(&target))
-            }
-            None => false,
-        }
-    }
-
-    /// Whether no live node runs `shards` shards, as far as this view knows: the elections of that
-    /// count have no leader now and never will again, so nothing of theirs is left to start.
-    /// False while the view knows no member or cannot read one.
-    pub fn shard_count_gone(&self, shards: u32) -> bool {
-        !self.members.is_empty() && !self.unread_members && self.members.values().all(|member| member.shards != shards)
-    }
-
-    /// The shard counts the live nodes run; `None` when the view cannot tell.
-    pub fn shard_counts(&self) -> Option<BTreeSet<u32>> {
-        (!self.members.is_empty() && !self.unread_members)
-            .then(|| self.members.values().map(|member| member.shards).collect())
-    }
-
-    /// Whether the candidate of `node` with `fence` leads `shard` in this view. The view is etcd's
-    /// state at one revision, and no key can be created later with a lower create revision: once
-    /// no candidate precedes this one it leads, as etcd's own election decides.
-    pub fn leads(&self, shard: u32, node: &str, fence: i64) -> bool {
-        self.leaders
-            .get(shard as usize)
-            .and_then(Option::as_ref)
-            .is_some_and(|(leader, leader_fence)| leader == node && *leader_fence == fence)
-    }
-}
+use crate::view::{self, Ballot, Candidate, Entered, FleetView, Members};
 
 /// Registers this node under `/nodes/<id>` on the session's lease.
 pub async fn register(session: &Session, keys: &Keys, node_id: &str, member: &Member) -> Result<(), CoordError> {
@@ -174,7 +70,7 @@ async fn watch(session: &Session, keys: &Keys, shards: u32, view: &watch::Sender
     let client = session.client();
     let (mut members, members_read) = read_members(&client, keys).await?;
     let (mut ballot, ballot_read) = read_ballot(&client, keys, shards).await?;
-    let mut targets = Arc::new(self::targets(&members.nodes, shards));
+    let mut targets = Arc::new(view::targets(&members.nodes, shards));
     // The foreign keys of each shard that has any, kept apart so a publish looks only at the
     // shards that changed.
     let mut foreign = BTreeMap::new();
@@ -227,7 +123,7 @@ async fn watch(session: &Session, keys: &Keys, shards: u32, view: &watch::Sender
             }
             _ = publishing.tick(), if members_changed || !changed_shards.is_empty() => {
                 if members_changed {
-                    targets = Arc::new(self::targets(&members.nodes, shards));
+                    targets = Arc::new(view::targets(&members.nodes, shards));
                     // Who may lead any shard depends on the members' leases.
                     changed_shards.extend(0..shards);
                     members_changed = false;
@@ -257,7 +153,7 @@ fn publish(
             current.members = Arc::new(members.nodes.clone());
             modified = true;
         }
-        let unread_members = members.leases.len() > members.nodes.len();
+        let unread_members = members.has_unread();
         if current.unread_members != unread_members {
             current.unread_members = unread_members;
             modified = true;
@@ -314,28 +210,17 @@ fn publish(
     });
 }
 
-/// Members whose config digest differs from this node's.
-pub fn drifted<'a>(view: &'a FleetView, digest: &str) -> Vec<(&'a str, &'a Member)> {
-    view.members
-        .iter()
-        .filter(|(_, member)| member.digest != digest)
-        .map(|(id, member)| (id.as_str(), member))
-        .collect()
-}
-
-/// Starts this session's fleet tasks: the view every term reads, this node's registration kept
-/// current across reloads, and drift warnings. They end with the session.
+/// Starts this session's fleet tasks: the view every term reads, and the removal of election
+/// keys no member put. They end with the session.
 pub(crate) fn spawn_tasks(
     tasks: &mut JoinSet<()>,
-    node: &Arc<NodeContext>,
     session: &Session,
-    member: Member,
+    keys: &Keys,
+    shards: u32,
 ) -> watch::Receiver<FleetView> {
     let (view_sender, view) = watch::channel(FleetView::default());
-    tasks.spawn(keep_view(session.clone(), node.keys.clone(), node.shards, view_sender));
-    tasks.spawn(register_reloads(Arc::clone(node), session.clone(), member));
-    tasks.spawn(warn_on_drift(Arc::clone(node), session.clone(), view.clone()));
-    tasks.spawn(remove_foreign_keys(session.clone(), node.keys.clone(), view.clone()));
+    tasks.spawn(keep_view(session.clone(), keys.clone(), shards, view_sender));
+    tasks.spawn(remove_foreign_keys(session.clone(), keys.clone(), view.clone()));
     view
 }
 
@@ -402,45 +287,6 @@ async fn remove_foreign_keys(session: Session, keys: Keys, mut view: watch::Rece
             changed = view.changed() => if changed.is_err() { return },
             _ = tokio::time::sleep(FOREIGN_RECHECK), if recheck => {}
             _ = session.ended().cancelled() => return,
-        }
-    }
-}
-
-/// Logs each member whose jobs.toml differs from this node's, once per digest.
-async fn warn_on_drift(node: Arc<NodeContext>, session: Session, mut view: watch::Receiver<FleetView>) {
-    let mut loaded = node.jobs.clone();
-    let mut reported = BTreeSet::new();
-    loop {
-        {
-            let digest = loaded.borrow_and_update().digest.clone();
-            let current = view.borrow_and_update();
-            let drifted = drifted(&current, &digest);
-            crate::metrics::get().config_drift_nodes.set(drifted.len() as i64);
-            for (id, member) in drifted {
-                if reported.insert((id.to_string(), member.digest.clone(), digest.clone())) {
-                    tracing::warn!(node = %node.node_id, other = id, its_digest = %member.digest, our_digest = %digest, its_shards = member.shards, "config drift: this member runs a different jobs.toml");
-                }
-            }
-        }
-        tokio::select! {
-            changed = view.changed() => if changed.is_err() { return },
-            changed = loaded.changed() => if changed.is_err() { return },
-            _ = session.ended().cancelled() => return,
-        }
-    }
-}
-
-/// Registers this node again with the new digest whenever a reload changes the jobs.
-async fn register_reloads(node: Arc<NodeContext>, session: Session, mut member: Member) {
-    let mut loaded = node.jobs.clone();
-    loop {
-        tokio::select! {
-            changed = loaded.changed() => if changed.is_err() { return },
-            _ = session.ended().cancelled() => return,
-        }
-        member.digest = loaded.borrow_and_update().digest.clone();
-        if let Err(err) = register(&session, &node.keys, &node.node_id, &member).await {
-            tracing::warn!(error = %err, "cannot update this node's registration after a reload; others see the old digest until the next session");
         }
     }
 }

@@ -191,7 +191,7 @@ pub fn ops(keys: &Keys, entries: &[Entry]) -> Result<Vec<TxnOp>, CoordError> {
 /// Writes `entries` that no claim carried, in as few transactions as etcd allows. Puts of
 /// whole records under their own keys: writing one twice writes the same thing.
 pub async fn write(client: &etcd_client::Client, keys: &Keys, entries: &[Entry]) -> Result<(), CoordError> {
-    for chunk in entries.chunks(crate::ledger::ops_per_txn() / OPS_PER_ENTRY) {
+    for chunk in entries.chunks(crate::etcd::ops_per_txn() / OPS_PER_ENTRY) {
         etcd::call(client.clone().txn(Txn::new().and_then(ops(keys, chunk)?))).await?;
     }
     Ok(())
@@ -237,7 +237,7 @@ pub fn render(records: &[RunRecord]) -> String {
             ]
         })
         .collect();
-    crate::status::table(
+    crate::text_table::table(
         &[
             "SCHEDULED AT",
             "TRIGGER",

@@ -8,7 +8,7 @@
 //! claimed: while a leader is stuck it stays in the past, which is what "job late" alerts on.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, Once, OnceLock};
 
 use chrono::{DateTime, Utc};
 use etcd_client::{Txn, TxnOp, TxnOpResponse};
@@ -17,9 +17,9 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 
 use crate::config::Job;
+use crate::etcd::ops_per_txn;
 use crate::etcd::{self, CoordError};
 use crate::keys::Keys;
-use crate::ledger::ops_per_txn;
 use crate::record::RunRecord;
 
 #[derive(Debug, Default)]
@@ -34,7 +34,16 @@ pub(crate) struct JobGauges {
 
 pub(crate) fn get() -> &'static JobGauges {
     static GAUGES: OnceLock<JobGauges> = OnceLock::new();
-    GAUGES.get_or_init(JobGauges::default)
+    static EXPORTED: Once = Once::new();
+    let gauges = GAUGES.get_or_init(JobGauges::default);
+    EXPORTED.call_once(|| crate::metrics::get().register_collector(Box::new(Collector(gauges))));
+    gauges
+}
+
+/// Adds the per-job gauges to the node's metrics page from the start, before this node leads a
+/// shard: a scrape sees their descriptions as soon as the node runs.
+pub(crate) fn export() {
+    get();
 }
 
 /// Keeps the newest of `at` and what `map` holds for `job`; allocates only for a job not seen.

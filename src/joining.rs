@@ -14,9 +14,9 @@ use tokio::time::Instant;
 
 use crate::election::{self, Leadership};
 use crate::etcd::CoordError;
-use crate::fleet::FleetView;
 use crate::keys::Keys;
 use crate::session::Session;
+use crate::view::FleetView;
 
 /// The members must stay unchanged this long before a node decides which shards are its
 /// targets: nodes started together register within it.

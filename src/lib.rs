@@ -104,4 +104,6 @@ mod spawner;
 mod spread;
 mod starts;
 pub mod status;
+mod text_table;
 pub mod triggers;
+mod view;

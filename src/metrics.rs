@@ -3,7 +3,7 @@
 //! The metrics are process-wide, like the log: every part of the node counts into the one
 //! [`Metrics`] that [`get`] returns, whether or not `--http-addr` serves them.
 
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -38,9 +38,13 @@ struct BuildLabels {
     tzdb: String,
 }
 
-/// Every metric the node exports.
+/// Every metric the node exports. A leaf: the parts that own a value register it here (a
+/// collector, a count read at each render); this module imports none of them.
 pub(crate) struct Metrics {
-    registry: Registry,
+    /// Locked to add a collector after start, and at each render.
+    registry: Mutex<Registry>,
+    /// Counts the pauses in force, set by the node that mirrors them.
+    pauses: OnceLock<Box<dyn Fn() -> usize + Send + Sync>>,
     pub runs: Family<RunLabels, Counter>,
     /// Not by job: a histogram per job would be a dozen series for each of 100,000 jobs.
     pub run_duration: Histogram,
@@ -108,7 +112,8 @@ impl Metrics {
             etcd_nospace: Gauge::default(),
             pauses_in_force: Gauge::default(),
             log_lines_dropped: Counter::default(),
-            registry: Registry::default(),
+            registry: Mutex::default(),
+            pauses: OnceLock::new(),
         };
         registry.register("runs", "Finished runs by job and result", metrics.runs.clone());
         registry.register(
@@ -230,8 +235,10 @@ impl Metrics {
             "The shardcron version and the IANA time zone database compiled into it",
             build_info,
         );
-        registry.register_collector(Box::new(crate::job_gauges::Collector(crate::job_gauges::get())));
-        Metrics { registry, ..metrics }
+        Metrics {
+            registry: Mutex::new(registry),
+            ..metrics
+        }
     }
 
     /// Counts a finished (or skipped) run.
@@ -247,12 +254,23 @@ impl Metrics {
                 result: result.to_string(),
             })
             .inc();
-        if record.succeeded() {
-            crate::job_gauges::get().succeeded(job, record.finished_at);
-        }
         if !matches!(record.outcome, Outcome::Skipped | Outcome::Paused) {
             self.run_duration.observe(record.duration_ms as f64 / 1000.0);
         }
+    }
+
+    /// Adds metrics that `collector` renders at each scrape, after every metric of its own.
+    pub(crate) fn register_collector(&self, collector: Box<dyn prometheus_client::collector::Collector>) {
+        self.registry
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .register_collector(collector);
+    }
+
+    /// Makes `shardcron_pauses_in_force` follow `in_force`, asked at each render: a pause ends by
+    /// itself at its `until`, with no event to count. The first node of a process sets it.
+    pub(crate) fn count_pauses(&self, in_force: impl Fn() -> usize + Send + Sync + 'static) {
+        let _ = self.pauses.set(Box::new(in_force));
     }
 
     /// The Prometheus text exposition of every metric.
@@ -264,11 +282,12 @@ impl Metrics {
                 self.log_lines_dropped.inc_by(dropped - counted);
             }
         }
-        if let Some(pauses) = PAUSES.get() {
-            self.pauses_in_force.set(pauses.in_force(crate::clock::now()) as i64);
+        if let Some(in_force) = self.pauses.get() {
+            self.pauses_in_force.set(in_force() as i64);
         }
         let mut text = String::new();
-        if let Err(err) = prometheus_client::encoding::text::encode(&mut text, &self.registry) {
+        let registry = self.registry.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Err(err) = prometheus_client::encoding::text::encode(&mut text, &registry) {
             tracing::warn!(error = %err, "cannot encode metrics");
         }
         text
@@ -276,13 +295,6 @@ impl Metrics {
 }
 
 static LOG_DROPS: OnceLock<tracing_appender::non_blocking::ErrorCounter> = OnceLock::new();
-
-static PAUSES: OnceLock<std::sync::Arc<crate::pauses::Pauses>> = OnceLock::new();
-
-/// Makes `shardcron_pauses_in_force` count the pauses of this node's mirror.
-pub(crate) fn count_pauses(pauses: std::sync::Arc<crate::pauses::Pauses>) {
-    let _ = PAUSES.set(pauses);
-}
 
 /// Makes `shardcron_log_lines_dropped_total` follow the log writer's count of dropped lines.
 pub fn count_log_drops(drops: tracing_appender::non_blocking::ErrorCounter) {

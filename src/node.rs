@@ -6,6 +6,7 @@
 //! (which resigns every shard at once), gives running commands their grace period, then writes
 //! the results still waiting.
 
+use std::collections::BTreeSet;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -30,6 +31,7 @@ use crate::record::Member;
 use crate::results::{write_leftovers, ResultQueue};
 use crate::runs::Runs;
 use crate::session::Session;
+use crate::view::{self, FleetView};
 
 /// At most this many election requests of single shards in flight per node.
 const ELECTION_REQUESTS: usize = 8;
@@ -119,7 +121,9 @@ pub async fn run(
         shutdown.clone(),
     ));
     let pauses = Arc::new(Pauses::default());
-    crate::metrics::count_pauses(Arc::clone(&pauses));
+    let counted = Arc::clone(&pauses);
+    crate::metrics::get().count_pauses(move || counted.in_force(crate::clock::now()));
+    crate::job_gauges::export();
     let node = Arc::new(NodeContext {
         node_id: options.node_id,
         keys,
@@ -203,7 +207,7 @@ pub async fn run(
         };
         // Before any claim: an etcd that takes fewer operations per transaction than a claim
         // writes would refuse every full one.
-        if let Err(err) = crate::ledger::learn_txn_limit(&client, &node.keys).await {
+        if let Err(err) = crate::etcd::learn_txn_limit(&client, &node.keys).await {
             let wait = backoff.next_delay();
             readiness.set(Stage::EtcdUnreachable(err.to_string()));
             tracing::warn!(error = %err, retry_in = ?wait, "cannot learn how many operations etcd takes in a transaction; retrying with a new session");
@@ -237,7 +241,9 @@ pub async fn run(
             }
         };
         let mut tasks = JoinSet::new();
-        let view = fleet::spawn_tasks(&mut tasks, &node, &session, member);
+        let view = fleet::spawn_tasks(&mut tasks, &session, &node.keys, node.shards);
+        tasks.spawn(register_reloads(Arc::clone(&node), session.clone(), member));
+        tasks.spawn(warn_on_drift(Arc::clone(&node), session.clone(), view.clone()));
         let entered = tokio::select! {
             entered = joining::enter_elections(&session, &node.keys, cluster.shards, &node.node_id, view.clone()) => entered,
             _ = session.ended().cancelled() => Err(CoordError::Protocol("the session ended".into())),
@@ -338,4 +344,43 @@ fn apply_reload(config: Config, cluster: &Cluster, etcd: &Etcd, loaded: &watch::
     }
     tracing::info!(jobs = config.jobs.len(), digest = %config.digest, "reloaded jobs.toml: terms take the new jobs between ticks, keeping their shards");
     loaded.send_replace(Arc::new(Loaded::new(config)));
+}
+
+/// Logs each member whose jobs.toml differs from this node's, once per digest.
+async fn warn_on_drift(node: Arc<NodeContext>, session: Session, mut view: watch::Receiver<FleetView>) {
+    let mut loaded = node.jobs.clone();
+    let mut reported = BTreeSet::new();
+    loop {
+        {
+            let digest = loaded.borrow_and_update().digest.clone();
+            let current = view.borrow_and_update();
+            let drifted = view::drifted(&current, &digest);
+            crate::metrics::get().config_drift_nodes.set(drifted.len() as i64);
+            for (id, member) in drifted {
+                if reported.insert((id.to_string(), member.digest.clone(), digest.clone())) {
+                    tracing::warn!(node = %node.node_id, other = id, its_digest = %member.digest, our_digest = %digest, its_shards = member.shards, "config drift: this member runs a different jobs.toml");
+                }
+            }
+        }
+        tokio::select! {
+            changed = view.changed() => if changed.is_err() { return },
+            changed = loaded.changed() => if changed.is_err() { return },
+            _ = session.ended().cancelled() => return,
+        }
+    }
+}
+
+/// Registers this node again with the new digest whenever a reload changes the jobs.
+async fn register_reloads(node: Arc<NodeContext>, session: Session, mut member: Member) {
+    let mut loaded = node.jobs.clone();
+    loop {
+        tokio::select! {
+            changed = loaded.changed() => if changed.is_err() { return },
+            _ = session.ended().cancelled() => return,
+        }
+        member.digest = loaded.borrow_and_update().digest.clone();
+        if let Err(err) = fleet::register(&session, &node.keys, &node.node_id, &member).await {
+            tracing::warn!(error = %err, "cannot update this node's registration after a reload; others see the old digest until the next session");
+        }
+    }
 }

@@ -102,8 +102,12 @@ impl ResultQueue {
         }
     }
 
-    /// A finished (or settled) run of `job`: its result, and its entry in the job's history.
+    /// A finished (or settled) run of `job`: its result, its entry in the job's history, and
+    /// the job's last success in the gauges this node exports.
     pub fn push_run(&self, job: &Job, record: RunRecord) {
+        if record.succeeded() {
+            crate::job_gauges::get().succeeded(&job.name, record.finished_at);
+        }
         self.history.push(job, &record);
         self.push(&job.name, job.shard, record);
     }

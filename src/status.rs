@@ -16,6 +16,7 @@ use crate::fleet;
 use crate::keys::{JobRecord, Keys};
 use crate::pauses::{self, Pause};
 use crate::record::{Claim, RunRecord};
+use crate::text_table;
 
 /// The JSON document of `status --json`; its keys are documented in the README.
 #[derive(Debug, Serialize, Deserialize)]
@@ -355,7 +356,7 @@ pub fn render(status: &Status) -> String {
             ]
         })
         .collect();
-    out.push_str(&table(
+    out.push_str(&text_table::table(
         &["NODE", "LEADS", "SHARDS", "DIGEST", "VERSION", "STARTED"],
         &nodes,
     ));
@@ -372,7 +373,7 @@ pub fn render(status: &Status) -> String {
             ]
         })
         .collect();
-    out.push_str(&table(&["SHARD", "LEADER", "FENCE", "STANDBY"], &shards));
+    out.push_str(&text_table::table(&["SHARD", "LEADER", "FENCE", "STANDBY"], &shards));
     out.push('\n');
     let jobs: Vec<Vec<String>> = status
         .jobs
@@ -402,7 +403,7 @@ pub fn render(status: &Status) -> String {
             ]
         })
         .collect();
-    out.push_str(&table(
+    out.push_str(&text_table::table(
         &[
             "JOB",
             "SHARD",
@@ -416,27 +417,5 @@ pub fn render(status: &Status) -> String {
         ],
         &jobs,
     ));
-    out
-}
-
-pub(crate) fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
-    let mut widths: Vec<usize> = headers.iter().map(|header| header.len()).collect();
-    for row in rows {
-        for (width, cell) in widths.iter_mut().zip(row) {
-            *width = (*width).max(cell.chars().count());
-        }
-    }
-    let line = |cells: Vec<&str>| {
-        let padded: Vec<String> = cells
-            .iter()
-            .zip(&widths)
-            .map(|(cell, width)| format!("{cell:<width$}"))
-            .collect();
-        format!("{}\n", padded.join("  ").trim_end())
-    };
-    let mut out = line(headers.to_vec());
-    for row in rows {
-        out.push_str(&line(row.iter().map(String::as_str).collect()));
-    }
     out
 }

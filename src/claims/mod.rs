@@ -24,10 +24,11 @@ pub(crate) use lead::ClaimLead;
 
 use crate::backoff::{sleep_or_cancel, Backoff};
 use crate::election::{self, Leadership};
+use crate::etcd::ops_per_txn;
 use crate::etcd::CoordError;
 use crate::history;
 use crate::keys::Keys;
-use crate::ledger::{self, ops_per_txn, ClaimRequest};
+use crate::ledger::{self, ClaimRequest};
 use crate::record::{Claim, RunRecord};
 use crate::results::ResultQueue;
 use crate::session::Session;

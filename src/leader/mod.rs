@@ -23,13 +23,13 @@ use crate::clock;
 use crate::config::{Delivery, Job};
 use crate::context::{Loaded, NodeContext};
 use crate::election::{self, Leadership};
-use crate::fleet::FleetView;
 use crate::repeats;
 use crate::results::RIDE_WINDOW;
 use crate::runner::Tick;
 use crate::session::Session;
 use crate::starts::Starts;
 use crate::triggers::{self, Taken};
+use crate::view::FleetView;
 
 /// How long before an at-least-once instant it may be claimed: the claim then carries the
 /// previous instant's starts.

@@ -11,9 +11,9 @@ use crate::catch_up::{any_due_since, backlog_part, missed_ticks, misses_any, Mis
 use crate::claims::{Book, Claimer, Halt, Owner, Want};
 use crate::clock;
 use crate::config::{Delivery, Job};
-use crate::fleet::FleetView;
-use crate::ledger::ops_per_txn;
+use crate::etcd::ops_per_txn;
 use crate::record::{Claim, Debt, Outcome, RunRecord, Trigger};
+use crate::view::FleetView;
 
 /// Per job (by index in the book): the revision of the record that listed them, and the pending
 /// ticks of earlier leaders this one records lost, with the leader that owed each.
