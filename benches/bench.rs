@@ -1580,7 +1580,7 @@ fn seed_run_records(url: &str, jobs: usize) -> f64 {
             for name in chunk {
                 let claim = Claim {
                     scheduled_at: now,
-                    fence: 1,
+                    term: 1,
                     node: "bench-node".to_string(),
                     pending: Vec::new(),
                     shards: None,

@@ -23,7 +23,7 @@ use crate::repeats;
 use crate::session::Session;
 use crate::view::{Candidate, FleetView};
 
-/// This node leads a shard. Everything the term writes is guarded by `fence`.
+/// This node leads a shard. Everything the term writes is guarded by `term`.
 #[derive(Debug, Clone)]
 pub struct Leadership {
     pub shard: u32,
@@ -34,14 +34,14 @@ pub struct Leadership {
     /// This node's candidate key, now the leader key.
     pub key: String,
     /// The leader key's create revision: the leadership's term (`CRON_TERM`), which every
-    /// claim of the leadership checks.
-    pub fence: i64,
+    /// claim of the leadership checks. (A claim's own revision is the run's fence.)
+    pub term: i64,
 }
 
 impl Leadership {
-    /// The compare every leader write carries: the leader key still exists with this fence.
+    /// The compare every leader write carries: the leader key still exists with this term.
     pub fn guard(&self) -> Compare {
-        Compare::create_revision(self.key.as_str(), CompareOp::Equal, self.fence)
+        Compare::create_revision(self.key.as_str(), CompareOp::Equal, self.term)
     }
 }
 
@@ -128,13 +128,13 @@ pub async fn enter_all(
 }
 
 /// This node's candidate key in `shard`'s election, entered at `fence`.
-fn candidacy(session: &Session, keys: &Keys, shards: u32, shard: u32, fence: i64) -> Leadership {
+fn candidacy(session: &Session, keys: &Keys, shards: u32, shard: u32, term: i64) -> Leadership {
     Leadership {
         shard,
         shards,
         prefix: keys.election_prefix(shards, shard),
         key: keys.candidate(shards, shard, session.lease()),
-        fence,
+        term,
     }
 }
 
@@ -188,8 +188,8 @@ pub async fn campaign(
     admission: &Admission,
 ) -> Result<Leadership, CoordError> {
     let key = keys.candidate(shards, shard, session.lease());
-    let fence = admission.request(enter(session, &key, node_id)).await?;
-    elected(candidacy(session, keys, shards, shard, fence), node_id, view).await
+    let term = admission.request(enter(session, &key, node_id)).await?;
+    elected(candidacy(session, keys, shards, shard, term), node_id, view).await
 }
 
 /// Waits until `candidacy` leads its shard, as the fleet view (a watch of every election key)
@@ -201,10 +201,7 @@ pub async fn elected(
     view: &mut watch::Receiver<FleetView>,
 ) -> Result<Leadership, CoordError> {
     loop {
-        if view
-            .borrow_and_update()
-            .leads(candidacy.shard, node_id, candidacy.fence)
-        {
+        if view.borrow_and_update().leads(candidacy.shard, node_id, candidacy.term) {
             return Ok(candidacy);
         }
         if view.changed().await.is_err() {
@@ -225,7 +222,7 @@ pub async fn still_leads(session: &Session, leadership: &Leadership) -> Result<b
     Ok(response
         .kvs()
         .first()
-        .is_some_and(|kv| kv.key() == leadership.key.as_bytes() && kv.create_revision() == leadership.fence))
+        .is_some_and(|kv| kv.key() == leadership.key.as_bytes() && kv.create_revision() == leadership.term))
 }
 
 /// Removes a foreign candidate key, once etcd confirms it is foreign: its lease, if it has one,
@@ -250,7 +247,7 @@ pub async fn remove_foreign(session: &Session, keys: &Keys, candidate: &Candidat
         .when([Compare::create_revision(
             candidate.key.clone(),
             CompareOp::Equal,
-            candidate.fence,
+            candidate.term,
         )])
         .and_then([TxnOp::delete(candidate.key.clone(), None)]);
     Ok(etcd::call(client.clone().txn(txn)).await?.succeeded())

@@ -59,7 +59,7 @@ pub async fn read_ballot(client: &etcd_client::Client, keys: &Keys, shards: u32)
 fn entered(kv: &etcd_client::KeyValue) -> Entered<'_> {
     Entered {
         node: kv.value(),
-        fence: kv.create_revision(),
+        term: kv.create_revision(),
         lease: kv.lease(),
     }
 }
@@ -183,7 +183,7 @@ fn publish(
                 .collect();
             let leader = ballot
                 .leader(shard, &member_leases)
-                .map(|leader| (leader.node.clone(), leader.fence));
+                .map(|leader| (leader.node.clone(), leader.term));
             let (Some(held), Some(held_leader)) = (
                 current.candidates.get_mut(shard as usize),
                 current.leaders.get_mut(shard as usize),
@@ -264,13 +264,13 @@ async fn remove_foreign_keys(session: Session, keys: Keys, mut view: watch::Rece
         let foreign = Arc::clone(&view.borrow_and_update().foreign);
         let present: BTreeSet<(Vec<u8>, i64)> = foreign
             .iter()
-            .map(|candidate| (candidate.key.clone(), candidate.fence))
+            .map(|candidate| (candidate.key.clone(), candidate.term))
             .collect();
         reported.retain(|seen| present.contains(seen));
         for candidate in foreign.iter().take(FOREIGN_PER_PASS) {
             let key = String::from_utf8_lossy(&candidate.key);
-            if reported.insert((candidate.key.clone(), candidate.fence)) {
-                tracing::warn!(%key, node = %candidate.node, create_revision = candidate.fence, lease = candidate.lease.map(|lease| format!("{lease:x}")), "a shard election holds a key that no live member put (no lease, or a lease no member holds): it never leads; removing it");
+            if reported.insert((candidate.key.clone(), candidate.term)) {
+                tracing::warn!(%key, node = %candidate.node, create_revision = candidate.term, lease = candidate.lease.map(|lease| format!("{lease:x}")), "a shard election holds a key that no live member put (no lease, or a lease no member holds): it never leads; removing it");
             }
             match election::remove_foreign(&session, &keys, candidate).await {
                 Ok(true) => tracing::info!(%key, "removed a foreign key from a shard election"),

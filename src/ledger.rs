@@ -272,12 +272,12 @@ mod tests {
         assert!(!campaign_b.is_finished(), "b waits while a leads");
 
         let tick = Utc::now();
-        let request = |node: &str, fence: i64, expected_revision: i64| ClaimRequest {
+        let request = |node: &str, term: i64, expected_revision: i64| ClaimRequest {
             job: "j".into(),
             expected_revision,
             claim: Claim {
                 scheduled_at: tick,
-                fence,
+                term,
                 node: node.into(),
                 pending: vec![tick],
                 shards: Some(1),
@@ -294,10 +294,10 @@ mod tests {
             .unwrap()
             .unwrap();
         assert!(
-            leader_b.fence > leader_a.fence,
-            "fences grow: {} then {}",
-            leader_a.fence,
-            leader_b.fence
+            leader_b.term > leader_a.term,
+            "terms grow: {} then {}",
+            leader_a.term,
+            leader_b.term
         );
 
         step("a's late claim is rejected; b's succeeds");
@@ -305,7 +305,7 @@ mod tests {
             &session_b,
             &keys,
             &leader_a,
-            &[request("a", leader_a.fence, 0)],
+            &[request("a", leader_a.term, 0)],
             &[],
             &[],
         )
@@ -316,7 +316,7 @@ mod tests {
             &session_b,
             &keys,
             &leader_b,
-            &[request("b", leader_b.fence, 0)],
+            &[request("b", leader_b.term, 0)],
             &[],
             &[],
         )
@@ -328,7 +328,7 @@ mod tests {
             &session_b,
             &keys,
             &leader_b,
-            &[request("b", leader_b.fence, 0)],
+            &[request("b", leader_b.term, 0)],
             &[],
             &[],
         )

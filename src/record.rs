@@ -12,8 +12,11 @@ pub struct Claim {
     /// The newest tick claimed.
     pub scheduled_at: DateTime<Utc>,
     /// The term of the leader that wrote the record (its election key's create revision). A
-    /// run's `CRON_FENCE` is the revision of the write that claimed its tick instead.
-    pub fence: i64,
+    /// run's `CRON_FENCE` is the revision of the write that claimed its tick instead. Stored as
+    /// `fence`, the name it had before runs got a fence of their own: records of every version
+    /// read alike.
+    #[serde(rename = "fence")]
+    pub term: i64,
     pub node: String,
     /// Claimed ticks that had not started when the record was written, oldest first. The next
     /// leader of the same election delivers them again (`delivery = "at-least-once"`) or
@@ -65,7 +68,7 @@ impl Claim {
     /// Every leader's pending ticks the record lists: the writer's own first, then the others'.
     pub fn debts(&self) -> impl Iterator<Item = Debt> + '_ {
         let own = (!self.pending.is_empty()).then(|| Debt {
-            term: self.fence,
+            term: self.term,
             node: self.node.clone(),
             shards: self.shards,
             pending: self.pending.clone(),

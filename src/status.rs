@@ -210,8 +210,8 @@ pub(crate) async fn read_fleet(
             ShardStatus {
                 shard,
                 leader: leader.map(|leader| leader.node.clone()),
-                term: leader.map(|leader| leader.fence),
-                fence: leader.map(|leader| leader.fence),
+                term: leader.map(|leader| leader.term),
+                fence: leader.map(|leader| leader.term),
                 standby: ballot
                     .candidates(shard)
                     .iter()
@@ -368,7 +368,7 @@ pub fn render(status: &Status) -> String {
             vec![
                 shard.shard.to_string(),
                 shard.leader.clone().unwrap_or_else(dash),
-                shard.fence.map_or_else(dash, |fence| fence.to_string()),
+                shard.term.map_or_else(dash, |term| term.to_string()),
                 shard.standby.to_string(),
             ]
         })
@@ -388,7 +388,7 @@ pub fn render(status: &Status) -> String {
                     claim.scheduled_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
                 }),
                 claim.map_or_else(dash, |claim| claim.node.clone()),
-                claim.map_or_else(dash, |claim| claim.fence.to_string()),
+                claim.map_or_else(dash, |claim| claim.term.to_string()),
                 run.map_or_else(dash, |run| run.outcome.to_string()),
                 run.and_then(|run| run.exit_code)
                     .map_or_else(dash, |code| code.to_string()),

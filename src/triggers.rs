@@ -184,7 +184,7 @@ pub(crate) async fn claim(
     let answer = Answer {
         job: request.job.clone(),
         node: node.to_string(),
-        term: leadership.fence,
+        term: leadership.term,
         requested_at: request.requested_at,
         run: None,
     };
@@ -192,7 +192,7 @@ pub(crate) async fn claim(
     let taken_by = TakenBy {
         id: request.id.clone(),
         node: node.to_string(),
-        term: leadership.fence,
+        term: leadership.term,
     };
     let marker_key = keys.job_manual(&request.job);
     let marker = serde_json::to_vec(&taken_by).map_err(|err| CoordError::Protocol(err.to_string()))?;
@@ -640,13 +640,13 @@ mod claim_tests {
             .await
             .expect("session");
         let key = keys.candidate(1, 0, session.lease());
-        let fence = crate::election::enter(&session, &key, "a").await.expect("enter");
+        let term = crate::election::enter(&session, &key, "a").await.expect("enter");
         let leadership = Leadership {
             shard: 0,
             shards: 1,
             prefix: keys.election_prefix(1, 0),
             key,
-            fence,
+            term,
         };
         let value = serde_json::to_vec(&RequestValue {
             requested_at: Utc::now(),
@@ -677,7 +677,7 @@ mod claim_tests {
         assert_eq!(again, Taken::Ours(run_fence), "the lost claim is found to be ours");
 
         let other = Leadership {
-            fence: fence + 1_000,
+            term: term + 1_000,
             ..leadership.clone()
         };
         let by_another = claim(&session, &keys, &other, "a", &request).await.expect("claim");

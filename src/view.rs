@@ -18,7 +18,7 @@ pub struct FleetView {
     pub targets: Arc<Vec<Option<String>>>,
     /// Node ids campaigning in each of this node's shard elections.
     pub candidates: Vec<BTreeSet<String>>,
-    /// The leader of each election: its node id and fence.
+    /// The leader of each election: its node id and term.
     pub leaders: Vec<Option<(String, i64)>>,
     /// Candidate keys of this node's elections that no live member put: they never lead.
     pub foreign: Arc<Vec<Candidate>>,
@@ -107,14 +107,14 @@ impl FleetView {
             .then(|| self.members.values().map(|member| member.shards).collect())
     }
 
-    /// Whether the candidate of `node` with `fence` leads `shard` in this view. The view is etcd's
+    /// Whether the candidate of `node` with `term` leads `shard` in this view. The view is etcd's
     /// state at one revision, and no key can be created later with a lower create revision: once
     /// no candidate precedes this one it leads, as etcd's own election decides.
-    pub fn leads(&self, shard: u32, node: &str, fence: i64) -> bool {
+    pub fn leads(&self, shard: u32, node: &str, term: i64) -> bool {
         self.leaders
             .get(shard as usize)
             .and_then(Option::as_ref)
-            .is_some_and(|(leader, leader_fence)| leader == node && *leader_fence == fence)
+            .is_some_and(|(leader, leader_term)| leader == node && *leader_term == term)
     }
 }
 
@@ -133,8 +133,8 @@ pub struct Candidate {
     pub key: Vec<u8>,
     /// The node id the candidate key holds.
     pub node: String,
-    /// The key's create revision: the lowest leads, and it is the leader's fence.
-    pub fence: i64,
+    /// The key's create revision: the lowest leads, and it is the leader's term.
+    pub term: i64,
     /// The lease the key lives on, when it is named for that lease as every member's candidate
     /// key is; `None` for a key without a lease or named for another one, which no member put.
     pub lease: Option<i64>,
@@ -154,8 +154,8 @@ impl Candidate {
 pub struct Entered<'a> {
     /// The node id it holds.
     pub node: &'a [u8],
-    /// Its create revision.
-    pub fence: i64,
+    /// Its create revision: its term if it leads.
+    pub term: i64,
     /// The lease it is on; 0 for none.
     pub lease: i64,
 }
@@ -190,13 +190,13 @@ impl Ballot {
         candidates.retain(|candidate| candidate.key != key);
         if let Some(entered) = put {
             let named_for_its_lease = entered.lease != 0 && keys.candidate(of, shard, entered.lease).as_bytes() == key;
-            let at = candidates.partition_point(|candidate| candidate.fence < entered.fence);
+            let at = candidates.partition_point(|candidate| candidate.term < entered.term);
             candidates.insert(
                 at,
                 Candidate {
                     key: key.to_vec(),
                     node: String::from_utf8_lossy(entered.node).into_owned(),
-                    fence: entered.fence,
+                    term: entered.term,
                     lease: named_for_its_lease.then_some(entered.lease),
                 },
             );
@@ -234,8 +234,8 @@ impl Ballot {
 mod tests {
     use super::*;
 
-    fn entered(node: &[u8], fence: i64, lease: i64) -> Option<Entered<'_>> {
-        Some(Entered { node, fence, lease })
+    fn entered(node: &[u8], term: i64, lease: i64) -> Option<Entered<'_>> {
+        Some(Entered { node, term, lease })
     }
 
     #[test]
@@ -255,7 +255,7 @@ mod tests {
             ["a", "b", "c"],
             "another shard count's election is not this one"
         );
-        assert_eq!(ballot.leader(1, &members).map(|c| c.fence), Some(10));
+        assert_eq!(ballot.leader(1, &members).map(|c| c.term), Some(10));
         ballot.apply(&keys, &key(1, 0xa), None);
         assert_eq!(ballot.leader(1, &members).map(|c| c.node.as_str()), Some("b"));
         assert!(ballot.leader(0, &members).is_none() && ballot.leader(9, &members).is_none());

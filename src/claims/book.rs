@@ -263,7 +263,7 @@ pub(super) fn resolve(seen: &Seen, expected_revision: i64, intended: &Claim) -> 
     match &seen.claim {
         Some(claim) if claim == intended => Resolution::Ours,
         Some(claim)
-            if claim.fence == intended.fence
+            if claim.term == intended.term
                 && claim.node == intended.node
                 && claim.scheduled_at >= intended.scheduled_at =>
         {
@@ -289,7 +289,7 @@ pub(super) fn next_record(
     schedule: &str,
 ) -> Option<Claim> {
     let Writer {
-        fence,
+        term,
         node,
         shards,
         releasing,
@@ -301,7 +301,7 @@ pub(super) fn next_record(
     let kept = current
         .into_iter()
         .flat_map(Claim::debts)
-        .filter(|debt| !debt.owed_by(fence, node) && !want.settles_debt(debt));
+        .filter(|debt| !debt.owed_by(term, node) && !want.settles_debt(debt));
     for debt in kept {
         match others.iter_mut().find(|other| other.owed_by(debt.term, &debt.node)) {
             Some(other) => {
@@ -328,7 +328,7 @@ pub(super) fn next_record(
     };
     Some(Claim {
         scheduled_at,
-        fence,
+        term,
         node: node.to_string(),
         shards: (!pending_is_empty).then_some(shards),
         pending: pending.into_iter().collect(),
@@ -338,10 +338,10 @@ pub(super) fn next_record(
     })
 }
 
-/// Who writes a record: a leader's fence, node and election, and whether its leadership has
+/// Who writes a record: a leader's term, node and election, and whether its leadership has
 /// ended with every spawn settled, so what it still lists will never start.
 pub(super) struct Writer<'a> {
-    pub(super) fence: i64,
+    pub(super) term: i64,
     pub(super) node: &'a str,
     pub(super) shards: u32,
     pub(super) releasing: bool,
@@ -355,11 +355,11 @@ mod tests {
         DateTime::<Utc>::from_timestamp(1_800_000_000 + second, 0).unwrap()
     }
 
-    fn claim(second: i64, fence: i64, node: &str, pending: &[i64]) -> Claim {
+    fn claim(second: i64, term: i64, node: &str, pending: &[i64]) -> Claim {
         Claim {
             shards: (!pending.is_empty()).then_some(4),
             scheduled_at: at(second),
-            fence,
+            term,
             node: node.into(),
             pending: pending.iter().map(|second| at(*second)).collect(),
             schedule: Some("s".into()),
@@ -515,7 +515,7 @@ mod tests {
         ];
         for (current, want, owed, expected, why) in cases {
             let writer = Writer {
-                fence: 5,
+                term: 5,
                 node: "a",
                 shards: 4,
                 releasing: false,
@@ -531,7 +531,7 @@ mod tests {
     #[test]
     fn a_released_record_says_its_pending_ticks_never_start_and_another_writer_keeps_that() {
         let releasing = Writer {
-            fence: 5,
+            term: 5,
             node: "a",
             shards: 4,
             releasing: true,
@@ -549,7 +549,7 @@ mod tests {
         let nothing = next_record(Some(&written), &Want::starts_only(0), &BTreeSet::new(), &releasing, "s").unwrap();
         assert!(!nothing.released, "nothing pending, nothing released");
         let other = Writer {
-            fence: 7,
+            term: 7,
             node: "b",
             shards: 7,
             releasing: false,
@@ -565,7 +565,7 @@ mod tests {
     #[test]
     fn a_record_names_the_schedule_that_made_its_tick() {
         let writer = Writer {
-            fence: 5,
+            term: 5,
             node: "a",
             shards: 4,
             releasing: false,

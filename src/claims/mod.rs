@@ -170,7 +170,7 @@ impl Claimer<'_> {
                 return Err(Halt::SessionLost);
             }
             let writer = Writer {
-                fence: self.leadership.fence,
+                term: self.leadership.term,
                 node: self.node_id,
                 shards: self.leadership.shards,
                 releasing: self.releasing,
@@ -195,7 +195,7 @@ impl Claimer<'_> {
                     crate::metrics::get().claim_failures.inc();
                     tracing::warn!(
                         shard = self.leadership.shard,
-                        fence = self.leadership.fence,
+                        term = self.leadership.term,
                         "claim rejected by etcd: re-checking leadership"
                     );
                     match election::still_leads(self.session, self.leadership).await {

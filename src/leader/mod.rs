@@ -151,7 +151,7 @@ pub(crate) async fn run_shard(
             let shard_jobs = jobs.borrow_and_update().by_shard[shard as usize].clone();
             tracing::info!(
                 shard,
-                fence = term.leadership.fence,
+                term = term.leadership.term,
                 jobs = shard_jobs.len(),
                 "leading shard"
             );
@@ -162,7 +162,7 @@ pub(crate) async fn run_shard(
             let end = term.lead(shard_jobs, book, jobs.clone()).await;
             gauges.not_leading(shard);
             shards_led.dec();
-            tracing::info!(shard, fence = term.leadership.fence, reason = ?end, "term ended");
+            tracing::info!(shard, term = term.leadership.term, reason = ?end, "term ended");
             match end {
                 TermEnd::JobsReloaded(book) => known = Some(book),
                 TermEnd::ShardCountGone(book) => known = Some(book.forgotten()),
@@ -190,7 +190,7 @@ async fn resign(node: &NodeContext, session: &Session, leadership: &Leadership) 
             Err(err) => {
                 let wait = backoff.next_delay();
                 if let Some(left_out) = repeats::log_now("resign failed") {
-                    tracing::warn!(shard = leadership.shard, fence = leadership.fence, error = %err, retry_in = ?wait, left_out, "could not resign a handed-off shard; trying again before campaigning (left_out: lines like this one not logged since the last)");
+                    tracing::warn!(shard = leadership.shard, term = leadership.term, error = %err, retry_in = ?wait, left_out, "could not resign a handed-off shard; trying again before campaigning (left_out: lines like this one not logged since the last)");
                 }
                 if !sleep_or_cancel(wait, session.ended()).await {
                     return false;
@@ -581,7 +581,7 @@ impl Term {
             job: Arc::clone(job),
             scheduled_at,
             fence,
-            term: self.leadership.fence,
+            term: self.leadership.term,
             node: self.node.node_id.clone(),
             starts: Arc::clone(&self.starts),
             caught_up: late != Late::OnTime,
@@ -651,7 +651,7 @@ impl Term {
         if hand_over {
             tracing::info!(
                 shard = self.leadership.shard,
-                fence = self.leadership.fence,
+                term = self.leadership.term,
                 "handing the shard to its target node, which is campaigning for it"
             );
         }

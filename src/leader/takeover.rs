@@ -112,7 +112,7 @@ impl Term {
         claim
             .debts()
             .filter(|debt| {
-                !debt.owed_by(self.leadership.fence, &self.node.node_id)
+                !debt.owed_by(self.leadership.term, &self.node.node_id)
                     && debt
                         .shards
                         .is_none_or(|shards| shards == self.leadership.shards || view.shard_count_gone(shards))

@@ -35,7 +35,7 @@ fn seed(world: &World, names: &[String]) -> usize {
                 let index = chunk_index * 50 + offset;
                 let claim = Claim {
                     scheduled_at: tick(),
-                    fence: index as i64 + 1,
+                    term: index as i64 + 1,
                     node: node_of(index),
                     pending: Vec::new(),
                     shards: None,
@@ -83,7 +83,7 @@ fn assert_records(status: &Status, names: &[String], source: &str) {
         assert_eq!(run.node, node_of(index), "{source}: {}", job.name);
         assert_eq!(run.exit_code, Some((index % 7) as i32), "{source}: {}", job.name);
         let claim = job.last_claim.as_ref().expect("last claim");
-        assert_eq!(claim.fence, index as i64 + 1, "{source}: {}", job.name);
+        assert_eq!(claim.term, index as i64 + 1, "{source}: {}", job.name);
     }
 }
 

@@ -162,7 +162,7 @@ impl World {
         use etcd_client::{Client, Txn, TxnOp};
         let record = shardcron::record::Claim {
             scheduled_at: last,
-            fence: 1,
+            term: 1,
             node: "gone".into(),
             pending: Vec::new(),
             shards: None,
