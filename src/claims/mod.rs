@@ -193,11 +193,7 @@ impl Claimer<'_> {
                 }
                 Ok(None) => {
                     crate::metrics::get().claim_failures.inc();
-                    tracing::warn!(
-                        shard = self.leadership.shard,
-                        term = self.leadership.term,
-                        "claim rejected by etcd: re-checking leadership"
-                    );
+                    tracing::warn!("claim rejected by etcd: re-checking leadership");
                     match election::still_leads(self.session, self.leadership).await {
                         Ok(true) => {}
                         Ok(false) => return Err(Halt::Deposed),
@@ -369,9 +365,9 @@ impl Claimer<'_> {
 
     async fn pause_after(&self, err: &CoordError) -> Result<(), Halt> {
         if err.is_nospace() {
-            tracing::debug!(shard = self.leadership.shard, error = %err, "etcd is out of space: the claim waits");
+            tracing::debug!(error = %err, "etcd is out of space: the claim waits");
         } else if let Some(left_out) = crate::repeats::log_now("etcd call failed during a term") {
-            tracing::warn!(shard = self.leadership.shard, error = %err, left_out, "etcd call failed during the term; retrying (left_out: lines like this one not logged since the last)");
+            tracing::warn!(error = %err, left_out, "etcd call failed during the term; retrying (left_out: lines like this one not logged since the last)");
         }
         let pause = Backoff::new(RETRY_PAUSE, RETRY_PAUSE).next_delay();
         if !sleep_or_cancel(pause, self.session.ended()).await {

@@ -86,7 +86,7 @@ impl Term {
             tokio::task::yield_now().await;
         }
         if !waiting.is_empty() {
-            tracing::info!(shard = self.leadership.shard, jobs = waiting.len(), "the node has no room for more late runs: these jobs' backlogs are claimed once earlier ones have started");
+            tracing::info!(jobs = waiting.len(), "the node has no room for more late runs: these jobs' backlogs are claimed once earlier ones have started");
         }
         *behind = waiting;
         Ok(settled)

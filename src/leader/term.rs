@@ -1,0 +1,230 @@
+//! One leadership of one shard: what a term is, how it ends its leadership, and the claims and
+//! runs it makes for an instant or a request. The firing loop is in `fire`.
+
+use std::cmp::Reverse;
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use tokio::sync::watch;
+
+use super::fire::Queue;
+use super::{Late, TermEnd, WonTicks, SPAWNS_SETTLE};
+use crate::claims::{Book, Claimer, Halt, Want};
+use crate::clock;
+use crate::config::Job;
+use crate::context::{Loaded, NodeContext};
+use crate::election::Leadership;
+use crate::runner::Tick;
+use crate::session::Session;
+use crate::starts::Starts;
+use crate::triggers::{self, Taken};
+use crate::view::FleetView;
+
+/// One leadership of one shard.
+pub(super) struct Term {
+    pub(super) node: Arc<NodeContext>,
+    pub(super) session: Session,
+    pub(super) fleet: watch::Receiver<FleetView>,
+    pub(super) leadership: Leadership,
+    /// The ticks this leadership owes; its token ends with the leadership (not at a reload).
+    pub(super) starts: Arc<Starts>,
+}
+
+impl Term {
+    /// Leads the shard with `jobs` until shutdown, the session's loss, deposition, a handoff or
+    /// a reload of the node's jobs, starting from what `known` knew of them.
+    pub(super) async fn lead(
+        &self,
+        jobs: Vec<Arc<Job>>,
+        known: Book,
+        reloads: watch::Receiver<Arc<Loaded>>,
+    ) -> TermEnd {
+        let mut fleet = self.fleet.clone();
+        if self.should_hand_over(&mut fleet) {
+            return TermEnd::HandedOff;
+        }
+        let claimer = self.claimer();
+        let mut book = Book::open(jobs, known);
+        let end = self.fire(&claimer, &mut book, fleet, reloads).await;
+        if matches!(end, TermEnd::HandedOff | TermEnd::Stopped) {
+            // Nothing this leadership owes starts from here on; the starts it made are written
+            // before the lease is revoked or the shard resigned, so the next leader delivers
+            // exactly the claimed ticks that never started.
+            self.starts.leading().cancel();
+            let settled = tokio::time::timeout(SPAWNS_SETTLE, self.starts.spawns_settled())
+                .await
+                .is_ok();
+            let last_write = if settled {
+                claimer.release(&mut book).await
+            } else {
+                tracing::warn!("runs still spawning after the leadership ended: the next leader may run them again");
+                claimer.claim(&mut book, &[]).await.map(drop)
+            };
+            if let Err(halt) = last_write {
+                tracing::warn!(reason = ?halt, "could not write the last starts: the next leader runs those ticks again");
+            }
+        }
+        end
+    }
+
+    /// Each of `jobs`' next tick after `now`, a tick this leadership claimed ahead and owes
+    /// first.
+    pub(super) fn queue(&self, book: &Book, jobs: &[usize], now: DateTime<Utc>) -> Queue {
+        jobs.iter()
+            .filter_map(|&index| {
+                let entry = &book.entries()[index];
+                let owed = self.starts.next_owed_after(&entry.job.name, now);
+                let from = entry.last().map_or(now, |last| last.max(now));
+                owed.or_else(|| entry.job.schedule.next_after(from))
+                    .map(|next| Reverse((next, index)))
+            })
+            .collect()
+    }
+
+    /// How long before a tick it is claimed, or confirmed if it was claimed ahead.
+    pub(super) fn claim_lead(&self) -> chrono::Duration {
+        chrono::Duration::from_std(self.node.claim_lead.lead()).unwrap_or_default()
+    }
+
+    /// Claims every job due at `due` that this leadership does not owe yet, takes them off the
+    /// queue with their next ticks queued, and returns the jobs whose tick is theirs to fire,
+    /// each with its fence.
+    pub(super) async fn claim_instant(
+        &self,
+        claimer: &Claimer<'_>,
+        book: &mut Book,
+        queue: &mut Queue,
+        due: DateTime<Utc>,
+    ) -> Result<WonTicks, Halt> {
+        let mut due_now = Vec::new();
+        while let Some(&Reverse((next, index))) = queue.peek() {
+            if next != due {
+                break;
+            }
+            queue.pop();
+            due_now.push(index);
+        }
+        let mut owed = Vec::new();
+        let mut wants = Vec::new();
+        for &index in &due_now {
+            match self.starts.owed_fence(&book.job(index).name, due) {
+                Some(fence) => owed.push((index, fence)),
+                None => wants.push(Want::tick(index, due)),
+            }
+        }
+        let won = claimer.claim(book, &wants).await?;
+        let ahead_ms = (due - clock::now()).num_microseconds().unwrap_or_default() as f64 / 1000.0;
+        tracing::debug!(tick = %due, jobs = won.len(), ahead_ms, "claimed");
+        for index in due_now {
+            if let Some(next) = book.job(index).schedule.next_after(due) {
+                queue.push(Reverse((next, index)));
+            }
+        }
+        Ok(owed
+            .into_iter()
+            .chain(won.iter().map(|won| (won.index, won.fence)))
+            .collect())
+    }
+
+    pub(super) fn claimer(&self) -> Claimer<'_> {
+        Claimer {
+            session: &self.session,
+            keys: &self.node.keys,
+            leadership: &self.leadership,
+            node_id: &self.node.node_id,
+            starts: &self.starts,
+            results: &self.node.results,
+            lead: &self.node.claim_lead,
+            shutdown: &self.node.shutdown,
+            releasing: false,
+        }
+    }
+
+    /// Why the session's token was cancelled: a shutdown, or the session's end.
+    pub(super) fn cancelled(&self) -> TermEnd {
+        if self.node.shutdown.is_cancelled() {
+            TermEnd::Stopped
+        } else {
+            TermEnd::SessionLost
+        }
+    }
+
+    pub(super) fn tick(&self, job: &Arc<Job>, scheduled_at: DateTime<Utc>, fence: i64, late: Late) -> Tick {
+        Tick {
+            job: Arc::clone(job),
+            scheduled_at,
+            fence,
+            term: self.leadership.term,
+            node: self.node.node_id.clone(),
+            starts: Arc::clone(&self.starts),
+            caught_up: late != Late::OnTime,
+            redelivered: late == Late::Redelivered,
+            request: None,
+        }
+    }
+
+    /// Claims the runs asked for by hand of this shard's jobs and starts those it won. Each
+    /// takes one transaction: requests are rare, and each must be answered on its own.
+    pub(super) async fn serve_requests(&self, claimer: &Claimer<'_>, book: &Book) -> Result<(), Halt> {
+        let mut requests: VecDeque<_> = self.node.triggers.take_for(|job| book.index_of(job).is_some()).into();
+        while let Some(request) = requests.pop_front() {
+            let Some(index) = book.index_of(&request.job) else {
+                continue;
+            };
+            let job = book.job(index);
+            let claimed = claimer
+                .retry(|| {
+                    triggers::claim(
+                        &self.session,
+                        &self.node.keys,
+                        &self.leadership,
+                        &self.node.node_id,
+                        &request,
+                    )
+                })
+                .await;
+            let taken = match claimed {
+                Ok(taken) => taken,
+                Err(halt) => {
+                    // Still in etcd: this node serves them if it leads again.
+                    requests.push_front(request);
+                    self.node.triggers.put_back(requests);
+                    return Err(halt);
+                }
+            };
+            match taken {
+                Taken::Ours(fence) => {
+                    tracing::info!(job = %job.name, request = %request.id, fence, "starting a run asked for by hand");
+                    crate::metrics::get()
+                        .triggered_runs
+                        .get_or_create(&crate::metrics::JobLabel::new(&job.name))
+                        .inc();
+                    self.node.runs.start(vec![Tick {
+                        request: Some(request.id.clone()),
+                        ..self.tick(job, request.requested_at, fence, Late::OnTime)
+                    }]);
+                }
+                Taken::Gone => {
+                    tracing::info!(job = %job.name, request = %request.id, "a run asked for by hand was withdrawn or taken by another leader")
+                }
+                Taken::Deposed => {
+                    requests.push_front(request);
+                    self.node.triggers.put_back(requests);
+                    return Err(Halt::Deposed);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn should_hand_over(&self, fleet: &mut watch::Receiver<FleetView>) -> bool {
+        let hand_over = fleet
+            .borrow_and_update()
+            .should_hand_over(self.leadership.shard, &self.node.node_id);
+        if hand_over {
+            tracing::info!("handing the shard to its target node, which is campaigning for it");
+        }
+        hand_over
+    }
+}
