@@ -1,0 +1,149 @@
+//! A node: one session at a time, a campaign per shard, a term per led shard.
+//!
+//! Cancellation is a tree: `shutdown` (signals) → the session's token (lease lost) → each term's
+//! leadership. When the session is lost every term ends at once and the node opens a new session
+//! after a capped, jittered backoff. On shutdown the node stops claiming, revokes its lease
+//! (which resigns every shard at once), gives running commands their grace period, then writes
+//! the results still waiting.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+mod sessions;
+mod tasks;
+
+use crate::backoff::Backoff;
+use crate::claims::ClaimLead;
+use crate::config::Config;
+use crate::context::{Loaded, NodeContext};
+use crate::election;
+use crate::keys::Keys;
+use crate::pauses::Pauses;
+use crate::readiness::Readiness;
+use crate::results::{write_leftovers, ResultQueue};
+use crate::runs::Runs;
+use sessions::Sessions;
+
+/// At most this many election requests of single shards in flight per node.
+const ELECTION_REQUESTS: usize = 8;
+
+/// How a node runs, beyond what `jobs.toml` says.
+#[derive(Debug, Clone)]
+pub struct NodeOptions {
+    pub node_id: String,
+    pub shutdown_grace: Duration,
+    /// Cancelled by a second signal: running commands are killed at once instead of being given
+    /// the rest of their grace.
+    pub hurry: CancellationToken,
+    /// Moved along as the node connects, campaigns, loses its session and stops.
+    pub readiness: Readiness,
+    /// Filled once the node runs, for the HTTP API.
+    pub exposure: Exposure,
+    /// The environment every command starts from: the node's own without its secrets.
+    pub child_env: Arc<crate::secrets::ChildEnv>,
+}
+
+/// What a running node shows its HTTP API: its etcd client and its jobs, once it has them.
+#[derive(Clone, Default)]
+pub struct Exposure(Arc<OnceLock<Exposed>>);
+
+impl std::fmt::Debug for Exposure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.get().is_some() {
+            "Exposure(running)"
+        } else {
+            "Exposure(not yet)"
+        })
+    }
+}
+
+pub(crate) struct Exposed {
+    pub(crate) client: etcd_client::Client,
+    /// Changes when a reload replaces the node's jobs.
+    pub(crate) jobs: watch::Receiver<Arc<Loaded>>,
+}
+
+impl Exposure {
+    pub(crate) fn get(&self) -> Option<&Exposed> {
+        self.0.get()
+    }
+}
+
+/// Runs the node until `shutdown` is cancelled. Coordination failures are retried forever; only
+/// a shutdown ends this. Each validated config on `reloads` with the same `[cluster]` and
+/// `[etcd]` replaces the jobs at the next quiet moment of every term, without giving up a shard.
+pub async fn run(
+    config: Config,
+    options: NodeOptions,
+    client: etcd_client::Client,
+    shutdown: CancellationToken,
+    reloads: mpsc::UnboundedReceiver<Config>,
+) {
+    let keys = Keys::new(&config.cluster.name);
+    let results = Arc::new(ResultQueue::new(config.cluster.history));
+    let results_closed = CancellationToken::new();
+    let result_writer = tokio::spawn(write_leftovers(
+        Arc::clone(&results),
+        client.clone(),
+        keys.clone(),
+        results_closed.clone(),
+    ));
+    let job_count = config.jobs.len();
+    let cluster = config.cluster.clone();
+    let etcd = config.etcd.clone();
+    let (loaded_sender, loaded) = watch::channel(Arc::new(Loaded::new(config)));
+    let _ = options.exposure.0.set(Exposed {
+        client: client.clone(),
+        jobs: loaded.clone(),
+    });
+    let pauses = Arc::new(Pauses::default());
+    let node = Arc::new(NodeContext {
+        node_id: options.node_id.clone(),
+        keys,
+        shards: cluster.shards,
+        jobs: loaded,
+        runs: Runs::new(
+            Arc::clone(&results),
+            Arc::clone(&pauses),
+            Arc::clone(&options.child_env),
+        ),
+        pauses,
+        triggers: Arc::default(),
+        results,
+        claim_lead: ClaimLead::new(),
+        started_here: Arc::default(),
+        elections: election::Admission::new(ELECTION_REQUESTS),
+        shutdown: shutdown.clone(),
+    });
+    tasks::spawn_node_tasks(&node, &options, &client, &etcd);
+    tracing::info!(
+        node = %node.node_id,
+        cluster = %cluster.name,
+        shards = cluster.shards,
+        jobs = job_count,
+        lease_ttl = ?cluster.lease_ttl,
+        "node starting"
+    );
+    let sessions = Sessions {
+        node: Arc::clone(&node),
+        client,
+        cluster,
+        etcd,
+        readiness: options.readiness.clone(),
+        started_at: crate::clock::now(),
+        backoff: Backoff::coordination(),
+        unrevoked: Vec::new(),
+    };
+    sessions.run(reloads, loaded_sender).await;
+
+    tracing::info!("shutting down: shards resigned; waiting for running commands");
+    node.runs.drain(options.shutdown_grace, &options.hurry).await;
+    results_closed.cancel();
+    if let Err(err) = result_writer.await {
+        tracing::warn!(error = %err, "result writer ended abnormally");
+    }
+    tracing::info!("node stopped");
+}

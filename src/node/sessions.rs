@@ -1,0 +1,213 @@
+//! The node's sessions, one at a time: open one, prepare it (leases of lost sessions revoked,
+//! etcd's transaction limit learned, the node registered, pauses and run requests read, every
+//! election entered), lead until it ends, then close it and open the next after a backoff.
+
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+
+use super::tasks::{self, Mirrored};
+use crate::backoff::{sleep_or_cancel, Backoff};
+use crate::config::{Cluster, Config, Etcd};
+use crate::context::{Loaded, NodeContext};
+use crate::etcd::CoordError;
+use crate::fleet;
+use crate::joining;
+use crate::mirror;
+use crate::readiness::{Readiness, Stage};
+use crate::record::Member;
+use crate::session::Session;
+
+/// What the session loop keeps from one session to the next.
+pub(super) struct Sessions {
+    pub(super) node: Arc<NodeContext>,
+    pub(super) client: etcd_client::Client,
+    pub(super) cluster: Cluster,
+    pub(super) etcd: Etcd,
+    pub(super) readiness: Readiness,
+    pub(super) started_at: chrono::DateTime<chrono::Utc>,
+    pub(super) backoff: Backoff,
+    /// Leases of lost sessions that etcd may still hold: their election keys would lead every
+    /// shard, with no term behind them, until the lease's TTL ran out again.
+    pub(super) unrevoked: Vec<i64>,
+}
+
+/// A step of preparing a session that failed: the session is closed and a new one opened after
+/// a backoff.
+struct Unprepared {
+    /// What could not be done, as the log says it.
+    what: &'static str,
+    err: CoordError,
+}
+
+/// What a prepared session starts its leadership with.
+struct Prepared {
+    tasks: JoinSet<()>,
+    view: watch::Receiver<crate::view::FleetView>,
+    mirrored: Mirrored,
+    candidacies: Vec<crate::election::Leadership>,
+}
+
+impl Sessions {
+    /// Opens sessions until the node's shutdown, applying each reload to the node's jobs.
+    pub(super) async fn run(
+        mut self,
+        mut reloads: mpsc::UnboundedReceiver<Config>,
+        loaded: watch::Sender<Arc<Loaded>>,
+    ) {
+        let shutdown = self.node.shutdown.clone();
+        while !shutdown.is_cancelled() {
+            let session = tokio::select! {
+                opened = Session::open(&self.client, self.cluster.lease_ttl, &shutdown) => opened,
+                _ = shutdown.cancelled() => break,
+            };
+            let session = match session {
+                Ok(session) => session,
+                Err(err) => {
+                    self.not_opened(err).await;
+                    continue;
+                }
+            };
+            self.readiness.set(Stage::Campaigning);
+            tracing::info!(lease = format!("{:x}", session.lease()), ttl = ?session.ttl(), "session open; campaigning for every shard");
+            self.revoke_unrevoked().await;
+            let mut prepared = match self.prepare(&session).await {
+                Ok(prepared) => prepared,
+                Err(Unprepared { what, err }) => {
+                    let wait = self.backoff.next_delay();
+                    self.readiness.set(Stage::EtcdUnreachable(err.to_string()));
+                    tracing::warn!(error = %err, retry_in = ?wait, "{what}; retrying with a new session");
+                    close(&session, &mut self.unrevoked).await;
+                    sleep_or_cancel(wait, &shutdown).await;
+                    continue;
+                }
+            };
+            self.readiness.set(Stage::Ready);
+            // A session that got this far succeeded: the next loss starts from the shortest delay,
+            // not from where the outages before it left the backoff.
+            self.backoff.reset();
+            tasks::lead(
+                &mut prepared.tasks,
+                &self.node,
+                &session,
+                &prepared.view,
+                prepared.mirrored,
+                self.etcd.compaction,
+                prepared.candidacies,
+            );
+            loop {
+                tokio::select! {
+                    _ = session.ended().cancelled() => break,
+                    Some(config) = reloads.recv() => apply_reload(config, &self.cluster, &self.etcd, &loaded),
+                }
+            }
+            self.readiness.set(Stage::SessionLost);
+            // Every task ends with the session's token; waiting for them guarantees no claim is in
+            // flight when the lease is revoked.
+            while prepared.tasks.join_next().await.is_some() {}
+            close(&session, &mut self.unrevoked).await;
+            if !shutdown.is_cancelled() {
+                let wait = self.backoff.next_delay();
+                tracing::warn!(retry_in = ?wait, "campaigning again with a new session after a backoff");
+                sleep_or_cancel(wait, &shutdown).await;
+            } else {
+                self.backoff.reset();
+            }
+        }
+    }
+
+    /// A session that could not open: says why, and waits before the next try.
+    async fn not_opened(&mut self, err: CoordError) {
+        let wait = self.backoff.next_delay();
+        self.readiness.set(Stage::EtcdUnreachable(err.to_string()));
+        if err.is_refusal() {
+            tracing::error!(error = %err, retry_in = ?wait, "etcd refused this node's credentials; fix [etcd] username, password_env or tls; retrying");
+        } else if err.is_nospace() {
+            // etcd_space warns of the alarm once; no lease is granted until it is disarmed.
+            tracing::debug!(error = %err, retry_in = ?wait, "etcd is out of space: no session can open yet; retrying");
+        } else {
+            tracing::warn!(error = %err, retry_in = ?wait, "cannot open an etcd session; retrying");
+        }
+        sleep_or_cancel(wait, &self.node.shutdown).await;
+    }
+
+    async fn revoke_unrevoked(&mut self) {
+        let mut still_held = Vec::new();
+        for lease in self.unrevoked.drain(..) {
+            match crate::session::revoke(&self.client, lease, crate::etcd::CALL_TIMEOUT).await {
+                Ok(()) => tracing::info!(lease = format!("{lease:x}"), "revoked the lease of a lost session"),
+                Err(err) => {
+                    tracing::warn!(lease = format!("{lease:x}"), error = %err, "cannot revoke the lease of a lost session yet");
+                    still_held.push(lease);
+                }
+            }
+        }
+        self.unrevoked = still_held;
+    }
+
+    /// Everything a session does before it may lead a shard, in order.
+    async fn prepare(&self, session: &Session) -> Result<Prepared, Unprepared> {
+        let node = &self.node;
+        let failed = |what: &'static str| move |err: CoordError| Unprepared { what, err };
+        let member = Member {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            digest: node.jobs.borrow().digest.clone(),
+            shards: self.cluster.shards,
+            started_at: self.started_at,
+        };
+        // Before any claim: an etcd that takes fewer operations per transaction than a claim
+        // writes would refuse every full one.
+        crate::etcd::learn_txn_limit(&self.client, &node.keys)
+            .await
+            .map_err(failed("cannot learn how many operations etcd takes in a transaction"))?;
+        fleet::register(session, &node.keys, &node.node_id, &member)
+            .await
+            .map_err(failed("cannot register this node in etcd"))?;
+        // Read before any shard is led: a node that starts, or campaigns again, while a job is
+        // paused must not run one tick of it.
+        let (pauses, triggers) = tokio::try_join!(
+            mirror::load(&self.client, &node.keys, node.pauses.as_ref()),
+            mirror::load(&self.client, &node.keys, node.triggers.as_ref()),
+        )
+        .map_err(failed("cannot read the pauses and run requests"))?;
+        let mut tasks = JoinSet::new();
+        let view = tasks::watch_fleet(&mut tasks, node, session, member);
+        let entered = tokio::select! {
+            entered = joining::enter_elections(session, &node.keys, self.cluster.shards, &node.node_id, view.clone()) => entered,
+            _ = session.ended().cancelled() => Err(CoordError::Protocol("the session ended".into())),
+        };
+        let candidacies = entered.map_err(failed("cannot enter the shard elections"))?;
+        Ok(Prepared {
+            tasks,
+            view,
+            mirrored: Mirrored { pauses, triggers },
+            candidacies,
+        })
+    }
+}
+
+/// Ends `session`, revoking its lease; a lease etcd could not be told about is kept in
+/// `unrevoked`, to revoke once etcd answers.
+async fn close(session: &Session, unrevoked: &mut Vec<i64>) {
+    if !session.close().await {
+        unrevoked.push(session.lease());
+    }
+}
+
+/// Swaps in a reloaded config's jobs. A changed `[cluster]` (jobs sharded for another count) or
+/// `[etcd]` (the client is already connected) needs a restart; the old config keeps running.
+fn apply_reload(config: Config, cluster: &Cluster, etcd: &Etcd, loaded: &watch::Sender<Arc<Loaded>>) {
+    if config.cluster != *cluster || config.etcd != *etcd {
+        tracing::error!(config = %config.path.display(), "reload refused: the [cluster] or [etcd] section changed; restart the node to apply it (the old jobs keep running)");
+        return;
+    }
+    // The same file changes nothing: a reload would only end every term of the node between
+    // its ticks for no reason.
+    if config.digest == loaded.borrow().digest {
+        tracing::info!(digest = %config.digest, "reloaded jobs.toml: unchanged, nothing to do");
+        return;
+    }
+    tracing::info!(jobs = config.jobs.len(), digest = %config.digest, "reloaded jobs.toml: terms take the new jobs between ticks, keeping their shards");
+    loaded.send_replace(Arc::new(Loaded::new(config)));
+}

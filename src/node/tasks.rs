@@ -1,0 +1,158 @@
+//! Every long-lived task of a node, started here: the node's own (readiness on shutdown, etcd's
+//! space, the kill of running commands on a second signal) and each session's (the fleet view,
+//! the registration and drift warnings, the mirrors of pauses and run requests, compaction, and
+//! a task per shard). Each ends with the token it is given.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use super::NodeOptions;
+use crate::config::Etcd;
+use crate::context::NodeContext;
+use crate::election::Leadership;
+use crate::fleet;
+use crate::leader;
+use crate::mirror;
+use crate::readiness::Stage;
+use crate::record::Member;
+use crate::session::Session;
+use crate::view::{self, FleetView};
+
+/// The node's tasks that outlive sessions; they end with the process or its shutdown.
+pub(super) fn spawn_node_tasks(
+    node: &Arc<NodeContext>,
+    options: &NodeOptions,
+    client: &etcd_client::Client,
+    etcd: &Etcd,
+) {
+    let stopping = {
+        let (readiness, shutdown) = (options.readiness.clone(), node.shutdown.clone());
+        async move {
+            shutdown.cancelled().await;
+            readiness.set(Stage::Stopping);
+        }
+    };
+    tokio::spawn(stopping);
+    tokio::spawn(crate::etcd_space::follow(
+        client.clone(),
+        etcd.endpoints.clone(),
+        options.readiness.clone(),
+        node.shutdown.clone(),
+    ));
+    let pauses = Arc::clone(&node.pauses);
+    crate::metrics::get().count_pauses(move || pauses.in_force(crate::clock::now()));
+    crate::job_gauges::export();
+    let killer = {
+        let (runs, hurry) = (node.runs.clone(), options.hurry.clone());
+        async move {
+            hurry.cancelled().await;
+            runs.kill_all();
+        }
+    };
+    tokio::spawn(killer);
+}
+
+/// A session's tasks before it enters the elections: the fleet view that entering waits on,
+/// with the removal of election keys no member put, this node's registration kept current
+/// across reloads, and drift warnings.
+pub(super) fn watch_fleet(
+    tasks: &mut JoinSet<()>,
+    node: &Arc<NodeContext>,
+    session: &Session,
+    member: Member,
+) -> watch::Receiver<FleetView> {
+    let view = fleet::spawn_tasks(tasks, session, &node.keys, node.shards);
+    tasks.spawn(register_reloads(Arc::clone(node), session.clone(), member));
+    tasks.spawn(warn_on_drift(Arc::clone(node), session.clone(), view.clone()));
+    view
+}
+
+/// What a session read before it led anything: the revisions its mirrors continue from.
+pub(super) struct Mirrored {
+    pub(super) pauses: i64,
+    pub(super) triggers: i64,
+}
+
+/// A session's tasks once it entered the elections: the mirrors of pauses and run requests,
+/// compaction if `[etcd] compaction` asks for it, and a task per shard it stands in.
+pub(super) fn lead(
+    tasks: &mut JoinSet<()>,
+    node: &Arc<NodeContext>,
+    session: &Session,
+    view: &watch::Receiver<FleetView>,
+    mirrored: Mirrored,
+    compaction: Option<std::time::Duration>,
+    candidacies: Vec<Leadership>,
+) {
+    tasks.spawn(mirror::keep(
+        session.clone(),
+        node.keys.clone(),
+        Arc::clone(&node.pauses),
+        mirrored.pauses,
+    ));
+    tasks.spawn(mirror::keep(
+        session.clone(),
+        node.keys.clone(),
+        Arc::clone(&node.triggers),
+        mirrored.triggers,
+    ));
+    if let Some(every) = compaction {
+        tasks.spawn(crate::etcd_space::compact(
+            session.clone(),
+            node.keys.clone(),
+            node.node_id.clone(),
+            every,
+            view.clone(),
+        ));
+    }
+    for candidacy in candidacies {
+        tasks.spawn(leader::run_shard(
+            Arc::clone(node),
+            session.clone(),
+            view.clone(),
+            candidacy,
+        ));
+    }
+}
+
+/// Logs each member whose jobs.toml differs from this node's, once per digest.
+async fn warn_on_drift(node: Arc<NodeContext>, session: Session, mut view: watch::Receiver<FleetView>) {
+    let mut loaded = node.jobs.clone();
+    let mut reported = BTreeSet::new();
+    loop {
+        {
+            let digest = loaded.borrow_and_update().digest.clone();
+            let current = view.borrow_and_update();
+            let drifted = view::drifted(&current, &digest);
+            crate::metrics::get().config_drift_nodes.set(drifted.len() as i64);
+            for (id, member) in drifted {
+                if reported.insert((id.to_string(), member.digest.clone(), digest.clone())) {
+                    tracing::warn!(node = %node.node_id, other = id, its_digest = %member.digest, our_digest = %digest, its_shards = member.shards, "config drift: this member runs a different jobs.toml");
+                }
+            }
+        }
+        tokio::select! {
+            changed = view.changed() => if changed.is_err() { return },
+            changed = loaded.changed() => if changed.is_err() { return },
+            _ = session.ended().cancelled() => return,
+        }
+    }
+}
+
+/// Registers this node again with the new digest whenever a reload changes the jobs.
+async fn register_reloads(node: Arc<NodeContext>, session: Session, mut member: Member) {
+    let mut loaded = node.jobs.clone();
+    loop {
+        tokio::select! {
+            changed = loaded.changed() => if changed.is_err() { return },
+            _ = session.ended().cancelled() => return,
+        }
+        member.digest = loaded.borrow_and_update().digest.clone();
+        if let Err(err) = fleet::register(&session, &node.keys, &node.node_id, &member).await {
+            tracing::warn!(error = %err, "cannot update this node's registration after a reload; others see the old digest until the next session");
+        }
+    }
+}
