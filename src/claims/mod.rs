@@ -135,6 +135,8 @@ impl Claimer<'_> {
         result.map(|()| won)
     }
 
+    /// Writes `wants` until each is settled: won, found claimed by another leader, or given up
+    /// at a halt. The starts not yet written ride along, in `riding_starts` until they land.
     async fn settle(
         &self,
         book: &mut Book,
@@ -146,43 +148,14 @@ impl Claimer<'_> {
             if self.shutdown.is_cancelled() {
                 wants.retain(|want| want.fresh.is_empty() && want.adopt.is_empty());
             }
-            let named: Vec<&str> = wants
-                .iter()
-                .map(|want| book.entries[want.index].job.name.as_str())
-                .collect();
-            let taken = self.starts.take_unrecorded(room(wants.len()), &named);
-            for (job, since) in taken {
-                match book.by_name.get(&job) {
-                    Some(&index) if book.entries[index].record.is_some() => {
-                        if !wants.iter().any(|want| want.index == index) {
-                            wants.push(Want::starts_only(index));
-                        }
-                        riding_starts.push((job, since));
-                    }
-                    // A job a reload removed: its pending ticks go to whoever leads it next.
-                    _ => {}
-                }
-            }
+            self.take_riding_starts(book, wants, riding_starts);
             if wants.is_empty() {
                 return Ok(());
             }
             if !self.session.check_live() {
                 return Err(Halt::SessionLost);
             }
-            let writer = Writer {
-                term: self.leadership.term,
-                node: self.node_id,
-                shards: self.leadership.shards,
-                releasing: self.releasing,
-            };
-            let intended: Vec<Option<Claim>> = wants
-                .iter()
-                .map(|want| {
-                    let entry = &book.entries[want.index];
-                    let owed = self.starts.owed(&entry.job.name);
-                    next_record(entry.record.as_ref(), want, &owed, &writer, entry.job.schedule.label())
-                })
-                .collect();
+            let intended = self.intended(book, wants);
             match self.commit(book, wants, &intended).await {
                 Ok(Some(revision)) => {
                     for (want, intended) in wants.drain(..).zip(intended) {
@@ -202,56 +175,114 @@ impl Claimer<'_> {
                 }
                 Err(err) => self.pause_after(&err).await?,
             }
-            let names: Vec<&str> = wants
-                .iter()
-                .map(|want| book.entries[want.index].job.name.as_str())
-                .collect();
-            let seen = self
-                .retry(|| ledger::read_claims(self.session, self.keys, &names))
-                .await?;
-            let mut open = Vec::new();
-            for ((mut want, intended), seen) in wants.drain(..).zip(intended).zip(seen) {
-                let expected = book.entries[want.index].revision;
-                let resolution = match &intended {
-                    Some(intended) => resolve(&seen, expected, intended),
-                    None => Resolution::Changed,
-                };
-                match resolution {
-                    Resolution::Ours => self.won(book, want, intended, seen.mod_revision, won),
-                    Resolution::Earlier => {
-                        let job = book.entries[want.index].job.name.clone();
-                        tracing::info!(job = %job, "an earlier attempt of this claim landed late: its ticks are ours; the starts since are written again");
-                        let (rewrite, riding): (Vec<_>, Vec<_>) =
-                            riding_starts.drain(..).partition(|(riding, _)| *riding == job);
-                        *riding_starts = riding;
-                        self.starts.unrecord(rewrite);
-                        self.won(book, want, seen.claim.clone(), seen.mod_revision, won);
+            *wants = self.read_outcome(book, wants, intended, won, riding_starts).await?;
+        }
+    }
+
+    /// Adds to `wants` the jobs whose starts are not written yet, as many as the transaction
+    /// has room for, oldest first.
+    fn take_riding_starts(
+        &self,
+        book: &Book,
+        wants: &mut Vec<Want>,
+        riding_starts: &mut Vec<(String, std::time::Instant)>,
+    ) {
+        let named: Vec<&str> = wants
+            .iter()
+            .map(|want| book.entries[want.index].job.name.as_str())
+            .collect();
+        let taken = self.starts.take_unrecorded(room(wants.len()), &named);
+        for (job, since) in taken {
+            match book.by_name.get(&job) {
+                Some(&index) if book.entries[index].record.is_some() => {
+                    if !wants.iter().any(|want| want.index == index) {
+                        wants.push(Want::starts_only(index));
                     }
-                    Resolution::Open => open.push(want),
-                    Resolution::Changed => {
-                        book.learn(want.index, &seen);
-                        let claimed = want.fresh.len();
-                        want.keep_after(book.entries[want.index].last());
-                        if want.fresh.len() < claimed {
-                            tracing::info!(job = %book.entries[want.index].job.name, "tick already claimed by another leader: not running it here");
-                        }
-                        // Another leader wrote the record: its pending ticks are its own now.
-                        want.adopt.clear();
-                        want.settles.clear();
-                        // The starts riding this write are written over the new record, or that
-                        // leader's write keeps them listed and a later leader runs them again.
-                        let job = &book.entries[want.index].job.name;
-                        let carries_starts = riding_starts.iter().any(|(riding, _)| riding == job);
-                        if !want.fresh.is_empty() {
-                            open.push(want);
-                        } else if carries_starts {
-                            open.push(Want::starts_only(want.index));
-                        }
+                    riding_starts.push((job, since));
+                }
+                // A job a reload removed: its pending ticks go to whoever leads it next.
+                _ => {}
+            }
+        }
+    }
+
+    /// The record each of `wants` writes.
+    fn intended(&self, book: &Book, wants: &[Want]) -> Vec<Option<Claim>> {
+        let writer = Writer {
+            term: self.leadership.term,
+            node: self.node_id,
+            shards: self.leadership.shards,
+            releasing: self.releasing,
+        };
+        wants
+            .iter()
+            .map(|want| {
+                let entry = &book.entries[want.index];
+                let owed = self.starts.owed(&entry.job.name);
+                next_record(entry.record.as_ref(), want, &owed, &writer, entry.job.schedule.label())
+            })
+            .collect()
+    }
+
+    /// After a write that was refused or whose outcome is unknown: reads the records again and
+    /// settles each want by what they say. Returns the wants to write again.
+    async fn read_outcome(
+        &self,
+        book: &mut Book,
+        wants: &mut Vec<Want>,
+        intended: Vec<Option<Claim>>,
+        won: &mut Vec<Won>,
+        riding_starts: &mut Vec<(String, std::time::Instant)>,
+    ) -> Result<Vec<Want>, Halt> {
+        let names: Vec<&str> = wants
+            .iter()
+            .map(|want| book.entries[want.index].job.name.as_str())
+            .collect();
+        let seen = self
+            .retry(|| ledger::read_claims(self.session, self.keys, &names))
+            .await?;
+        let mut open = Vec::new();
+        for ((mut want, intended), seen) in wants.drain(..).zip(intended).zip(seen) {
+            let expected = book.entries[want.index].revision;
+            let resolution = match &intended {
+                Some(intended) => resolve(&seen, expected, intended),
+                None => Resolution::Changed,
+            };
+            match resolution {
+                Resolution::Ours => self.won(book, want, intended, seen.mod_revision, won),
+                Resolution::Earlier => {
+                    let job = book.entries[want.index].job.name.clone();
+                    tracing::info!(job = %job, "an earlier attempt of this claim landed late: its ticks are ours; the starts since are written again");
+                    let (rewrite, riding): (Vec<_>, Vec<_>) =
+                        riding_starts.drain(..).partition(|(riding, _)| *riding == job);
+                    *riding_starts = riding;
+                    self.starts.unrecord(rewrite);
+                    self.won(book, want, seen.claim.clone(), seen.mod_revision, won);
+                }
+                Resolution::Open => open.push(want),
+                Resolution::Changed => {
+                    book.learn(want.index, &seen);
+                    let claimed = want.fresh.len();
+                    want.keep_after(book.entries[want.index].last());
+                    if want.fresh.len() < claimed {
+                        tracing::info!(job = %book.entries[want.index].job.name, "tick already claimed by another leader: not running it here");
+                    }
+                    // Another leader wrote the record: its pending ticks are its own now.
+                    want.adopt.clear();
+                    want.settles.clear();
+                    // The starts riding this write are written over the new record, or that
+                    // leader's write keeps them listed and a later leader runs them again.
+                    let job = &book.entries[want.index].job.name;
+                    let carries_starts = riding_starts.iter().any(|(riding, _)| riding == job);
+                    if !want.fresh.is_empty() {
+                        open.push(want);
+                    } else if carries_starts {
+                        open.push(Want::starts_only(want.index));
                     }
                 }
             }
-            *wants = open;
         }
+        Ok(open)
     }
 
     /// Books a write that landed: the record is `intended` at `revision`, and its new and

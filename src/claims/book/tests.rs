@@ -1,0 +1,243 @@
+use super::*;
+
+fn at(second: i64) -> DateTime<Utc> {
+    DateTime::<Utc>::from_timestamp(1_800_000_000 + second, 0).unwrap()
+}
+
+fn claim(second: i64, term: i64, node: &str, pending: &[i64]) -> Claim {
+    Claim {
+        shards: (!pending.is_empty()).then_some(4),
+        scheduled_at: at(second),
+        term,
+        node: node.into(),
+        pending: pending.iter().map(|second| at(*second)).collect(),
+        schedule: Some("s".into()),
+        others: Vec::new(),
+        released: false,
+    }
+}
+
+/// `claim` also listing the pending ticks of the leader of `term` on `node` in an election of
+/// `shards` shards.
+fn owing(mut claim: Claim, term: i64, node: &str, shards: u32, pending: &[i64]) -> Claim {
+    claim.others.push(Debt {
+        term,
+        node: node.into(),
+        shards: Some(shards),
+        pending: pending.iter().map(|second| at(*second)).collect(),
+        released: false,
+    });
+    claim
+}
+
+fn settling(term: i64, node: &str) -> Vec<Owner> {
+    vec![Owner {
+        term,
+        node: node.into(),
+    }]
+}
+
+#[test]
+fn a_re_read_record_settles_each_write() {
+    let ours = claim(10, 5, "a", &[10]);
+    let seen = |revision: i64, claim: Option<Claim>| Seen {
+        claim,
+        mod_revision: revision,
+    };
+    let cases = [
+        (
+            seen(7, Some(claim(9, 3, "b", &[]))),
+            Resolution::Open,
+            "unchanged since read: write again",
+        ),
+        (seen(0, None), Resolution::Open, "still no record"),
+        (seen(8, Some(ours.clone())), Resolution::Ours, "our write landed"),
+        (
+            seen(8, Some(claim(10, 7, "b", &[10]))),
+            Resolution::Changed,
+            "another leader claimed the tick",
+        ),
+        (
+            seen(8, Some(claim(9, 7, "b", &[]))),
+            Resolution::Changed,
+            "another leader wrote an older tick",
+        ),
+        (
+            seen(8, Some(claim(10, 5, "a", &[]))),
+            Resolution::Earlier,
+            "the same tick with other pending ticks: an earlier attempt landed late",
+        ),
+        (
+            seen(8, Some(claim(9, 5, "a", &[]))),
+            Resolution::Changed,
+            "a write of ours that did not claim the tick",
+        ),
+    ];
+    for (seen, expected, why) in cases {
+        let expected_revision = if seen.claim.is_none() { 0 } else { 7 };
+        assert_eq!(resolve(&seen, expected_revision, &ours), expected, "{why}");
+    }
+}
+
+#[test]
+fn the_next_record_lists_what_its_writer_owes_and_keeps_what_others_owe() {
+    let owed = |seconds: &[i64]| seconds.iter().map(|second| at(*second)).collect::<BTreeSet<_>>();
+    let want = |fresh: &[i64], adopt: &[i64], settles: Vec<Owner>| Want {
+        index: 0,
+        fresh: fresh.iter().map(|second| at(*second)).collect(),
+        adopt: adopt.iter().map(|second| at(*second)).collect(),
+        settles,
+        starts_only: false,
+    };
+    let cases = [
+        (
+            None,
+            want(&[10], &[], vec![]),
+            owed(&[]),
+            Some(claim(10, 5, "a", &[10])),
+            "a first claim",
+        ),
+        (
+            Some(claim(9, 5, "a", &[9])),
+            want(&[10], &[], vec![]),
+            owed(&[]),
+            Some(claim(10, 5, "a", &[10])),
+            "tick 9 started since: only 10 is owed",
+        ),
+        (
+            Some(claim(9, 5, "a", &[9])),
+            want(&[10], &[], vec![]),
+            owed(&[9]),
+            Some(claim(10, 5, "a", &[9, 10])),
+            "a backlog: 9 is still owed",
+        ),
+        (
+            Some(claim(9, 5, "a", &[8, 9])),
+            want(&[], &[], vec![]),
+            owed(&[9]),
+            Some(claim(9, 5, "a", &[9])),
+            "writing a start",
+        ),
+        (
+            Some(claim(9, 3, "b", &[9])),
+            want(&[10], &[], vec![]),
+            owed(&[]),
+            Some(owing(claim(10, 5, "a", &[10]), 3, "b", 4, &[9])),
+            "another leader's tick 9 stays listed as its own",
+        ),
+        (
+            Some(claim(9, 3, "b", &[8, 9])),
+            want(&[10], &[8, 9], settling(3, "b")),
+            owed(&[]),
+            Some(claim(10, 5, "a", &[8, 9, 10])),
+            "a takeover adopts 8 and 9",
+        ),
+        (
+            Some(claim(9, 3, "b", &[8, 9])),
+            want(&[], &[], settling(3, "b")),
+            owed(&[]),
+            Some(claim(9, 5, "a", &[])),
+            "a takeover that records 8 and 9 lost",
+        ),
+        (
+            Some(claim(9, 3, "b", &[])),
+            want(&[5], &[], vec![]),
+            owed(&[]),
+            Some(claim(9, 5, "a", &[5])),
+            "an older tick never moves the record back",
+        ),
+        (
+            Some(owing(claim(10, 7, "c", &[10]), 5, "a", 4, &[8, 9])),
+            want(&[11], &[], vec![]),
+            owed(&[9]),
+            Some(owing(claim(11, 5, "a", &[9, 11]), 7, "c", 4, &[10])),
+            "our own debt is what we owe now (8 started), the writer's is kept as its own",
+        ),
+        (
+            Some(owing(owing(claim(10, 7, "c", &[10]), 3, "b", 4, &[8]), 2, "d", 4, &[7])),
+            want(&[], &[8], settling(3, "b")),
+            owed(&[]),
+            Some(owing(owing(claim(10, 5, "a", &[8]), 7, "c", 4, &[10]), 2, "d", 4, &[7])),
+            "a takeover settles one leader's debt and keeps the others'",
+        ),
+        (None, want(&[], &[], vec![]), owed(&[]), None, "nothing to write"),
+    ];
+    for (current, want, owed, expected, why) in cases {
+        let writer = Writer {
+            term: 5,
+            node: "a",
+            shards: 4,
+            releasing: false,
+        };
+        assert_eq!(
+            next_record(current.as_ref(), &want, &owed, &writer, "s"),
+            expected,
+            "{why}"
+        );
+    }
+}
+
+#[test]
+fn a_released_record_says_its_pending_ticks_never_start_and_another_writer_keeps_that() {
+    let releasing = Writer {
+        term: 5,
+        node: "a",
+        shards: 4,
+        releasing: true,
+    };
+    let owed: BTreeSet<DateTime<Utc>> = [at(10)].into();
+    let written = next_record(
+        Some(&claim(10, 5, "a", &[10])),
+        &Want::starts_only(0),
+        &owed,
+        &releasing,
+        "s",
+    )
+    .unwrap();
+    assert!(written.released, "a releasing writer with ticks pending marks them");
+    let nothing = next_record(Some(&written), &Want::starts_only(0), &BTreeSet::new(), &releasing, "s").unwrap();
+    assert!(!nothing.released, "nothing pending, nothing released");
+    let other = Writer {
+        term: 7,
+        node: "b",
+        shards: 7,
+        releasing: false,
+    };
+    let over = next_record(Some(&written), &Want::tick(0, at(11)), &BTreeSet::new(), &other, "s").unwrap();
+    assert!(!over.released, "the new writer's own ticks are not released");
+    assert!(
+        over.others.iter().any(|debt| debt.node == "a" && debt.released),
+        "a's released ticks stay released under b's write: {over:?}"
+    );
+}
+
+#[test]
+fn a_record_names_the_schedule_that_made_its_tick() {
+    let writer = Writer {
+        term: 5,
+        node: "a",
+        shards: 4,
+        releasing: false,
+    };
+    let old = Claim {
+        schedule: Some("old".into()),
+        ..claim(9, 5, "a", &[9])
+    };
+    let tick = Want::tick(0, at(10));
+    let moved = next_record(Some(&old), &tick, &BTreeSet::new(), &writer, "new").unwrap();
+    assert_eq!(moved.schedule.as_deref(), Some("new"), "a new tick of the new schedule");
+    let start = Want::starts_only(0);
+    let kept = next_record(Some(&old), &start, &BTreeSet::new(), &writer, "new").unwrap();
+    assert_eq!(
+        kept.schedule.as_deref(),
+        Some("old"),
+        "tick 9 is still the old schedule's"
+    );
+    let older = Want::tick(0, at(5));
+    let kept = next_record(Some(&old), &older, &BTreeSet::new(), &writer, "new").unwrap();
+    assert_eq!(
+        kept.schedule.as_deref(),
+        Some("old"),
+        "an older tick does not move the record"
+    );
+}
