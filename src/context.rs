@@ -6,7 +6,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::claims::ClaimLead;
-use crate::config::{Config, Job};
+use crate::config::Loaded;
 use crate::keys::Keys;
 use crate::results::ResultQueue;
 use crate::runs::Runs;
@@ -36,26 +36,4 @@ pub(crate) struct NodeContext {
     pub(crate) elections: crate::election::Admission,
     /// The root of the cancellation tree: signals cancel it.
     pub(crate) shutdown: CancellationToken,
-}
-
-/// The jobs a node runs, by shard, and the digest of the file they came from. Replaced whole
-/// when a reload brings new jobs.
-pub(crate) struct Loaded {
-    pub(crate) digest: String,
-    pub(crate) by_shard: Vec<Vec<Arc<Job>>>,
-}
-
-impl Loaded {
-    /// The jobs move into their shards: a node with 100,000 jobs holds one copy of each.
-    pub(crate) fn new(config: Config) -> Loaded {
-        let mut by_shard = vec![Vec::new(); config.cluster.shards as usize];
-        for job in config.jobs {
-            let shard = job.shard as usize;
-            by_shard[shard].push(Arc::new(job));
-        }
-        Loaded {
-            digest: config.digest,
-            by_shard,
-        }
-    }
 }

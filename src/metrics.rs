@@ -115,113 +115,133 @@ impl Metrics {
             registry: Mutex::default(),
             pauses: OnceLock::new(),
         };
-        registry.register("runs", "Finished runs by job and result", metrics.runs.clone());
+        metrics.register_runs(&mut registry);
+        metrics.register_node(&mut registry);
+        metrics.register_etcd(&mut registry);
+        Metrics {
+            registry: Mutex::new(registry),
+            ..metrics
+        }
+    }
+
+    /// The runs and what decides them. The order of registration is the order of the page.
+    fn register_runs(&self, registry: &mut Registry) {
+        registry.register("runs", "Finished runs by job and result", self.runs.clone());
         registry.register(
             "run_duration_seconds",
             "How long each run took",
-            metrics.run_duration.clone(),
+            self.run_duration.clone(),
         );
         registry.register(
             "firing_lateness_seconds",
             "How late after its tick an on-time run was started",
-            metrics.lateness.clone(),
+            self.lateness.clone(),
         );
-        registry.register("retries", "Retried attempts, by job", metrics.retries.clone());
-        registry.register("shards_led", "Shards this node leads now", metrics.shards_led.clone());
+        registry.register("retries", "Retried attempts, by job", self.retries.clone());
+        registry.register("shards_led", "Shards this node leads now", self.shards_led.clone());
         registry.register(
             "claim_failures",
             "Tick claims that etcd rejected",
-            metrics.claim_failures.clone(),
+            self.claim_failures.clone(),
         );
         registry.register(
             "catch_up_runs",
             "Missed ticks run by a new leader",
-            metrics.catch_up_runs.clone(),
+            self.catch_up_runs.clone(),
         );
         registry.register(
             "skipped_overlaps",
             "Ticks skipped because the job was still running (overlap = \"skip\")",
-            metrics.skipped_overlaps.clone(),
+            self.skipped_overlaps.clone(),
         );
         registry.register(
             "session_losses",
             "Times this node lost its etcd lease",
-            metrics.session_losses.clone(),
+            self.session_losses.clone(),
         );
         registry.register(
             "etcd_errors",
             "etcd calls that failed or timed out, and answers that could not be used (an unreadable claim record, a short reply)",
-            metrics.etcd_errors.clone(),
+            self.etcd_errors.clone(),
         );
         registry.register(
             "spawn_descriptor_exhausted",
             "Runs that could not start because the node or the system was out of file descriptors",
-            metrics.spawn_descriptor_exhausted.clone(),
+            self.spawn_descriptor_exhausted.clone(),
         );
         registry.register(
             "triggered_runs",
             "Runs asked for with shardcron trigger that this node claimed and started, by job",
-            metrics.triggered_runs.clone(),
+            self.triggered_runs.clone(),
         );
+    }
+
+    /// The node's own state: pauses, logs, runs in flight, what waits to be written, and the
+    /// elections and members as it sees them.
+    fn register_node(&self, registry: &mut Registry) {
         registry.register(
             "pauses_in_force",
             "Pauses in force as this node sees them (a pause of every job counts once)",
-            metrics.pauses_in_force.clone(),
+            self.pauses_in_force.clone(),
         );
         registry.register(
             "log_lines_dropped",
             "Log lines dropped because the log's destination did not keep up",
-            metrics.log_lines_dropped.clone(),
+            self.log_lines_dropped.clone(),
         );
         registry.register(
             "runs_in_flight",
             "Commands running on this node now",
-            metrics.runs_in_flight.clone(),
+            self.runs_in_flight.clone(),
         );
         registry.register(
             "results_unwritten",
             "Jobs whose newest result waits to be written to etcd (by a claim, or on its own)",
-            metrics.results_unwritten.clone(),
+            self.results_unwritten.clone(),
         );
         registry.register(
             "history_unwritten",
             "Finished runs waiting to be added to their jobs' history in etcd",
-            metrics.history_unwritten.clone(),
+            self.history_unwritten.clone(),
         );
         registry.register(
             "shards_without_leader",
             "Shards with no leader, as this node's view of the elections sees them",
-            metrics.shards_without_leader.clone(),
+            self.shards_without_leader.clone(),
         );
         registry.register(
             "election_foreign_keys",
             "Keys in the shard elections that no live member put (no lease, or a lease no member holds); they never lead",
-            metrics.election_foreign_keys.clone(),
+            self.election_foreign_keys.clone(),
         );
         registry.register(
             "config_drift_nodes",
             "Live nodes whose jobs.toml digest differs from this node's",
-            metrics.config_drift_nodes.clone(),
+            self.config_drift_nodes.clone(),
         );
+    }
+
+    /// etcd's space, and the build.
+    fn register_etcd(&self, registry: &mut Registry) {
         registry.register(
             "etcd_db_bytes",
             "Size of etcd's database file, as its endpoint status says",
-            metrics.etcd_db_bytes.clone(),
+            self.etcd_db_bytes.clone(),
         );
         registry.register(
             "etcd_db_in_use_bytes",
             "Part of etcd's database file in use (the rest is freed by a defragmentation)",
-            metrics.etcd_db_in_use_bytes.clone(),
+            self.etcd_db_in_use_bytes.clone(),
         );
         registry.register(
             "etcd_quota_bytes",
             "etcd's --quota-backend-bytes, past which it raises NOSPACE (0 if etcd does not say it)",
-            metrics.etcd_quota_bytes.clone(),
+            self.etcd_quota_bytes.clone(),
         );
         registry.register(
             "etcd_nospace",
             "1 while etcd's NOSPACE alarm is raised and it refuses every write",
-            metrics.etcd_nospace.clone(),
+            self.etcd_nospace.clone(),
         );
         let build_info = Family::<BuildLabels, Gauge>::default();
         build_info
@@ -235,10 +255,6 @@ impl Metrics {
             "The shardcron version and the IANA time zone database compiled into it",
             build_info,
         );
-        Metrics {
-            registry: Mutex::new(registry),
-            ..metrics
-        }
     }
 
     /// Counts a finished (or skipped) run.

@@ -11,6 +11,7 @@
 //! - `pieces`: a large file read a thousand jobs at a time.
 
 mod error;
+mod loaded;
 mod model;
 mod pieces;
 mod raw;
@@ -24,6 +25,7 @@ use chrono_tz::Tz;
 
 pub use error::ConfigError;
 use error::Source;
+pub(crate) use loaded::Loaded;
 pub use model::*;
 use raw::{RawFile, RawJobs};
 use validate::{validate_cluster, validate_etcd, validate_job};

@@ -123,7 +123,7 @@ pub(super) fn validate_etcd(source: &Source, raw: Option<Spanned<RawEtcd>>) -> R
     };
     let table_span = raw.span();
     let raw = raw.into_inner();
-    let endpoints = raw.endpoints.ok_or_else(|| {
+    let endpoints = raw.endpoints.clone().ok_or_else(|| {
         source.error(
             Some(table_span.clone()),
             None,
@@ -139,6 +139,24 @@ pub(super) fn validate_etcd(source: &Source, raw: Option<Spanned<RawEtcd>>) -> R
             "at least one etcd endpoint is required",
         ));
     }
+    validate_credentials(source, &raw)?;
+    let tls = match raw.tls {
+        Some(tls) => Some(validate_tls(source, tls)?),
+        None => None,
+    };
+    let compaction = validate_compaction(source, raw.compaction.as_ref())?;
+    Ok(Etcd {
+        endpoints: endpoints.into_inner(),
+        username: raw.username.map(Spanned::into_inner),
+        password_env: raw.password_env.map(Spanned::into_inner),
+        password_file: raw.password_file.map(Spanned::into_inner),
+        tls,
+        compaction,
+    })
+}
+
+/// A password comes one way, and only with a username to go with it.
+fn validate_credentials(source: &Source, raw: &RawEtcd) -> Result<(), ConfigError> {
     if let Some(password_env) = &raw.password_env {
         if raw.username.is_none() {
             return Err(source.error(
@@ -168,11 +186,12 @@ pub(super) fn validate_etcd(source: &Source, raw: Option<Spanned<RawEtcd>>) -> R
         }
         secret_path(source, password_file, None, "etcd.password_file")?;
     }
-    let tls = match raw.tls {
-        Some(tls) => Some(validate_tls(source, tls)?),
-        None => None,
-    };
-    let compaction = match &raw.compaction {
+    Ok(())
+}
+
+/// `[etcd] compaction`: `"off"`, or how often, at least [`MIN_COMPACTION`].
+fn validate_compaction(source: &Source, compaction: Option<&Spanned<String>>) -> Result<Option<Duration>, ConfigError> {
+    Ok(match compaction {
         None => Some(DEFAULT_COMPACTION),
         Some(value) if value.get_ref().trim() == "off" => None,
         Some(value) => {
@@ -191,14 +210,6 @@ pub(super) fn validate_etcd(source: &Source, raw: Option<Spanned<RawEtcd>>) -> R
             }
             Some(every)
         }
-    };
-    Ok(Etcd {
-        endpoints: endpoints.into_inner(),
-        username: raw.username.map(Spanned::into_inner),
-        password_env: raw.password_env.map(Spanned::into_inner),
-        password_file: raw.password_file.map(Spanned::into_inner),
-        tls,
-        compaction,
     })
 }
 
@@ -267,9 +278,40 @@ pub(super) fn validate_job(
             .map_err(|message| source.error(Some(value.span()), job, Some("timezone"), message))?,
         None => cluster.timezone,
     };
-    let expression = raw
-        .schedule
-        .ok_or_else(|| source.error(Some(table_span.clone()), job, Some("schedule"), "missing schedule"))?;
+    let schedule = job_schedule(source, job, raw.schedule.as_ref(), &table_span, timezone, schedules)?;
+    let command = job_command(source, job, &raw, &table_span)?;
+    let timing = job_timing(source, job, &raw)?;
+    validate_env(source, job, &raw)?;
+    Ok(Job {
+        shard: shard_of(&name, cluster.shards),
+        name,
+        schedule,
+        command,
+        timeout: timing.timeout,
+        kill_grace: timing.kill_grace,
+        retries: timing.retries,
+        retry_backoff: timing.retry_backoff,
+        catch_up: raw.catch_up.map(Spanned::into_inner).unwrap_or_default(),
+        starting_deadline: timing.starting_deadline,
+        overlap: raw.overlap.map(Spanned::into_inner).unwrap_or_default(),
+        delivery: raw.delivery.map(Spanned::into_inner).unwrap_or_default(),
+        working_dir: raw.working_dir.map(Spanned::into_inner),
+        env: raw.env.map(Spanned::into_inner).unwrap_or_default(),
+        env_file: raw.env_file.map(Spanned::into_inner),
+    })
+}
+
+/// The job's schedule, parsed once per distinct list of expressions and zone: jobs share it.
+fn job_schedule(
+    source: &Source,
+    job: Option<&str>,
+    expression: Option<&Spanned<RawSchedule>>,
+    table_span: &std::ops::Range<usize>,
+    timezone: Tz,
+    schedules: &mut HashMap<(String, Tz), Arc<Schedule>>,
+) -> Result<Arc<Schedule>, ConfigError> {
+    let expression =
+        expression.ok_or_else(|| source.error(Some(table_span.clone()), job, Some("schedule"), "missing schedule"))?;
     let expressions: Vec<&str> = expression.get_ref().0.iter().map(String::as_str).collect();
     let schedule_error =
         |err: ScheduleError| source.error(Some(expression.span()), job, Some("schedule"), err.to_string());
@@ -283,7 +325,7 @@ pub(super) fn validate_job(
             .join("\n"),
         timezone,
     );
-    let schedule = match schedules.get(&key).filter(|_| shared) {
+    Ok(match schedules.get(&key).filter(|_| shared) {
         Some(schedule) => Arc::clone(schedule),
         None => {
             let parsed = Arc::new(Schedule::parse_for_job(&expressions, timezone, job).map_err(schedule_error)?);
@@ -292,9 +334,20 @@ pub(super) fn validate_job(
             }
             parsed
         }
-    };
+    })
+}
+
+/// The job's command, present and not empty; no NUL in it, its working directory or its
+/// environment.
+fn job_command(
+    source: &Source,
+    job: Option<&str>,
+    raw: &RawJob,
+    table_span: &std::ops::Range<usize>,
+) -> Result<String, ConfigError> {
     let command = raw
         .command
+        .as_ref()
         .ok_or_else(|| source.error(Some(table_span.clone()), job, Some("command"), "missing command"))?;
     if command.get_ref().trim().is_empty() {
         return Err(source.error(Some(command.span()), job, Some("command"), "command is empty"));
@@ -325,6 +378,19 @@ pub(super) fn validate_job(
     }) {
         return Err(nul(env.span(), "env"));
     }
+    Ok(command.get_ref().clone())
+}
+
+/// How long a run may take, how it ends, and how it is retried.
+struct Timing {
+    timeout: Option<Duration>,
+    kill_grace: Duration,
+    retries: u32,
+    retry_backoff: Duration,
+    starting_deadline: Option<Duration>,
+}
+
+fn job_timing(source: &Source, job: Option<&str>, raw: &RawJob) -> Result<Timing, ConfigError> {
     let timeout = raw
         .timeout
         .as_ref()
@@ -375,6 +441,17 @@ pub(super) fn validate_job(
         .as_ref()
         .map(|value| parse_duration(source, value, job, "starting_deadline", bounds::MAX_WINDOW))
         .transpose()?;
+    Ok(Timing {
+        timeout,
+        kill_grace,
+        retries,
+        retry_backoff,
+        starting_deadline,
+    })
+}
+
+/// Variable names a job may set (not `CRON_*`, which shardcron sets), and an `env_file` path.
+fn validate_env(source: &Source, job: Option<&str>, raw: &RawJob) -> Result<(), ConfigError> {
     if let Some(env) = &raw.env {
         if let Some(bad) = env
             .get_ref()
@@ -392,21 +469,5 @@ pub(super) fn validate_job(
     if let Some(env_file) = &raw.env_file {
         secret_path(source, env_file, job, "env_file")?;
     }
-    Ok(Job {
-        shard: shard_of(&name, cluster.shards),
-        name,
-        schedule,
-        command: command.into_inner(),
-        timeout,
-        kill_grace,
-        retries,
-        retry_backoff,
-        catch_up: raw.catch_up.map(Spanned::into_inner).unwrap_or_default(),
-        starting_deadline,
-        overlap: raw.overlap.map(Spanned::into_inner).unwrap_or_default(),
-        delivery: raw.delivery.map(Spanned::into_inner).unwrap_or_default(),
-        working_dir: raw.working_dir.map(Spanned::into_inner),
-        env: raw.env.map(Spanned::into_inner).unwrap_or_default(),
-        env_file: raw.env_file.map(Spanned::into_inner),
-    })
+    Ok(())
 }

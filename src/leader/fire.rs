@@ -16,7 +16,7 @@ use crate::catch_up::MAX_OWED;
 use crate::claims::{Book, Claimer};
 use crate::clock;
 use crate::config::Delivery;
-use crate::context::Loaded;
+use crate::config::Loaded;
 use crate::results::RIDE_WINDOW;
 use crate::view::FleetView;
 

@@ -9,8 +9,9 @@ use tokio::task::JoinSet;
 
 use super::tasks::{self, Mirrored};
 use crate::backoff::{sleep_or_cancel, Backoff};
+use crate::config::Loaded;
 use crate::config::{Cluster, Config, Etcd};
-use crate::context::{Loaded, NodeContext};
+use crate::context::NodeContext;
 use crate::etcd::CoordError;
 use crate::fleet;
 use crate::joining;
