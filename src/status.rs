@@ -18,7 +18,7 @@ use crate::pauses::{self, Pause};
 use crate::record::{Claim, RunRecord};
 use crate::text_table;
 
-/// The JSON document of `status --json`; its keys are documented in the README.
+/// The JSON document of `status --json`; its keys are documented in docs/http-api.md.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Status {
     pub cluster: String,

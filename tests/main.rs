@@ -3,7 +3,7 @@
 //! ports (the packet-drop ones on 198.18.0.0/15 addresses of veth pairs they make, which needs
 //! root) and runs the built `shardcron` binary as its nodes. The fault scenarios (lease stall,
 //! split brain, etcd faults, bad commands, delivery, security, chaos, control, etcd space, packet
-//! drops) print every figure they measure, for the README's table of faults; `scripts/test` runs
+//! drops) print every figure they measure, for the table of faults in docs/faults.md; `scripts/test` runs
 //! them a second time on etcd 3.5.1 (`SHARDCRON_TEST_ETCD`).
 //!
 //! ```text

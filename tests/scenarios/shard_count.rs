@@ -1,4 +1,4 @@
-//! A change of `shards` rolled out as the README says, one node at a time, while per-second jobs
+//! A change of `shards` rolled out as docs/operating.md (Rolling restart) says, one node at a time, while per-second jobs
 //! of both delivery modes fire: every (job, tick) of the window runs, or is recorded `lost` for
 //! an at-most-once job, whichever shard count claimed it and whichever node stopped last.
 
