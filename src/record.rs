@@ -265,4 +265,31 @@ mod tests {
             r#"{"scheduled_at":"2027-01-15T08:00:00Z","fence":7,"node":"a","outcome":"spawn_failed","exit_code":null,"duration_ms":3,"finished_at":"2027-01-15T08:00:00Z","attempts":2,"trigger":"manual"}"#
         );
     }
+
+    #[test]
+    fn a_claim_record_keeps_its_json_shape_and_reads_the_records_of_earlier_versions() {
+        let at = DateTime::<Utc>::from_timestamp(1_800_000_000, 0).unwrap();
+        let claim = Claim {
+            scheduled_at: at,
+            term: 7,
+            node: "a".into(),
+            pending: vec![at],
+            shards: Some(4),
+            schedule: Some("*/5 * * * * *".into()),
+            others: vec![Debt {
+                term: 5,
+                node: "b".into(),
+                shards: Some(2),
+                pending: vec![at],
+                released: true,
+            }],
+            released: false,
+        };
+        // The term is stored as `fence`, the name a record has had since the first version.
+        let stored = r#"{"scheduled_at":"2027-01-15T08:00:00Z","fence":7,"node":"a","pending":["2027-01-15T08:00:00Z"],"shards":4,"schedule":"*/5 * * * * *","others":[{"term":5,"node":"b","shards":2,"pending":["2027-01-15T08:00:00Z"],"released":true}]}"#;
+        assert_eq!(serde_json::to_string(&claim).unwrap(), stored);
+        assert_eq!(serde_json::from_str::<Claim>(stored).unwrap(), claim);
+        let oldest = r#"{"scheduled_at":"2027-01-15T08:00:00Z","fence":3,"node":"a"}"#;
+        assert_eq!(serde_json::from_str::<Claim>(oldest).unwrap().term, 3);
+    }
 }
