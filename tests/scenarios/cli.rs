@@ -587,3 +587,35 @@ fn pause_refuses_what_it_cannot_do_before_it_reaches_etcd() {
         assert!(stderr.contains(expected), "{args:?}: {stderr}");
     }
 }
+
+/// `shardcron plan | head`: a reader that stops early is no error, as with ripgrep or `seq`.
+#[test]
+fn a_reader_that_closes_the_pipe_early_ends_the_command_quietly() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let dir = tempfile::tempdir().unwrap();
+    let config = plan_config(dir.path());
+    // Each prints far more than a pipe's buffer holds, so it is still writing when the reader
+    // goes.
+    for args in [
+        vec!["plan", "--config", &config, "--for", "365d"],
+        vec!["plan", "--config", &config, "--for", "365d", "--json"],
+        vec!["next", "* * * * *", "-n", "100000"],
+    ] {
+        let mut child = Command::new(SHARDCRON)
+            .args(&args)
+            .env_remove("SHARDCRON_CONFIG")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run shardcron");
+        let mut first = String::new();
+        BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut first)
+            .expect("read the first line");
+        assert!(!first.is_empty(), "{args:?}: no output");
+        let out = child.wait_with_output().expect("wait for shardcron");
+        assert_eq!(text(&out.stderr), "", "{args:?}");
+        assert!(out.status.success(), "{args:?}: {:?}", out.status);
+    }
+}
