@@ -85,19 +85,18 @@ pub enum Command {
 }
 
 /// Whether an error is a write to a reader that has gone (`shardcron plan | head`): the
-/// command ends quietly then, as ripgrep does, since the reader took all it wanted.
+/// command ends quietly then, as ripgrep does, since the reader took all it wanted. Only the
+/// error itself is looked at, as writes to stdout return it with no context: a broken pipe deep
+/// in an etcd error's chain is still an error.
 pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
-    err.chain().any(|cause| {
-        let kind = cause
-            .downcast_ref::<std::io::Error>()
-            .map(std::io::Error::kind)
-            .or_else(|| {
-                cause
-                    .downcast_ref::<serde_json::Error>()
-                    .and_then(serde_json::Error::io_error_kind)
-            });
-        kind == Some(std::io::ErrorKind::BrokenPipe)
-    })
+    let kind = err
+        .downcast_ref::<std::io::Error>()
+        .map(std::io::Error::kind)
+        .or_else(|| {
+            err.downcast_ref::<serde_json::Error>()
+                .and_then(serde_json::Error::io_error_kind)
+        });
+    kind == Some(std::io::ErrorKind::BrokenPipe)
 }
 
 /// Writes to stdout with the error returned: `print!` panics when the reader has gone.
