@@ -101,14 +101,14 @@ async fn serve(config: Config, args: &NodeArgs, endpoints: Vec<String>) -> Resul
     tokio::spawn(notify::follow(readiness.clone()));
     tokio::spawn(memory::trim_until(shutdown.clone()));
     tracing::info!(endpoints = ?endpoints, config = %config.path.display(), digest = %config.digest, "connecting to etcd");
-    // Served from the start, so an operator sees etcd errors while the node waits for etcd, and
-    // until the node has ended, so `/readyz` says it is stopping while it drains.
     match descriptors::raise_limit() {
         Ok(raised) => {
             tracing::info!(before = ?raised.before, now = ?raised.now, hard = ?raised.hard, "file descriptor limit (RLIMIT_NOFILE soft) raised to the hard limit; None is unlimited")
         }
         Err(err) => tracing::warn!(error = %err, "cannot raise the file descriptor limit to the hard limit"),
     }
+    // Served from the start, so an operator sees etcd errors while the node waits for etcd, and
+    // until the node has ended, so `/readyz` says it is stopping while it drains.
     let listener_stop = CancellationToken::new();
     let _stop_listener = listener_stop.clone().drop_guard();
     if let Some(address) = listen {
