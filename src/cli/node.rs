@@ -1,0 +1,288 @@
+//! `run` and `dev`: a node's start. The config is read so that it leaves nothing resident, the
+//! HTTP listener is served before etcd answers, and signals and reloads are forwarded to the
+//! node.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use tokio_util::sync::CancellationToken;
+
+use super::args::endpoints;
+use super::{block_on, ConfigArg, NodeArgs};
+use crate::backoff::{sleep_or_cancel, Backoff};
+use crate::config::Config;
+use crate::etcd_server::EtcdServer;
+use crate::keys::Keys;
+use crate::node::{self, Exposure, NodeOptions};
+use crate::readiness::{Readiness, Stage};
+use crate::{descriptors, etcd, http, memory, notify, secrets};
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub config: ConfigArg,
+    #[command(flatten)]
+    pub node: NodeArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct DevArgs {
+    #[command(flatten)]
+    pub config: ConfigArg,
+    #[command(flatten)]
+    pub node: NodeArgs,
+    /// The etcd binary to start.
+    #[arg(long, env = "SHARDCRON_ETCD_BIN", default_value = "etcd")]
+    pub etcd_bin: PathBuf,
+}
+
+/// The config of a node about to start. A node holds secrets and runs jobs as its own user:
+/// before it reads any secret, it makes itself not dumpable, so those jobs cannot read its
+/// environment or memory through `/proc`.
+pub fn load(config: &ConfigArg) -> Result<Config> {
+    secrets::forbid_inspection()
+        .context("cannot mark the node not dumpable (prctl PR_SET_DUMPABLE), which keeps its secrets from its jobs")?;
+    load_for_node(&config.path()?)
+}
+
+/// `run`: the node, against the etcd of `--endpoints` or the config, until it is stopped.
+pub fn run(config: Config, args: &NodeArgs) -> Result<()> {
+    let endpoints = endpoints(&config, &args.endpoints);
+    block_on(serve(config, args, endpoints))
+}
+
+/// `dev`: the node against a throwaway etcd, removed when the node ends.
+pub fn dev(config: Config, args: &DevArgs) -> Result<()> {
+    let server = EtcdServer::start(&args.etcd_bin)?;
+    tracing::info!(endpoint = %server.client_url(), log = %server.log_path().display(), "throwaway etcd started; Ctrl-C stops the node and removes it");
+    let endpoints = vec![server.client_url()];
+    let result = block_on(serve(config, &args.node, endpoints));
+    drop(server);
+    result
+}
+
+/// The API's tokens, their origins logged (never their values).
+fn tokens(args: &NodeArgs) -> Result<(Option<String>, Option<String>)> {
+    let token = args.api_token()?;
+    let read_token = args.api_read_token()?;
+    for (name, secret) in [("API token", &token), ("API read token", &read_token)] {
+        if let Some(secret) = secret {
+            tracing::info!(from = %secret.origin, "{name} loaded");
+        }
+    }
+    Ok((token.map(|secret| secret.value), read_token.map(|secret| secret.value)))
+}
+
+async fn serve(config: Config, args: &NodeArgs, endpoints: Vec<String>) -> Result<()> {
+    let listen = args.listen_address()?;
+    let (token, read_token) = tokens(args)?;
+    // Built once for the node: every command starts from the node's environment without the
+    // variables that hold its secrets.
+    let secret_variables: Vec<&str> = args
+        .secret_variables()
+        .chain(config.etcd.password_env.as_deref())
+        .collect();
+    let child_env = Arc::new(secrets::ChildEnv::of_node(std::env::vars_os(), &secret_variables));
+    let node_id = match &args.node_id {
+        Some(id) => id.clone(),
+        None => hostname::get()
+            .context("cannot read the host name; pass --node-id")?
+            .to_string_lossy()
+            .into_owned(),
+    };
+    let options = etcd::connect_options(&config.etcd).with_context(|| config.path.display().to_string())?;
+    let shutdown = CancellationToken::new();
+    let hurry = CancellationToken::new();
+    let readiness = Readiness::default();
+    let exposure = Exposure::default();
+    tokio::spawn(forward_signals(shutdown.clone(), hurry.clone()));
+    tokio::spawn(notify::follow(readiness.clone()));
+    tokio::spawn(memory::trim_until(shutdown.clone()));
+    tracing::info!(endpoints = ?endpoints, config = %config.path.display(), digest = %config.digest, "connecting to etcd");
+    match descriptors::raise_limit() {
+        Ok(raised) => {
+            tracing::info!(before = ?raised.before, now = ?raised.now, hard = ?raised.hard, "file descriptor limit (RLIMIT_NOFILE soft) raised to the hard limit; None is unlimited")
+        }
+        Err(err) => tracing::warn!(error = %err, "cannot raise the file descriptor limit to the hard limit"),
+    }
+    // Served from the start, so an operator sees etcd errors while the node waits for etcd, and
+    // until the node has ended, so `/readyz` says it is stopping while it drains.
+    let listener_stop = CancellationToken::new();
+    let _stop_listener = listener_stop.clone().drop_guard();
+    if let Some(address) = listen {
+        let served = |max_connections| http::Served {
+            cluster: config.cluster.clone(),
+            readiness: readiness.clone(),
+            exposure: exposure.clone(),
+            token,
+            read_token,
+            max_connections,
+            allowed_hosts: args.http_allowed_hosts.clone(),
+        };
+        serve_http(address, args, served, listener_stop.clone()).await?;
+    }
+    let probe_key = Keys::new(&config.cluster.name).nodes_prefix();
+    // Before connecting, which may wait for etcd: SIGHUP's default action would end the node.
+    let (reloads, reloaded) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(reload_on_hangup(config.path.clone(), reloads));
+    let Some(client) = connect(&endpoints, options, &probe_key, &readiness, &shutdown).await? else {
+        return Ok(());
+    };
+    let options = NodeOptions {
+        node_id,
+        shutdown_grace: args.shutdown_grace,
+        hurry,
+        readiness,
+        exposure,
+        child_env,
+    };
+    node::run(config, options, client, shutdown, reloaded).await;
+    Ok(())
+}
+
+/// Binds the HTTP listener and serves it until `stop`, with at most half the descriptor limit
+/// in connections (the cap `served` is given).
+async fn serve_http(
+    address: std::net::SocketAddr,
+    args: &NodeArgs,
+    served: impl FnOnce(usize) -> http::Served,
+    stop: CancellationToken,
+) -> Result<()> {
+    let listener = tokio::net::TcpListener::bind(address)
+        .await
+        .with_context(|| format!("cannot listen for HTTP on {address}"))?;
+    let served = served(http::connection_cap(
+        args.http_max_connections as usize,
+        descriptors::soft_limit(),
+    ));
+    let max_connections = served.max_connections;
+    let writes = if served.token.is_some() {
+        "on"
+    } else {
+        "off (no --api-token-env, --api-token-file or credential api-token)"
+    };
+    let reads = if served.read_token.is_some() {
+        "need the read token"
+    } else {
+        "open"
+    };
+    if max_connections < args.http_max_connections as usize {
+        tracing::warn!(asked = args.http_max_connections, max_connections, "--http-max-connections lowered to half the descriptor limit, so clients cannot take the descriptors runs need");
+    }
+    tracing::info!(%address, writes, reads, max_connections, "serving HTTP: / (dashboard), /healthz, /readyz, /metrics, /api/v1");
+    tokio::spawn(http::serve(listener, served, stop));
+    Ok(())
+}
+
+/// SIGTERM or SIGINT starts a graceful stop. A second one kills the running commands' process
+/// groups at once and lets the node end (so `dev` still removes its etcd); a node that has not
+/// ended within [`HURRY_LIMIT`] exits anyway.
+async fn forward_signals(shutdown: CancellationToken, hurry: CancellationToken) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        tracing::error!("cannot install signal handlers; stop the node with SIGKILL");
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: stopping gracefully"),
+        _ = int.recv() => tracing::info!("SIGINT: stopping gracefully"),
+    }
+    shutdown.cancel();
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    tracing::warn!("second signal: killing running commands and exiting");
+    hurry.cancel();
+    tokio::time::sleep(HURRY_LIMIT).await;
+    tracing::warn!(limit = ?HURRY_LIMIT, "the node did not end after a second signal: exiting now");
+    std::process::exit(130);
+}
+
+/// After a second signal, how long the node may take to kill its commands and end.
+const HURRY_LIMIT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Connects to etcd, retrying with backoff while it is out of reach, until `shutdown`. A refused
+/// credential (password, certificate) ends the start: no retry can fix it.
+async fn connect(
+    endpoints: &[String],
+    options: etcd_client::ConnectOptions,
+    probe_key: &str,
+    readiness: &Readiness,
+    shutdown: &CancellationToken,
+) -> Result<Option<etcd_client::Client>> {
+    let refused = |err: etcd::CoordError| {
+        anyhow::Error::new(err).context(format!(
+            "etcd at {endpoints:?} refused this node's credentials; check [etcd] username, password_env and tls"
+        ))
+    };
+    let mut backoff = Backoff::coordination();
+    loop {
+        let attempt = match etcd::connect(endpoints, options.clone()).await {
+            Ok(client) => match etcd::probe(&client, probe_key).await {
+                Ok(()) => return Ok(Some(client)),
+                Err(err) if err.is_refusal() => return Err(refused(err)),
+                Err(err) => {
+                    tracing::warn!(error = %err, "etcd does not answer yet; starting anyway, the node retries with backoff");
+                    return Ok(Some(client));
+                }
+            },
+            Err(err) if err.is_refusal() => return Err(refused(err)),
+            Err(err) => err,
+        };
+        readiness.set(Stage::EtcdUnreachable(attempt.to_string()));
+        let wait = backoff.next_delay();
+        tracing::warn!(error = %attempt, retry_in = ?wait, "cannot connect to etcd; retrying");
+        if !sleep_or_cancel(wait, shutdown).await {
+            return Ok(None);
+        }
+    }
+}
+
+/// SIGHUP re-reads the config file. A file that does not validate is rejected with its error
+/// and the old jobs kept; a valid one goes to the node, which applies it without giving up its
+/// shards or refuses it if its `[cluster]` or `[etcd]` changed.
+async fn reload_on_hangup(path: PathBuf, reloads: tokio::sync::mpsc::UnboundedSender<Config>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut hangups) = signal(SignalKind::hangup()) else {
+        tracing::error!("cannot install the SIGHUP handler; restart the node to reload jobs.toml");
+        return;
+    };
+    while hangups.recv().await.is_some() {
+        tracing::info!(config = %path.display(), "SIGHUP: reloading jobs.toml");
+        notify::send("RELOADING=1");
+        let reading = path.clone();
+        let loaded = tokio::task::spawn_blocking(move || load_for_node(&reading)).await;
+        // Rejected or not, the node goes on: systemd's reload job ends here either way.
+        notify::send("READY=1");
+        match loaded {
+            Ok(Ok(config)) => {
+                if reloads.send(config).is_err() {
+                    return;
+                }
+            }
+            Ok(Err(err)) => tracing::error!(error = %err, "reload rejected: the old jobs keep running"),
+            Err(err) => tracing::error!(error = %err, "reload failed: the old jobs keep running"),
+        }
+    }
+}
+
+/// Loads the config for a long-running node, at start and on reload, so that the parse leaves
+/// nothing resident behind.
+///
+/// Parsing a 100,000-job `jobs.toml` builds a TOML document many times the size of the jobs,
+/// and the jobs end up scattered between its freed pieces: glibc cannot return a page that still
+/// holds one live job, so the parse's peak would stay resident for the node's whole life
+/// (measured: 226 MiB resident with 100,000 jobs; 47 MiB with this). Parsing on a thread of its
+/// own keeps all of it in that thread's malloc arena; the copy made here is laid out densely,
+/// and once the original is dropped the whole arena is free and handed back.
+fn load_for_node(path: &Path) -> Result<Config> {
+    let parsed = std::thread::scope(|scope| scope.spawn(|| crate::config::load(path)).join())
+        .map_err(|_| anyhow::anyhow!("the config parser panicked"))??;
+    let config = parsed.clone();
+    drop(parsed);
+    memory::trim();
+    Ok(config)
+}

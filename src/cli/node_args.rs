@@ -1,0 +1,184 @@
+//! The options of a running node, shared by `run` and `dev`, and their checks: the listen
+//! address, and API tokens long enough not to be guessed.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Result;
+use clap::Args;
+
+use crate::secrets::{self, Secret, Sources};
+
+/// Options of a running node, shared by `run` and `dev`.
+#[derive(Debug, Args, Clone)]
+pub struct NodeArgs {
+    /// This node's id in etcd and in CRON_NODE. Default: the host name.
+    #[arg(long, env = "SHARDCRON_NODE_ID")]
+    pub node_id: Option<String>,
+    /// etcd endpoints, comma-separated; overrides [etcd] endpoints.
+    #[arg(long, env = "SHARDCRON_ENDPOINTS", value_delimiter = ',')]
+    pub endpoints: Vec<String>,
+    /// On SIGTERM/SIGINT, how long running commands may go on before they are killed (at most
+    /// 1 day).
+    #[arg(long, env = "SHARDCRON_SHUTDOWN_GRACE", default_value = "30s", value_parser = crate::bounds::wait)]
+    pub shutdown_grace: Duration,
+    /// Serve HTTP at HOST:PORT (a bare PORT: on loopback only): /healthz, /readyz, /metrics,
+    /// the JSON API under /api/v1 and the dashboard at /. Also spelled --metrics-addr (and
+    /// SHARDCRON_METRICS_ADDR), its name before it served more than metrics.
+    #[arg(long, env = "SHARDCRON_HTTP_ADDR", value_name = "HOST:PORT", alias = "metrics-addr", value_parser = parse_listen_address)]
+    pub http_addr: Option<std::net::SocketAddr>,
+    /// The most HTTP connections open at once; more wait until one closes. At most half the
+    /// node's descriptor limit is used, so clients never take the descriptors runs need.
+    #[arg(long, env = "SHARDCRON_HTTP_MAX_CONNECTIONS", value_name = "N", default_value_t = shardcron_http_default_connections(), value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    pub http_max_connections: u32,
+    /// Host names HTTP requests may name besides the listen address and loopback (a name, or
+    /// NAME:PORT), comma-separated; requests for any other `Host` get 421.
+    #[arg(
+        long,
+        env = "SHARDCRON_HTTP_ALLOWED_HOSTS",
+        value_name = "HOSTS",
+        value_delimiter = ','
+    )]
+    pub http_allowed_hosts: Vec<String>,
+    /// The environment variable that holds the bearer token API writes (trigger, pause,
+    /// resume) need (at least 16 bytes). Without a token (this, --api-token-file or the systemd
+    /// credential api-token) every write answers 403. Jobs never see the variable.
+    #[arg(
+        long,
+        env = "SHARDCRON_API_TOKEN_ENV",
+        value_name = "VAR",
+        conflicts_with = "api_token_file"
+    )]
+    pub api_token_env: Option<String>,
+    /// A file holding the API's write token, readable by the node's user only (mode 0600 or
+    /// 0400). Without this or --api-token-env, the systemd credential api-token is used if given.
+    #[arg(long, env = "SHARDCRON_API_TOKEN_FILE", value_name = "PATH")]
+    pub api_token_file: Option<PathBuf>,
+    /// The environment variable that holds the bearer token API reads need (at least 16
+    /// bytes); probes and /metrics need none. Without a read token (this, --api-read-token-file
+    /// or the systemd credential api-read-token) reads are open.
+    #[arg(
+        long,
+        env = "SHARDCRON_API_READ_TOKEN_ENV",
+        value_name = "VAR",
+        conflicts_with = "api_read_token_file"
+    )]
+    pub api_read_token_env: Option<String>,
+    /// A file holding the API's read token, readable by the node's user only.
+    #[arg(long, env = "SHARDCRON_API_READ_TOKEN_FILE", value_name = "PATH")]
+    pub api_read_token_file: Option<PathBuf>,
+    /// Log lines as human-readable text or as one JSON object per line.
+    #[arg(long, env = "SHARDCRON_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+impl NodeArgs {
+    /// Where to serve HTTP: `--http-addr`, else the older `SHARDCRON_METRICS_ADDR`.
+    pub fn listen_address(&self) -> Result<Option<std::net::SocketAddr>> {
+        if self.http_addr.is_some() {
+            return Ok(self.http_addr);
+        }
+        match std::env::var("SHARDCRON_METRICS_ADDR") {
+            Ok(value) if !value.trim().is_empty() => parse_listen_address(&value)
+                .map(Some)
+                .map_err(|err| anyhow::anyhow!("SHARDCRON_METRICS_ADDR: {err}")),
+            _ => Ok(None),
+        }
+    }
+
+    /// The API's write token: from the variable `--api-token-env` names, the file
+    /// `--api-token-file` names, or the systemd credential `api-token`.
+    pub fn api_token(&self) -> Result<Option<Secret>> {
+        api_token(Sources {
+            what: "the API token (--api-token-env, --api-token-file, credential api-token)",
+            env: self.api_token_env.as_deref(),
+            file: self.api_token_file.as_deref(),
+            credential: secrets::API_TOKEN_CREDENTIAL,
+        })
+    }
+
+    /// The API's read token, found as the write token is.
+    pub fn api_read_token(&self) -> Result<Option<Secret>> {
+        api_token(Sources {
+            what: "the API read token (--api-read-token-env, --api-read-token-file, credential api-read-token)",
+            env: self.api_read_token_env.as_deref(),
+            file: self.api_read_token_file.as_deref(),
+            credential: secrets::API_READ_TOKEN_CREDENTIAL,
+        })
+    }
+
+    /// The variables that hold the node's secrets, which its jobs must not see.
+    pub fn secret_variables(&self) -> impl Iterator<Item = &str> {
+        [&self.api_token_env, &self.api_read_token_env]
+            .into_iter()
+            .filter_map(|var| var.as_deref())
+    }
+}
+
+/// The shortest API token a node accepts: a short one is guessed by trying.
+pub const MIN_API_TOKEN: usize = 16;
+
+/// A token, with the blanks around it dropped (a stray newline or space is never meant), and
+/// refused if shorter than [`MIN_API_TOKEN`].
+fn api_token(sources: Sources) -> Result<Option<Secret>> {
+    let Some(mut token) = secrets::load(sources)? else {
+        return Ok(None);
+    };
+    token.value = token.value.trim().to_string();
+    anyhow::ensure!(
+        token.value.len() >= MIN_API_TOKEN,
+        "{}: the token from the {} is {} bytes long; it must be at least {MIN_API_TOKEN} (such as `openssl rand -hex 32`)",
+        sources.what,
+        token.origin,
+        token.value.len()
+    );
+    Ok(Some(token))
+}
+
+fn shardcron_http_default_connections() -> u32 {
+    crate::http::DEFAULT_MAX_CONNECTIONS as u32
+}
+
+/// `HOST:PORT`, or a bare `PORT` on loopback: the listener is never public unless asked.
+fn parse_listen_address(value: &str) -> Result<std::net::SocketAddr, String> {
+    if let Ok(port) = value.trim().parse::<u16>() {
+        return Ok(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
+    }
+    value
+        .trim()
+        .parse()
+        .map_err(|_| format!("{value:?} is not HOST:PORT (such as 127.0.0.1:9464) or a port"))
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    #[test]
+    fn an_api_token_is_trimmed_and_must_be_at_least_16_bytes() {
+        let dir = tempfile::tempdir().expect("dir");
+        let token = |text: &str| {
+            let path = dir.path().join("token");
+            std::fs::write(&path, text).expect("write");
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+            api_token(Sources {
+                what: "the test token",
+                env: None,
+                file: Some(&path),
+                credential: "unused",
+            })
+        };
+        let got = token(" 0123456789abcdef \n").expect("16 bytes").expect("a token");
+        assert_eq!(got.value, "0123456789abcdef");
+        let err = token("0123456789abcde\n").expect_err("15 bytes").to_string();
+        assert!(err.contains("15 bytes") && err.contains("at least 16"), "{err}");
+        assert!(!err.contains("0123456789abcde"), "the error shows the token: {err}");
+    }
+}
