@@ -14,8 +14,9 @@ use super::{block_on, ConfigArg, NodeArgs};
 use crate::backoff::{sleep_or_cancel, Backoff};
 use crate::config::Config;
 use crate::etcd_server::EtcdServer;
+use crate::http::Exposure;
 use crate::keys::Keys;
-use crate::node::{self, Exposure, NodeOptions};
+use crate::node::{self, NodeOptions};
 use crate::readiness::{Readiness, Stage};
 use crate::{descriptors, etcd, http, memory, notify, secrets};
 

@@ -19,7 +19,7 @@ use serde_json::json;
 
 use super::Served;
 use crate::config::Job;
-use crate::node::Exposed;
+use crate::http::Exposed;
 
 mod reads;
 mod writes;

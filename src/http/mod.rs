@@ -14,6 +14,7 @@
 //! every request's `Host`, adds the security headers and makes every error JSON.
 
 mod api;
+mod exposure;
 mod guard;
 mod listener;
 mod reads;
@@ -31,9 +32,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Cluster;
 use crate::keys::Keys;
-use crate::node::Exposure;
+
 use crate::readiness::Readiness;
 
+pub(crate) use exposure::Exposed;
+pub use exposure::Exposure;
 pub use listener::{connection_cap, DEFAULT_MAX_CONNECTIONS};
 
 const DASHBOARD: &str = include_str!("dashboard.html");

@@ -6,7 +6,7 @@
 //! (which resigns every shard at once), gives running commands their grace period, then writes
 //! the results still waiting.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
@@ -21,6 +21,7 @@ use crate::config::Config;
 use crate::config::Loaded;
 use crate::context::NodeContext;
 use crate::election;
+use crate::http::{Exposed, Exposure};
 use crate::keys::Keys;
 use crate::pauses::Pauses;
 use crate::readiness::Readiness;
@@ -47,32 +48,6 @@ pub struct NodeOptions {
     pub child_env: Arc<crate::secrets::ChildEnv>,
 }
 
-/// What a running node shows its HTTP API: its etcd client and its jobs, once it has them.
-#[derive(Clone, Default)]
-pub struct Exposure(Arc<OnceLock<Exposed>>);
-
-impl std::fmt::Debug for Exposure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.get().is_some() {
-            "Exposure(running)"
-        } else {
-            "Exposure(not yet)"
-        })
-    }
-}
-
-pub(crate) struct Exposed {
-    pub(crate) client: etcd_client::Client,
-    /// Changes when a reload replaces the node's jobs.
-    pub(crate) jobs: watch::Receiver<Arc<Loaded>>,
-}
-
-impl Exposure {
-    pub(crate) fn get(&self) -> Option<&Exposed> {
-        self.0.get()
-    }
-}
-
 /// Runs the node until `shutdown` is cancelled. Coordination failures are retried forever; only
 /// a shutdown ends this. Each validated config on `reloads` with the same `[cluster]` and
 /// `[etcd]` replaces the jobs at the next quiet moment of every term, without giving up a shard.
@@ -96,7 +71,7 @@ pub async fn run(
     let cluster = config.cluster.clone();
     let etcd = config.etcd.clone();
     let (loaded_sender, loaded) = watch::channel(Arc::new(Loaded::new(config)));
-    let _ = options.exposure.0.set(Exposed {
+    options.exposure.fill(Exposed {
         client: client.clone(),
         jobs: loaded.clone(),
     });

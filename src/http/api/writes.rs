@@ -14,8 +14,8 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::{bad_request, etcd_failed, known_job, no_wildcard, Answer, Failure};
+use crate::http::Exposed;
 use crate::http::{App, Served};
-use crate::node::Exposed;
 
 impl Served {
     /// What a write to job `name` needs first: the token, a connected node, the job, and the
