@@ -39,11 +39,12 @@
 //! - `env_file`: a job's own secrets, read from its `env_file` at each run.
 //!
 //! Running jobs:
-//! - `runner`: one tick's command in its own process group, with retries.
+//! - `runs`: this node's runs: overlap policies, late-run permits, shutdown grace; each tick's
+//!   log lines in a `run` span (job, tick, fence).
+//! - `runner`: one tick's command in its own process group, with retries, each attempt in an
+//!   `attempt` span.
 //! - `gate`: the child's own lease check right before its command, which keeps the spawn a
 //!   `posix_spawn`.
-//! - `spawner`: the threads that start commands, with a descriptor table of their own.
-//! - `runs`: this node's runs: overlap policies, shutdown grace.
 //! - `results`: run results riding on claims, the rest written after a short window.
 //!
 //! The node:
@@ -100,7 +101,6 @@ pub mod schedule;
 pub mod secrets;
 mod session;
 pub mod shard;
-mod spawner;
 mod spread;
 mod starts;
 pub mod status;
