@@ -59,6 +59,8 @@
 //! - [`etcd_server`]: a throwaway local etcd for `dev` (and, with `test-support`, for tests).
 //! - [`cli`]: the command line.
 //! - [`descriptors`]: the descriptor limit, raised at start, and spawns that hit it.
+//! - [`log_format`]: `--log-format json`, with the fields of a line's spans (a run's job, tick
+//!   and fence) among its own.
 //! - [`memory`]: keeping the resident size near the live heap (malloc arenas, periodic trim).
 pub mod assignment;
 pub mod backoff;
@@ -84,6 +86,7 @@ mod joining;
 pub mod keys;
 mod leader;
 mod ledger;
+pub mod log_format;
 pub mod memory;
 pub mod metrics;
 mod mirror;
