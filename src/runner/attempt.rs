@@ -25,9 +25,10 @@ use crate::starts::StartTicket;
 const MAX_GATE_REFUSALS: u32 = 3;
 
 /// How long past the lease deadline written into its gate the node waits for a child's first
-/// line. After the deadline the child's check can no longer pass: a child silent this long is
-/// stopped or starved, and is killed before it can run the command that late.
-const GATE_SLACK: Duration = Duration::from_secs(1);
+/// line. After the deadline the child's check can no longer pass, and a child that is merely
+/// slow to start refuses by itself; one silent this long is stopped or starved, and is killed
+/// before it can run the command that late.
+const GATE_SLACK: Duration = Duration::from_secs(5);
 
 /// One attempt of `tick`; `None` if it may not start: the first attempt's `ticket` or, for a
 /// retry, the leadership says no, checked with nothing between the check and the spawn.
@@ -197,47 +198,50 @@ impl Attempt<'_> {
                     .await
                     .is_ok();
             if !answered {
-                return self.too_late(child, reader, line).await;
-            }
-            if output::is_gate_line(&line) {
-                return Start::Running(Box::new((child, stdout)));
-            }
-            let status = child.wait().await;
-            if status.as_ref().is_ok_and(|status| status.code() == Some(gate::REFUSED)) {
-                // The deadline the child checked was the one at the spawn: a renewal since may
-                // have moved it. While the leadership lasts the tick is still this node's to
-                // start; left owed, it would wait for the next leader, maybe for days.
-                refusals += 1;
-                if refusals <= MAX_GATE_REFUSALS && starts.may_spawn() {
-                    tracing::info!(
-                        refusals,
-                        "the child's lease check refused, and the lease has been renewed since: spawning it again"
-                    );
-                    continue;
+                if let Some(ended) = Self::too_late(child, reader, line).await {
+                    return ended;
                 }
-                tracing::warn!("the lease may have expired before the command could run: not run");
-                return Start::NotRun;
+            } else if output::is_gate_line(&line) {
+                return Start::Running(Box::new((child, stdout)));
+            } else {
+                let status = child.wait().await;
+                if !status.as_ref().is_ok_and(|status| status.code() == Some(gate::REFUSED)) {
+                    // The shell could not even read the line the gate shares with the command.
+                    tracing::warn!(status = ?status, "the shell ended before running the command; check its first line");
+                    return Start::Ended(Outcome::Exited, status.ok().and_then(|status| status.code()));
+                }
             }
-            // The shell could not even read the line the gate shares with the command.
-            tracing::warn!(status = ?status, "the shell ended before running the command; check its first line");
-            return Start::Ended(Outcome::Exited, status.ok().and_then(|status| status.code()));
+            // The deadline the child checked was the one at the spawn: a renewal since may have
+            // moved it. While the leadership lasts the tick is still this node's to start; left
+            // owed, it would wait for the next leader, maybe for days.
+            refusals += 1;
+            if refusals <= MAX_GATE_REFUSALS && starts.may_spawn() {
+                tracing::info!(
+                    refusals,
+                    "the child's lease check refused, and the lease has been renewed since: spawning it again"
+                );
+                continue;
+            }
+            tracing::warn!("the lease may have expired before the command could run: not run");
+            return Start::NotRun;
         }
     }
 
     /// The child said nothing until past the deadline its gate checks: it is killed before it
     /// can run the command that late. If its gate's line reached the pipe before the kill, the
-    /// command did start, and the attempt ends `killed`; otherwise it never ran.
-    async fn too_late(&self, mut child: Child, stdout: &mut BufReader<ChildStdout>, mut line: Vec<u8>) -> Start {
+    /// command did start, and the attempt ends `killed`; `None` if it never ran, which is a
+    /// refusal like the child's own.
+    async fn too_late(mut child: Child, stdout: &mut BufReader<ChildStdout>, mut line: Vec<u8>) -> Option<Start> {
         child.signal_group(Signal::KILL);
         let _ = child.wait().await;
         // The whole group is gone, so the pipe is at its end once what they wrote is read.
         let _ = tokio::time::timeout(Duration::from_secs(1), output::first_line(stdout, &mut line)).await;
         if output::is_gate_line(&line) {
             tracing::warn!(waited_past_deadline = ?GATE_SLACK, "the child passed its lease check but answered too late: SIGKILL to the process group");
-            return Start::Ended(Outcome::Killed, None);
+            return Some(Start::Ended(Outcome::Killed, None));
         }
-        tracing::warn!(waited_past_deadline = ?GATE_SLACK, "the child did not reach its lease check before the lease's deadline: killed, not run");
-        Start::NotRun
+        tracing::warn!(waited_past_deadline = ?GATE_SLACK, "the child did not reach its lease check before the lease's deadline: SIGKILL to the process group");
+        None
     }
 }
 
