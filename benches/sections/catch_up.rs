@@ -24,24 +24,9 @@ pub(crate) fn bench_catch_up(jobs: usize, hours: i64, watch: Duration) {
         .args(&["--metrics-addr", &format!("127.0.0.1:{port}")])
         .env(&[("SHARDCRON_LOG", "info")])
         .start();
-    // A scrape renders three gauges per job (300,000 series at 100,000 jobs): the node is
-    // scraped every 10 s, as a Prometheus would, and the first claim is read from its log.
-    let mut samples = Vec::new();
-    let mut page = String::new();
-    let mut next_sample = Duration::from_secs(10);
-    while started.elapsed() < watch {
-        std::thread::sleep(next_sample.saturating_sub(started.elapsed()));
-        page = metrics_page(port);
-        samples.push((
-            started.elapsed().as_secs_f64(),
-            metric(&page, "shardcron_catch_up_runs_total"),
-            metric(&page, "shardcron_run_duration_seconds_count"),
-            world.nodes[0].rss_mib(),
-            metric(&page, "shardcron_results_unwritten") + metric(&page, "shardcron_history_unwritten"),
-        ));
-        next_sample += Duration::from_secs(10);
-    }
+    let (samples, page) = scrape_every_10s(&world, port, started, watch);
     let start_seconds = started_at.timestamp_millis() as f64 / 1000.0;
+    // The first claim is read from the node's log.
     let log = world.nodes[0].log_text();
     let first = |needle: &str| log_times(&log, needle).map(|at| at - start_seconds).reduce(f64::min);
     let first_claim = first("catching up missed ticks");
@@ -58,11 +43,7 @@ pub(crate) fn bench_catch_up(jobs: usize, hours: i64, watch: Duration) {
         "{owed} ticks are owed (at most 100 per job). Watched for {} s.\n",
         watch.as_secs()
     );
-    println!("| after | missed ticks claimed | runs finished | results and history entries not in etcd yet | resident memory |");
-    println!("|---|---|---|---|---|");
-    for (at, claimed, finished, rss, unwritten) in &samples {
-        println!("| {at:.0} s | {claimed:.0} | {finished:.0} | {unwritten:.0} | {rss:.0} MiB |");
-    }
+    print_samples(&samples);
     let finished = metric(&page, "shardcron_run_duration_seconds_count");
     let elapsed = started.elapsed().as_secs_f64();
     let rate = samples
@@ -104,4 +85,38 @@ pub(crate) fn bench_catch_up(jobs: usize, hours: i64, watch: Duration) {
         "| session losses | {} | 0 |",
         metric(&page, "shardcron_session_losses_total")
     );
+}
+
+/// Seconds since the start, missed ticks claimed, runs finished, resident MiB, and results and
+/// history entries not in etcd yet.
+type Sample = (f64, f64, f64, f64, f64);
+
+/// Scrapes the node on `port` every 10 s until `watch` after `started`, as a Prometheus would: a
+/// scrape renders three gauges per job (300,000 series at 100,000 jobs). The samples and the
+/// last page.
+fn scrape_every_10s(world: &World, port: u16, started: Instant, watch: Duration) -> (Vec<Sample>, String) {
+    let mut samples = Vec::new();
+    let mut page = String::new();
+    let mut next_sample = Duration::from_secs(10);
+    while started.elapsed() < watch {
+        std::thread::sleep(next_sample.saturating_sub(started.elapsed()));
+        page = metrics_page(port);
+        samples.push((
+            started.elapsed().as_secs_f64(),
+            metric(&page, "shardcron_catch_up_runs_total"),
+            metric(&page, "shardcron_run_duration_seconds_count"),
+            world.nodes[0].rss_mib(),
+            metric(&page, "shardcron_results_unwritten") + metric(&page, "shardcron_history_unwritten"),
+        ));
+        next_sample += Duration::from_secs(10);
+    }
+    (samples, page)
+}
+
+fn print_samples(samples: &[Sample]) {
+    println!("| after | missed ticks claimed | runs finished | results and history entries not in etcd yet | resident memory |");
+    println!("|---|---|---|---|---|");
+    for (at, claimed, finished, rss, unwritten) in samples {
+        println!("| {at:.0} s | {claimed:.0} | {finished:.0} | {unwritten:.0} | {rss:.0} MiB |");
+    }
 }

@@ -14,7 +14,6 @@ pub(crate) fn closed_by_node(stream: &std::net::TcpStream) -> bool {
 /// request head a byte a second (the other half), reconnecting whenever the node closes one,
 /// for `seconds`, beside 20 per-second jobs: ticks run and missed, and `/healthz` answer times.
 pub(crate) fn bench_clients(connections: usize, seconds: u64) {
-    use std::io::Write;
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::sync::Arc;
 
@@ -33,33 +32,7 @@ pub(crate) fn bench_clients(connections: usize, seconds: u64) {
         .map(|thread| {
             let (stop, opened) = (Arc::clone(&stop), Arc::clone(&opened));
             let slow = thread % 2 == 1;
-            std::thread::spawn(move || {
-                let address = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-                let mut held: Vec<std::net::TcpStream> = Vec::new();
-                let mut last_byte = Instant::now();
-                while !stop.load(Ordering::Relaxed) {
-                    held.retain(|stream| !closed_by_node(stream));
-                    while held.len() < connections / threads {
-                        match std::net::TcpStream::connect_timeout(&address, Duration::from_millis(200)) {
-                            Ok(mut stream) => {
-                                if slow {
-                                    let _ = stream.write_all(b"GET /healthz HTTP/1.1\r\n");
-                                }
-                                opened.fetch_add(1, Ordering::Relaxed);
-                                held.push(stream);
-                            }
-                            Err(_) => break,
-                        }
-                    }
-                    if slow && last_byte.elapsed() >= Duration::from_secs(1) {
-                        for stream in &mut held {
-                            let _ = stream.write_all(b"X");
-                        }
-                        last_byte = Instant::now();
-                    }
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-            })
+            std::thread::spawn(move || hold_connections(port, connections / threads, slow, &stop, &opened))
         })
         .collect();
     let from = now_secs();
@@ -91,18 +64,7 @@ pub(crate) fn bench_clients(connections: usize, seconds: u64) {
     });
     let runs = world.runs();
     let (first, last) = (from.ceil() as i64, to.floor() as i64);
-    let mut missed = 0;
-    let mut doubled = 0;
-    for name in &names {
-        for tick in first..last {
-            let count = runs
-                .iter()
-                .filter(|run| &run.job == name && run.tick.timestamp() == tick)
-                .count();
-            missed += usize::from(count == 0);
-            doubled += count.saturating_sub(1);
-        }
-    }
+    let (missed, doubled) = missed_and_doubled(&runs, &names, first, last);
     answered.sort_by(f64::total_cmp);
     println!("\n### {connections} idle and slow-header clients for {seconds} s beside 20 per-second jobs\n");
     println!("Half the clients send nothing, half a request head a byte a second; each reconnects when the node closes it.\n");
@@ -127,4 +89,60 @@ pub(crate) fn bench_clients(connections: usize, seconds: u64) {
         ms(percentile(&answered, 99.0)),
         ms(percentile(&answered, 100.0))
     );
+}
+
+/// One client thread's share: holds `connections` to the node on `port`, reconnecting whenever
+/// the node closes one, and if `slow` trickles a request head a byte a second; until `stop`.
+fn hold_connections(
+    port: u16,
+    connections: usize,
+    slow: bool,
+    stop: &std::sync::atomic::AtomicBool,
+    opened: &std::sync::atomic::AtomicUsize,
+) {
+    use std::io::Write;
+    use std::sync::atomic::Ordering;
+
+    let address = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let mut held: Vec<std::net::TcpStream> = Vec::new();
+    let mut last_byte = Instant::now();
+    while !stop.load(Ordering::Relaxed) {
+        held.retain(|stream| !closed_by_node(stream));
+        while held.len() < connections {
+            match std::net::TcpStream::connect_timeout(&address, Duration::from_millis(200)) {
+                Ok(mut stream) => {
+                    if slow {
+                        let _ = stream.write_all(b"GET /healthz HTTP/1.1\r\n");
+                    }
+                    opened.fetch_add(1, Ordering::Relaxed);
+                    held.push(stream);
+                }
+                Err(_) => break,
+            }
+        }
+        if slow && last_byte.elapsed() >= Duration::from_secs(1) {
+            for stream in &mut held {
+                let _ = stream.write_all(b"X");
+            }
+            last_byte = Instant::now();
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Of each job's ticks from `first` up to `last` (seconds): how many never ran, and how many
+/// runs came after a tick's first.
+fn missed_and_doubled(runs: &[Run], names: &[String], first: i64, last: i64) -> (usize, usize) {
+    let (mut missed, mut doubled) = (0, 0);
+    for name in names {
+        for tick in first..last {
+            let count = runs
+                .iter()
+                .filter(|run| &run.job == name && run.tick.timestamp() == tick)
+                .count();
+            missed += usize::from(count == 0);
+            doubled += count.saturating_sub(1);
+        }
+    }
+    (missed, doubled)
 }

@@ -91,20 +91,8 @@ pub(crate) fn render_timeline(
     end: f64,
     events: &[(f64, String)],
 ) -> String {
-    const LEFT: f64 = 90.0;
-    const TOP: f64 = 40.0;
-    const ROW: f64 = 28.0;
-    const PER_SECOND: f64 = 18.0;
-    let colours = [("a", "#1f77b4"), ("b", "#2ca02c"), ("c", "#ff7f0e")];
-    let colour = |node: &str| {
-        colours
-            .iter()
-            .find(|(id, _)| *id == node)
-            .map_or("#7f7f7f", |(_, colour)| colour)
-    };
     let width = LEFT + end * PER_SECOND + 30.0;
     let height = TOP + ROW * names.len() as f64 + 60.0;
-    let x = |seconds: f64| LEFT + seconds * PER_SECOND;
     let mut svg = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width:.0}\" height=\"{height:.0}\" font-family=\"sans-serif\" font-size=\"11\">\n\
          <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
@@ -119,51 +107,7 @@ pub(crate) fn render_timeline(
         ));
     }
     for (row, name) in names.iter().enumerate() {
-        let y = TOP + ROW * row as f64 + ROW / 2.0;
-        let shard = runs.iter().find(|run| &run.job == name).map_or(0, |run| run.shard);
-        svg.push_str(&format!(
-            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{name} (shard {shard})</text>\n",
-            LEFT - 6.0,
-            y + 4.0
-        ));
-        let mut counts: std::collections::BTreeMap<i64, usize> = std::collections::BTreeMap::new();
-        for run in runs.iter().filter(|run| &run.job == name) {
-            *counts.entry(run.tick.timestamp()).or_default() += 1;
-        }
-        for run in runs.iter().filter(|run| &run.job == name) {
-            let at = run.started - origin;
-            if !(0.0..end).contains(&at) {
-                continue;
-            }
-            let doubled = counts[&run.tick.timestamp()] > 1;
-            svg.push_str(&format!(
-                "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"4\" height=\"{:.1}\" fill=\"{}\"{}><title>{} tick {} fence {} node {} started +{:.3} s</title></rect>\n",
-                x(at) - 2.0,
-                y - ROW / 3.0,
-                ROW * 2.0 / 3.0,
-                colour(&run.node),
-                match (doubled, run.lateness() > 0.5) {
-                    (true, _) => " stroke=\"red\" stroke-width=\"2\"",
-                    (false, true) => " fill-opacity=\"0.45\"",
-                    (false, false) => "",
-                },
-                run.job,
-                run.tick.to_rfc3339(),
-                run.fence,
-                run.node,
-                run.lateness()
-            ));
-        }
-        for second in 0..end as i64 {
-            let tick = origin as i64 + second;
-            if !counts.contains_key(&tick) {
-                svg.push_str(&format!(
-                    "<text x=\"{:.1}\" y=\"{:.1}\" fill=\"red\" text-anchor=\"middle\" font-weight=\"bold\">×</text>\n",
-                    x(second as f64),
-                    y + 4.0
-                ));
-            }
-        }
+        svg.push_str(&job_row(runs, name, TOP + ROW * row as f64 + ROW / 2.0, origin, end));
     }
     for (at, label) in events {
         let at_x = x(*at);
@@ -176,7 +120,7 @@ pub(crate) fn render_timeline(
         ));
     }
     let legend_y = TOP + ROW * names.len() as f64 + 36.0;
-    for (index, (id, fill)) in colours.iter().enumerate() {
+    for (index, (id, fill)) in COLOURS.iter().enumerate() {
         let at = LEFT + index as f64 * 90.0;
         svg.push_str(&format!(
             "<rect x=\"{at:.1}\" y=\"{:.1}\" width=\"10\" height=\"10\" fill=\"{fill}\"/><text x=\"{:.1}\" y=\"{legend_y:.1}\">node {id}</text>\n",
@@ -185,5 +129,74 @@ pub(crate) fn render_timeline(
         ));
     }
     svg.push_str("</svg>\n");
+    svg
+}
+
+const LEFT: f64 = 90.0;
+const TOP: f64 = 40.0;
+const ROW: f64 = 28.0;
+const PER_SECOND: f64 = 18.0;
+const COLOURS: [(&str, &str); 3] = [("a", "#1f77b4"), ("b", "#2ca02c"), ("c", "#ff7f0e")];
+
+fn colour(node: &str) -> &'static str {
+    COLOURS
+        .iter()
+        .find(|(id, _)| *id == node)
+        .map_or("#7f7f7f", |(_, colour)| colour)
+}
+
+/// Where `seconds` after the origin is drawn.
+fn x(seconds: f64) -> f64 {
+    LEFT + seconds * PER_SECOND
+}
+
+/// One job's row at height `y`: its name, a mark per run, and a red cross per tick it missed.
+fn job_row(runs: &[Run], name: &str, y: f64, origin: f64, end: f64) -> String {
+    let mut svg = String::new();
+    let shard = runs.iter().find(|run| run.job == name).map_or(0, |run| run.shard);
+    svg.push_str(&format!(
+        "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{name} (shard {shard})</text>\n",
+        LEFT - 6.0,
+        y + 4.0
+    ));
+    let mut counts: std::collections::BTreeMap<i64, usize> = std::collections::BTreeMap::new();
+    for run in runs.iter().filter(|run| run.job == name) {
+        *counts.entry(run.tick.timestamp()).or_default() += 1;
+    }
+    for run in runs.iter().filter(|run| run.job == name) {
+        let at = run.started - origin;
+        if !(0.0..end).contains(&at) {
+            continue;
+        }
+        let doubled = counts[&run.tick.timestamp()] > 1;
+        svg.push_str(&format!(
+            "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"4\" height=\"{:.1}\" fill=\"{}\"{}><title>{} tick {} fence {} node {} started +{:.3} s</title></rect>\n",
+            x(at) - 2.0,
+            y - ROW / 3.0,
+            ROW * 2.0 / 3.0,
+            colour(&run.node),
+            match (doubled, run.lateness() > 0.5) {
+                (true, _) => " stroke=\"red\" stroke-width=\"2\"",
+                (false, true) => " fill-opacity=\"0.45\"",
+                (false, false) => "",
+            },
+            run.job,
+            run.tick.to_rfc3339(),
+            run.fence,
+            run.node,
+            run.lateness()
+        ));
+    }
+    for second in 0..end as i64 {
+        let tick = origin as i64 + second;
+        if !counts.contains_key(&tick) {
+            svg.push_str(&format!(
+                "<text x=\"{:.1}\" y=\"{:.1}\" fill=\"red\" text-anchor=\"middle\" font-weight=\"bold\">×</text>\n",
+                x(second as f64),
+                y + 4.0
+            ));
+        }
+    }
+
     svg
 }
