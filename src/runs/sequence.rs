@@ -2,6 +2,7 @@
 //! in its own span: a late-run permit, the checks that may settle it without a run, the start
 //! ticket, the run and its record.
 
+use std::future::Future;
 use std::sync::Arc;
 
 use tokio::sync::{Mutex, OwnedMutexGuard, OwnedSemaphorePermit};
@@ -13,7 +14,6 @@ use super::{not_run, Entry, Runs, LATE_PERMIT_HOLD};
 use crate::clock;
 use crate::record::{Outcome, RunRecord};
 use crate::runner::{self, Tick};
-use crate::starts::StartTicket;
 
 /// The job's turn, held by a sequence while it runs its ticks.
 struct Turn {
@@ -152,7 +152,12 @@ impl Runs {
             caught_up: tick.caught_up,
         };
         self.mark_running(&job.name, Some(running));
-        let record = self.run_holding(&tick, &turn.replace, ticket, late).await;
+        let stops = runner::Stops {
+            kill: &self.kill,
+            replace: &turn.replace,
+        };
+        let run = runner::run(&tick, &stops, ticket, &self.child_env);
+        let record = holding_permit(run, late).await;
         self.took(&job.name, clock::now() - since);
         match record {
             Some(record) => self.report(&tick, record),
@@ -170,32 +175,24 @@ impl Runs {
         self.late_taken_up();
         permit
     }
+}
 
-    /// Runs `tick`, giving its late permit back once the run has gone on for
-    /// [`LATE_PERMIT_HOLD`].
-    async fn run_holding(
-        &self,
-        tick: &Tick,
-        replace: &CancellationToken,
-        ticket: Option<StartTicket>,
-        late: Option<OwnedSemaphorePermit>,
-    ) -> Option<RunRecord> {
-        let stops = runner::Stops {
-            kill: &self.kill,
-            replace,
-        };
-        let run = runner::run(tick, &stops, ticket, &self.child_env);
-        let Some(permit) = late else {
-            return run.await;
-        };
-        tokio::pin!(run);
-        tokio::select! {
-            record = &mut run => record,
-            _ = tokio::time::sleep(LATE_PERMIT_HOLD) => {
-                drop(permit);
-                tracing::info!(held_s = LATE_PERMIT_HOLD.as_secs(), "a late run still going gives its permit back: the node's other backlogs go on beside it");
-                run.await
-            }
+/// Runs `run`; a late tick's `permit` is given back once the run has gone on for
+/// [`LATE_PERMIT_HOLD`].
+async fn holding_permit(
+    run: impl Future<Output = Option<RunRecord>>,
+    permit: Option<OwnedSemaphorePermit>,
+) -> Option<RunRecord> {
+    let Some(permit) = permit else {
+        return run.await;
+    };
+    tokio::pin!(run);
+    tokio::select! {
+        record = &mut run => record,
+        _ = tokio::time::sleep(LATE_PERMIT_HOLD) => {
+            drop(permit);
+            tracing::info!(held_s = LATE_PERMIT_HOLD.as_secs(), "a late run still going gives its permit back: the node's other backlogs go on beside it");
+            run.await
         }
     }
 }
