@@ -39,11 +39,12 @@
 //! - `env_file`: a job's own secrets, read from its `env_file` at each run.
 //!
 //! Running jobs:
-//! - `runner`: one tick's command in its own process group, with retries.
+//! - `runs`: this node's runs: overlap policies, late-run permits, shutdown grace; each tick's
+//!   log lines in a `run` span (job, tick, fence).
+//! - `runner`: one tick's command in its own process group, with retries, each attempt in an
+//!   `attempt` span.
 //! - `gate`: the child's own lease check right before its command, which keeps the spawn a
 //!   `posix_spawn`.
-//! - `spawner`: the threads that start commands, with a descriptor table of their own.
-//! - `runs`: this node's runs: overlap policies, shutdown grace.
 //! - `results`: run results riding on claims, the rest written after a short window.
 //!
 //! The node:
@@ -58,6 +59,8 @@
 //! - [`etcd_server`]: a throwaway local etcd for `dev` (and, with `test-support`, for tests).
 //! - [`cli`]: the command line.
 //! - [`descriptors`]: the descriptor limit, raised at start, and spawns that hit it.
+//! - [`log_format`]: `--log-format json`, with the fields of a line's spans (a run's job, tick
+//!   and fence) among its own.
 //! - [`memory`]: keeping the resident size near the live heap (malloc arenas, periodic trim).
 pub mod assignment;
 pub mod backoff;
@@ -83,6 +86,7 @@ mod joining;
 pub mod keys;
 mod leader;
 mod ledger;
+pub mod log_format;
 pub mod memory;
 pub mod metrics;
 mod mirror;
@@ -100,7 +104,6 @@ pub mod schedule;
 pub mod secrets;
 mod session;
 pub mod shard;
-mod spawner;
 mod spread;
 mod starts;
 pub mod status;

@@ -68,8 +68,11 @@ fn init_logging(format: LogFormat) -> tracing_appender::non_blocking::WorkerGuar
     let _ = match format {
         LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).try_init(),
         // One object per line: the event's fields (job, tick, stream, fence...) are keys of
-        // `fields`, the message is `fields.message`.
-        LogFormat::Json => builder.json().with_current_span(false).try_init(),
+        // `fields`, its spans' fields too, and the message is `fields.message`.
+        LogFormat::Json => builder
+            .fmt_fields(shardcron::log_format::span_fields())
+            .event_format(shardcron::log_format::JsonWithSpans)
+            .try_init(),
     };
     guard
 }

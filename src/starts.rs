@@ -187,12 +187,6 @@ impl Starts {
         !self.leading.is_cancelled() && self.session.check_live()
     }
 
-    /// [`Starts::may_spawn`] for a check made off the runtime: a lease found expired does not
-    /// lose the session here, which would wake tasks.
-    pub(crate) fn may_spawn_quietly(&self) -> bool {
-        !self.leading.is_cancelled() && self.session.is_live()
-    }
-
     /// Until when, by this node's own monotonic clock, the lease holds: a command may be
     /// executed only before this instant.
     pub(crate) fn lease_deadline(&self) -> std::time::Instant {
