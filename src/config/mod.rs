@@ -16,6 +16,7 @@ mod model;
 mod pieces;
 mod raw;
 mod validate;
+mod validate_job;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -28,7 +29,8 @@ use error::Source;
 pub(crate) use loaded::Loaded;
 pub use model::*;
 use raw::{RawFile, RawJobs};
-use validate::{validate_cluster, validate_etcd, validate_job};
+use validate::{validate_cluster, validate_etcd};
+use validate_job::validate_job;
 
 use crate::schedule::Schedule;
 
