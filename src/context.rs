@@ -5,12 +5,12 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::claims::ClaimLead;
-use crate::config::Loaded;
-use crate::keys::Keys;
-use crate::results::ResultQueue;
-use crate::runs::Runs;
-use crate::starts::StartedHere;
+use crate::coord::claims::ClaimLead;
+use crate::coord::keys::Keys;
+use crate::coord::results::ResultQueue;
+use crate::coord::starts::StartedHere;
+use crate::rules::config::Loaded;
+use crate::running::runs::Runs;
 
 /// The node's identity, jobs and runs. Shared as an `Arc` by every task of the node, so a term
 /// holds one pointer instead of copies of each part.
@@ -23,9 +23,9 @@ pub(crate) struct NodeContext {
     pub(crate) jobs: watch::Receiver<Arc<Loaded>>,
     pub(crate) runs: Runs,
     /// The pauses every node sees, kept current by a watch while the node has a session.
-    pub(crate) pauses: Arc<crate::pauses::Pauses>,
+    pub(crate) pauses: Arc<crate::coord::pauses::Pauses>,
     /// Runs asked for by hand that no leader took yet, mirrored from etcd.
-    pub(crate) triggers: Arc<crate::triggers::Triggers>,
+    pub(crate) triggers: Arc<crate::coord::triggers::Triggers>,
     /// Finished runs' results waiting to be written, for claims of their shard to carry.
     pub(crate) results: Arc<ResultQueue>,
     pub(crate) claim_lead: ClaimLead,
@@ -33,7 +33,7 @@ pub(crate) struct NodeContext {
     pub(crate) started_here: Arc<StartedHere>,
     /// The election requests of single shards (campaigns after a handoff, resigns) go through
     /// it: a few at a time, paused while etcd pushes back.
-    pub(crate) elections: crate::election::Admission,
+    pub(crate) elections: crate::coord::election::Admission,
     /// The root of the cancellation tree: signals cancel it.
     pub(crate) shutdown: CancellationToken,
 }

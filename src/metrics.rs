@@ -1,4 +1,4 @@
-//! Prometheus metrics of this node; [`crate::http`] serves them at `/metrics`.
+//! Prometheus metrics of this node; [`crate::serving::http`] serves them at `/metrics`.
 //!
 //! The metrics are process-wide, like the log: every part of the node counts into the one
 //! [`Metrics`] that [`get`] returns, whether or not `--http-addr` serves them.
@@ -12,7 +12,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-use crate::record::{Outcome, RunRecord};
+use crate::rules::record::{Outcome, RunRecord};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct JobLabel {
@@ -338,7 +338,7 @@ mod tests {
             duration_ms: 20,
             finished_at: chrono::DateTime::UNIX_EPOCH,
             attempts: 1,
-            trigger: crate::record::Trigger::Schedule,
+            trigger: crate::rules::record::Trigger::Schedule,
         };
         let metrics = Metrics::new();
         metrics.record_run("metrics-test", &record(Outcome::Exited, Some(0)));

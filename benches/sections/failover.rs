@@ -15,7 +15,7 @@ pub(crate) fn failover_trial(ttl: u64, signal: libc::c_int) -> Trial {
     let config = world.write_config("jobs.toml", 1, ttl, &[("tick", "* * * * * *", "catch_up = \"all\"")]);
     world.node("a", &config).start();
     world.node("b", &config).start();
-    let target = shardcron::assignment::assign(1, &["a", "b"])[0]
+    let target = shardcron::rules::assignment::assign(1, &["a", "b"])[0]
         .clone()
         .expect("a target");
     wait_for(

@@ -90,7 +90,7 @@ pub(crate) fn bench_read_path(jobs: usize) {
 /// Writes a claim and a result for each of `jobs` generated jobs into the etcd at `url`, both
 /// newer than any of their yearly ticks (so no node catches one up); returns the MiB written.
 pub(crate) fn seed_run_records(url: &str, jobs: usize) -> f64 {
-    use shardcron::record::{Claim, Outcome, RunRecord, Trigger};
+    use shardcron::rules::record::{Claim, Outcome, RunRecord, Trigger};
     let now = Utc::now();
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     runtime.block_on(async {

@@ -7,9 +7,9 @@ use anyhow::{Context, Result};
 use chrono::{DateTime, SecondsFormat, Utc};
 use clap::Args;
 
-use crate::config::{self, Config};
-use crate::etcd;
-use crate::keys::Keys;
+use crate::coord::etcd;
+use crate::coord::keys::Keys;
+use crate::rules::config::{self, Config};
 
 #[derive(Debug, Args)]
 pub struct ConfigArg {

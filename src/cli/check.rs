@@ -9,9 +9,9 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use clap::Args;
 
 use super::{format_instant, parse_instant, ConfigArg};
-use crate::config::{self, Config};
-use crate::plan;
-use crate::schedule::{parse_zone, Schedule, ScheduleError};
+use crate::rules::config::{self, Config};
+use crate::rules::plan;
+use crate::rules::schedule::{parse_zone, Schedule, ScheduleError};
 
 #[derive(Debug, Args)]
 pub struct CheckArgs {
@@ -51,7 +51,7 @@ pub struct PlanArgs {
     #[arg(long, conflicts_with = "for_")]
     pub to: Option<String>,
     /// Length of the window instead of --to, such as 90m or 7d (at most 100 years).
-    #[arg(long = "for", id = "for_", value_name = "DURATION", value_parser = crate::bounds::window)]
+    #[arg(long = "for", id = "for_", value_name = "DURATION", value_parser = crate::rules::bounds::window)]
     pub for_: Option<Duration>,
     /// Only this job; repeat for several. Default: every job.
     #[arg(long = "job", value_name = "NAME")]

@@ -10,10 +10,10 @@ use chrono::{DateTime, Utc};
 use clap::Args;
 
 use super::{block_on, parse_instant, print, ClusterArg};
-use crate::config::Config;
-use crate::pauses::{self, Pause, PauseRefused, EVERY_JOB};
-use crate::record::Outcome;
-use crate::triggers;
+use crate::coord::pauses::{self, Pause, PauseRefused, EVERY_JOB};
+use crate::coord::triggers;
+use crate::rules::config::Config;
+use crate::rules::record::Outcome;
 
 #[derive(Debug, Args)]
 pub struct TriggerArgs {
@@ -26,7 +26,7 @@ pub struct TriggerArgs {
     #[arg(long)]
     pub wait: bool,
     /// How long a leader has to take the request before it is withdrawn (exit 1; at most 1 day).
-    #[arg(long, default_value = "10s", value_parser = crate::bounds::wait)]
+    #[arg(long, default_value = "10s", value_parser = crate::rules::bounds::wait)]
     pub timeout: Duration,
 }
 
@@ -44,7 +44,7 @@ pub struct PauseArgs {
     #[arg(long, conflicts_with = "for_")]
     pub until: Option<String>,
     /// End the pause by itself after this long, such as 2h (at most 100 years).
-    #[arg(long = "for", id = "for_", value_name = "DURATION", value_parser = crate::bounds::window)]
+    #[arg(long = "for", id = "for_", value_name = "DURATION", value_parser = crate::rules::bounds::window)]
     pub for_: Option<Duration>,
     /// Why: shown by `status` and logged by the nodes.
     #[arg(long)]

@@ -12,13 +12,13 @@ use tokio_util::sync::CancellationToken;
 use super::args::endpoints;
 use super::{block_on, ConfigArg, NodeArgs};
 use crate::backoff::{sleep_or_cancel, Backoff};
-use crate::config::Config;
+use crate::coord::keys::Keys;
 use crate::etcd_server::EtcdServer;
-use crate::http::Exposure;
-use crate::keys::Keys;
 use crate::node::{self, NodeOptions};
 use crate::readiness::{Readiness, Stage};
-use crate::{descriptors, etcd, http, memory, notify, secrets};
+use crate::rules::config::Config;
+use crate::serving::http::Exposure;
+use crate::{coord::etcd, memory, running::descriptors, secrets, serving::http, serving::notify};
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
@@ -280,7 +280,7 @@ async fn reload_on_hangup(path: PathBuf, reloads: tokio::sync::mpsc::UnboundedSe
 /// own keeps all of it in that thread's malloc arena; the copy made here is laid out densely,
 /// and once the original is dropped the whole arena is free and handed back.
 fn load_for_node(path: &Path) -> Result<Config> {
-    let parsed = std::thread::scope(|scope| scope.spawn(|| crate::config::load(path)).join())
+    let parsed = std::thread::scope(|scope| scope.spawn(|| crate::rules::config::load(path)).join())
         .map_err(|_| anyhow::anyhow!("the config parser panicked"))??;
     let config = parsed.clone();
     drop(parsed);

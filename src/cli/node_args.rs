@@ -20,7 +20,7 @@ pub struct NodeArgs {
     pub endpoints: Vec<String>,
     /// On SIGTERM/SIGINT, how long running commands may go on before they are killed (at most
     /// 1 day).
-    #[arg(long, env = "SHARDCRON_SHUTDOWN_GRACE", default_value = "30s", value_parser = crate::bounds::wait)]
+    #[arg(long, env = "SHARDCRON_SHUTDOWN_GRACE", default_value = "30s", value_parser = crate::rules::bounds::wait)]
     pub shutdown_grace: Duration,
     /// Serve HTTP at HOST:PORT (a bare PORT: on loopback only): /healthz, /readyz, /metrics,
     /// the JSON API under /api/v1 and the dashboard at /. Also spelled --metrics-addr (and
@@ -136,7 +136,7 @@ fn api_token(sources: Sources) -> Result<Option<Secret>> {
 }
 
 fn shardcron_http_default_connections() -> u32 {
-    crate::http::DEFAULT_MAX_CONNECTIONS as u32
+    crate::serving::http::DEFAULT_MAX_CONNECTIONS as u32
 }
 
 /// `HOST:PORT`, or a bare `PORT` on loopback: the listener is never public unless asked.

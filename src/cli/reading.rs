@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 
 use super::{block_on, print, ClusterArg};
-use crate::{history, status};
+use crate::{coord::history, serving::status};
 
 #[derive(Debug, Args)]
 pub struct StatusArgs {
@@ -35,7 +35,7 @@ pub fn status(args: &StatusArgs) -> Result<()> {
     let config = args.cluster.config.load()?;
     block_on(async {
         let cluster = args.cluster.connect(&config).await?;
-        let jobs: Vec<&crate::config::Job> = config.jobs.iter().collect();
+        let jobs: Vec<&crate::rules::config::Job> = config.jobs.iter().collect();
         let context = || format!("cannot read the cluster state from etcd at {:?}", cluster.endpoints);
         if args.json {
             let document = status::read_document(&config.cluster, &config.digest, jobs, &cluster.client)

@@ -12,13 +12,13 @@ use tokio_util::task::AbortOnDropHandle;
 
 use super::wake::{self, Known};
 use super::{read_successes, Late, Term, TermEnd, WonTicks};
-use crate::catch_up::MAX_OWED;
-use crate::claims::{Book, Claimer};
 use crate::clock;
-use crate::config::Delivery;
-use crate::config::Loaded;
-use crate::results::RIDE_WINDOW;
-use crate::view::FleetView;
+use crate::coord::claims::{Book, Claimer};
+use crate::coord::results::RIDE_WINDOW;
+use crate::coord::view::FleetView;
+use crate::rules::catch_up::MAX_OWED;
+use crate::rules::config::Delivery;
+use crate::rules::config::Loaded;
 
 /// How late an instant may be before the firing loop takes it for a forward step of the wall
 /// clock, or a stall, and catches up what passed instead of firing it: more than an etcd
@@ -80,7 +80,7 @@ impl Term {
     /// after they happen: the window in which a start not yet written can make a tick run twice.
     /// Such an instant fires only after a read shortly before it confirms the leadership, so a
     /// leader cut off since its claim leaves the tick to its successor instead of running it
-    /// unrecorded. Other instants are claimed [`ClaimLead`](crate::claims::ClaimLead) before
+    /// unrecorded. Other instants are claimed [`ClaimLead`](crate::coord::claims::ClaimLead) before
     /// they are due, which keeps short the window in which a claimed at-most-once tick can be lost.
     pub(super) async fn fire(
         &self,

@@ -1,7 +1,7 @@
 //! One shard of one node: campaign, lead in terms, resign; and the firing loop of a term.
 //!
 //! A term keeps a time-ordered queue of its jobs' next ticks. For each instant it sleeps until
-//! a little before it, claims every job due then (see [`crate::claims`]), sleeps to the instant
+//! a little before it, claims every job due then (see [`crate::coord::claims`]), sleeps to the instant
 //! by the wall clock and starts the runs. It never fires early, and it never starts a run once
 //! its lease may have expired, so a stalled leader that wakes up late does nothing.
 
@@ -19,16 +19,16 @@ mod wake;
 use term::Term;
 
 use crate::backoff::{sleep_or_cancel, Backoff};
-use crate::claims::{Book, Halt};
-use crate::config::Job;
-use crate::config::Loaded;
 use crate::context::NodeContext;
-use crate::election::{self, Leadership};
-use crate::etcd::CoordError;
+use crate::coord::claims::{Book, Halt};
+use crate::coord::election::{self, Leadership};
+use crate::coord::etcd::CoordError;
+use crate::coord::session::Session;
+use crate::coord::starts::Starts;
+use crate::coord::view::FleetView;
 use crate::repeats;
-use crate::session::Session;
-use crate::starts::Starts;
-use crate::view::FleetView;
+use crate::rules::config::Job;
+use crate::rules::config::Loaded;
 
 /// The jobs whose tick of one instant a leadership won, by index in its book, each with the
 /// tick's fence.
@@ -177,7 +177,7 @@ async fn hold(
         tracing::info!(jobs = shard_jobs.len(), "leading shard");
         let shards_led = &crate::metrics::get().shards_led;
         shards_led.inc();
-        let gauges = crate::job_gauges::get();
+        let gauges = crate::coord::job_gauges::get();
         gauges.leading(shard, shard_jobs.clone());
         let end = term.lead(shard_jobs, book, jobs.clone()).await;
         gauges.not_leading(shard);
@@ -218,8 +218,8 @@ async fn resign(node: &NodeContext, session: &Session, leadership: &Leadership) 
 
 /// Learns the last success of a new term's jobs, for their gauges; a failure only leaves the
 /// gauges to this node's own runs.
-async fn read_successes(client: etcd_client::Client, keys: crate::keys::Keys, jobs: Vec<Arc<Job>>) {
-    if let Err(err) = crate::job_gauges::read_successes(&client, &keys, &jobs).await {
+async fn read_successes(client: etcd_client::Client, keys: crate::coord::keys::Keys, jobs: Vec<Arc<Job>>) {
+    if let Err(err) = crate::coord::job_gauges::read_successes(&client, &keys, &jobs).await {
         tracing::debug!(error = %err, "cannot read the jobs' last successes; their gauges start from this node's runs");
     }
 }

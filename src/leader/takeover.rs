@@ -7,13 +7,13 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 
 use super::{Late, Term};
-use crate::catch_up::{any_due_since, backlog_part, missed_ticks, misses_any, Missed, MAX_CATCH_UP};
-use crate::claims::{Book, Claimer, Halt, Owner, Want};
 use crate::clock;
-use crate::config::{Delivery, Job};
-use crate::etcd::ops_per_txn;
-use crate::record::{Claim, Debt, Outcome, RunRecord, Trigger};
-use crate::view::FleetView;
+use crate::coord::claims::{Book, Claimer, Halt, Owner, Want};
+use crate::coord::etcd::ops_per_txn;
+use crate::coord::view::FleetView;
+use crate::rules::catch_up::{any_due_since, backlog_part, missed_ticks, misses_any, Missed, MAX_CATCH_UP};
+use crate::rules::config::{Delivery, Job};
+use crate::rules::record::{Claim, Debt, Outcome, RunRecord, Trigger};
 
 /// Per job (by index in the book): the revision of the record that listed them, and the pending
 /// ticks of earlier leaders this one records lost, with the leader that owed each.
@@ -29,9 +29,9 @@ impl Term {
     /// says, and the ticks missed before `took_over` (the takeover, or the end of a stall) run
     /// as each job's `catch_up` says. Returns the jobs settled, which fire from now on. A job
     /// that owes late runs while the node has no room for more of them (see
-    /// [`crate::runs::LATE_ROOM`]) stays in `behind` until the leader has room to claim it; its
-    /// ticks due meanwhile join its backlog, every one of them ([`crate::catch_up::due_since`]).
-    /// A job may owe at most [`crate::catch_up::MAX_OWED`] ticks at once: one whose backlog is
+    /// [`crate::running::runs::LATE_ROOM`]) stays in `behind` until the leader has room to claim it; its
+    /// ticks due meanwhile join its backlog, every one of them ([`crate::rules::catch_up::due_since`]).
+    /// A job may owe at most [`crate::rules::catch_up::MAX_OWED`] ticks at once: one whose backlog is
     /// longer is claimed in part and joins `refilling`, to claim the rest as its ticks start.
     pub(super) async fn catch_up(
         &self,

@@ -10,17 +10,17 @@ use tokio::sync::watch;
 
 use super::fire::Queue;
 use super::{Late, TermEnd, WonTicks, SPAWNS_SETTLE};
-use crate::claims::{Book, Claimer, Halt, Want};
 use crate::clock;
-use crate::config::Job;
-use crate::config::Loaded;
 use crate::context::NodeContext;
-use crate::election::Leadership;
-use crate::runner::Tick;
-use crate::session::Session;
-use crate::starts::Starts;
-use crate::triggers::{self, Taken};
-use crate::view::FleetView;
+use crate::coord::claims::{Book, Claimer, Halt, Want};
+use crate::coord::election::Leadership;
+use crate::coord::session::Session;
+use crate::coord::starts::Starts;
+use crate::coord::triggers::{self, Taken};
+use crate::coord::view::FleetView;
+use crate::rules::config::Job;
+use crate::rules::config::Loaded;
+use crate::running::runner::Tick;
 
 /// One leadership of one shard.
 pub(super) struct Term {

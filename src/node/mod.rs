@@ -16,17 +16,17 @@ mod sessions;
 mod tasks;
 
 use crate::backoff::Backoff;
-use crate::claims::ClaimLead;
-use crate::config::Config;
-use crate::config::Loaded;
 use crate::context::NodeContext;
-use crate::election;
-use crate::http::{Exposed, Exposure};
-use crate::keys::Keys;
-use crate::pauses::Pauses;
+use crate::coord::claims::ClaimLead;
+use crate::coord::election;
+use crate::coord::keys::Keys;
+use crate::coord::pauses::Pauses;
+use crate::coord::results::{write_leftovers, ResultQueue};
 use crate::readiness::Readiness;
-use crate::results::{write_leftovers, ResultQueue};
-use crate::runs::Runs;
+use crate::rules::config::Config;
+use crate::rules::config::Loaded;
+use crate::running::runs::Runs;
+use crate::serving::http::{Exposed, Exposure};
 use sessions::Sessions;
 
 /// At most this many election requests of single shards in flight per node.

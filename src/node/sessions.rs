@@ -9,16 +9,16 @@ use tokio::task::JoinSet;
 
 use super::tasks::{self, Mirrored};
 use crate::backoff::{sleep_or_cancel, Backoff};
-use crate::config::Loaded;
-use crate::config::{Cluster, Config, Etcd};
 use crate::context::NodeContext;
-use crate::etcd::CoordError;
-use crate::fleet;
-use crate::joining;
-use crate::mirror;
+use crate::coord::etcd::CoordError;
+use crate::coord::fleet;
+use crate::coord::joining;
+use crate::coord::mirror;
+use crate::coord::session::Session;
 use crate::readiness::{Readiness, Stage};
-use crate::record::Member;
-use crate::session::Session;
+use crate::rules::config::Loaded;
+use crate::rules::config::{Cluster, Config, Etcd};
+use crate::rules::record::Member;
 
 /// What the session loop keeps from one session to the next.
 pub(super) struct Sessions {
@@ -45,9 +45,9 @@ struct Unprepared {
 /// What a prepared session starts its leadership with.
 struct Prepared {
     tasks: JoinSet<()>,
-    view: watch::Receiver<crate::view::FleetView>,
+    view: watch::Receiver<crate::coord::view::FleetView>,
     mirrored: Mirrored,
-    candidacies: Vec<crate::election::Leadership>,
+    candidacies: Vec<crate::coord::election::Leadership>,
 }
 
 impl Sessions {
@@ -136,7 +136,7 @@ impl Sessions {
     async fn revoke_unrevoked(&mut self) {
         let mut still_held = Vec::new();
         for lease in self.unrevoked.drain(..) {
-            match crate::session::revoke(&self.client, lease, crate::etcd::CALL_TIMEOUT).await {
+            match crate::coord::session::revoke(&self.client, lease, crate::coord::etcd::CALL_TIMEOUT).await {
                 Ok(()) => tracing::info!(lease = format!("{lease:x}"), "revoked the lease of a lost session"),
                 Err(err) => {
                     tracing::warn!(lease = format!("{lease:x}"), error = %err, "cannot revoke the lease of a lost session yet");
@@ -159,7 +159,7 @@ impl Sessions {
         };
         // Before any claim: an etcd that takes fewer operations per transaction than a claim
         // writes would refuse every full one.
-        crate::etcd::learn_txn_limit(&self.client, &node.keys)
+        crate::coord::etcd::learn_txn_limit(&self.client, &node.keys)
             .await
             .map_err(failed("cannot learn how many operations etcd takes in a transaction"))?;
         fleet::register(session, &node.keys, &node.node_id, &member)

@@ -10,16 +10,16 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use super::NodeOptions;
-use crate::config::Etcd;
 use crate::context::NodeContext;
-use crate::election::Leadership;
-use crate::fleet;
+use crate::coord::election::Leadership;
+use crate::coord::fleet;
+use crate::coord::mirror;
+use crate::coord::session::Session;
+use crate::coord::view::{self, FleetView};
 use crate::leader;
-use crate::mirror;
 use crate::readiness::Stage;
-use crate::record::Member;
-use crate::session::Session;
-use crate::view::{self, FleetView};
+use crate::rules::config::Etcd;
+use crate::rules::record::Member;
 
 /// The node's tasks that outlive sessions; they end with the process or its shutdown.
 pub(super) fn spawn_node_tasks(
@@ -36,7 +36,7 @@ pub(super) fn spawn_node_tasks(
         }
     };
     tokio::spawn(stopping);
-    tokio::spawn(crate::etcd_space::follow(
+    tokio::spawn(crate::coord::etcd_space::follow(
         client.clone(),
         etcd.endpoints.clone(),
         options.readiness.clone(),
@@ -44,7 +44,7 @@ pub(super) fn spawn_node_tasks(
     ));
     let pauses = Arc::clone(&node.pauses);
     crate::metrics::get().count_pauses(move || pauses.in_force(crate::clock::now()));
-    crate::job_gauges::export();
+    crate::coord::job_gauges::export();
     let killer = {
         let (runs, hurry) = (node.runs.clone(), options.hurry.clone());
         async move {
@@ -100,7 +100,7 @@ pub(super) fn lead(
         mirrored.triggers,
     ));
     if let Some(every) = compaction {
-        tasks.spawn(crate::etcd_space::compact(
+        tasks.spawn(crate::coord::etcd_space::compact(
             session.clone(),
             node.keys.clone(),
             node.node_id.clone(),

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::support::*;
-use shardcron::record::Outcome;
+use shardcron::rules::record::Outcome;
 
 #[test]
 fn misbehaving_commands_are_recorded_and_the_node_keeps_running() {

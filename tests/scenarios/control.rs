@@ -8,7 +8,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use crate::support::*;
-use shardcron::record::Outcome;
+use shardcron::rules::record::Outcome;
 
 fn shardcron(config: &Path, args: &[&str]) -> (String, String, Option<i32>) {
     let out = Command::new(SHARDCRON)
@@ -209,7 +209,8 @@ fn history_keeps_each_jobs_last_runs_newest_first_and_no_more() {
     let runs = world.runs();
     let (stdout, stderr, code) = shardcron(&config, &["history", "kept", "-n", "20", "--json"]);
     assert_eq!(code, Some(0), "{stderr}");
-    let history: Vec<shardcron::record::RunRecord> = serde_json::from_str(&stdout).expect("a JSON array of runs");
+    let history: Vec<shardcron::rules::record::RunRecord> =
+        serde_json::from_str(&stdout).expect("a JSON array of runs");
     let mut newest: Vec<&Run> = runs.iter().filter(|run| run.job == "kept").collect();
     newest.sort_by_key(|run| std::cmp::Reverse(run.tick));
     let expected: Vec<(DateTime<Utc>, i64)> = newest.iter().take(5).map(|run| (run.tick, run.fence)).collect();
@@ -217,7 +218,7 @@ fn history_keeps_each_jobs_last_runs_newest_first_and_no_more() {
     assert_eq!(shown, expected, "the 5 newest runs, newest first, with their fences");
     assert!(history.iter().all(|run| run.outcome == Outcome::Exited
         && run.exit_code == Some(0)
-        && run.trigger == shardcron::record::Trigger::Schedule
+        && run.trigger == shardcron::rules::record::Trigger::Schedule
         && run.node == "a"
         && run.attempts == 1));
 
@@ -335,7 +336,7 @@ fn trigger_runs_a_job_now_through_its_claim_fence_and_overlap_policy() {
         "CRON_SCHEDULED_AT is the request time: {requested_at} for a request at {asked_at}"
     );
     // History rides the next write of the shard's results: within the 1.5 s ride window.
-    let mut history: Vec<shardcron::record::RunRecord> = Vec::new();
+    let mut history: Vec<shardcron::rules::record::RunRecord> = Vec::new();
     wait_for(Duration::from_secs(10), "the run in the job's history", || {
         let (json, _, _) = shardcron(&config, &["history", "yearly", "--json"]);
         history = serde_json::from_str(&json).unwrap_or_default();
@@ -344,7 +345,7 @@ fn trigger_runs_a_job_now_through_its_claim_fence_and_overlap_policy() {
     assert_eq!(history.len(), 1);
     assert_eq!(
         (history[0].trigger, history[0].fence, history[0].exit_code),
-        (shardcron::record::Trigger::Manual, fence, Some(7))
+        (shardcron::rules::record::Trigger::Manual, fence, Some(7))
     );
     let status = world.status(&config);
     let yearly = status.jobs.iter().find(|job| job.name == "yearly").unwrap();
@@ -510,7 +511,7 @@ fn pause_trigger_and_history_hold_across_a_leader_sigkill() {
     }
     let (stdout, stderr, code) = shardcron(&config, &["history", "kept", "-n", "50", "--json"]);
     assert_eq!(code, Some(0), "{stderr}");
-    let history: Vec<shardcron::record::RunRecord> = serde_json::from_str(&stdout).unwrap();
+    let history: Vec<shardcron::rules::record::RunRecord> = serde_json::from_str(&stdout).unwrap();
     let mut newest: Vec<DateTime<Utc>> = kept.iter().map(|run| run.tick).collect();
     newest.dedup();
     newest.reverse();

@@ -6,7 +6,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use crate::support::*;
-use shardcron::shard::shard_of;
+use shardcron::rules::shard::shard_of;
 
 #[test]
 fn two_nodes_lead_each_shard_once_and_set_cron_variables() {

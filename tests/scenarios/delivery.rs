@@ -186,7 +186,9 @@ fn a_takeover_through_a_slow_etcd_that_straddles_ticks_loses_none() {
     let config = world.write_config("jobs.toml", 1, ttl, &every_second(&names, "catch_up = \"all\""));
     let ids = ["a", "b"];
     let proxies = world.start_behind_proxies(&ids, &config);
-    let target = shardcron::assignment::assign(1, &ids)[0].clone().expect("a target");
+    let target = shardcron::rules::assignment::assign(1, &ids)[0]
+        .clone()
+        .expect("a target");
     wait_for(Duration::from_secs(20), "the target leads, the other stands by", || {
         world
             .status(&config)

@@ -5,7 +5,7 @@ use std::os::unix::net::UnixDatagram;
 use std::time::Duration;
 
 use serde_json::Value;
-use shardcron::status::Status;
+use shardcron::serving::status::Status;
 
 use crate::support::*;
 
@@ -295,7 +295,7 @@ fn the_last_success_gauge_survives_a_failover() {
         last_success = gauge(first_port, "shardcron_job_last_success_timestamp_seconds").expect("last success");
         world
             .etcd_value("/shardcron/test/jobs/flaky/success")
-            .and_then(|value| serde_json::from_slice::<shardcron::record::RunRecord>(&value).ok())
+            .and_then(|value| serde_json::from_slice::<shardcron::rules::record::RunRecord>(&value).ok())
             .is_some_and(|record| record.finished_at.timestamp_millis() as f64 / 1000.0 == last_success)
     });
     let index = world

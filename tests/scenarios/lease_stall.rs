@@ -11,7 +11,7 @@ fn a_leader_cut_off_from_etcd_stops_and_another_node_leads_within_two_ttl() {
     let ttl = 2;
     let config = world.write_config("jobs.toml", 1, ttl, &[("tick", EVERY_SECOND, "catch_up = \"all\"")]);
     let proxies = world.start_behind_proxies(&["a", "b"], &config);
-    let target = shardcron::assignment::assign(1, &["a", "b"])[0]
+    let target = shardcron::rules::assignment::assign(1, &["a", "b"])[0]
         .clone()
         .expect("a target");
     wait_for(Duration::from_secs(20), "the target leads and runs ticks", || {

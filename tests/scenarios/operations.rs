@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::support::*;
-use shardcron::record::Outcome;
+use shardcron::rules::record::Outcome;
 
 #[test]
 fn retries_replace_and_kill_grace_do_what_the_config_says() {

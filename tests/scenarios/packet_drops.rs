@@ -257,7 +257,7 @@ fn a_node_dropped_while_it_catches_up_a_backlog_leaves_no_owed_tick_unrun_or_unr
     let seeded = DateTime::<Utc>::from_timestamp(now - BACKLOG_SECS, 0).expect("a second");
     world.seed_job_records("test", &names, seeded);
 
-    let target = shardcron::assignment::assign(1, &["a", "b"])[0]
+    let target = shardcron::rules::assignment::assign(1, &["a", "b"])[0]
         .clone()
         .expect("a target");
     let (first, second) = if target == "a" { (0, 1) } else { (1, 0) };

@@ -3,8 +3,8 @@
 
 use chrono::{DateTime, Datelike, TimeZone, Utc};
 use etcd_client::{Client, Txn, TxnOp};
-use shardcron::record::{Claim, Outcome, RunRecord, Trigger};
-use shardcron::status::Status;
+use shardcron::rules::record::{Claim, Outcome, RunRecord, Trigger};
+use shardcron::serving::status::Status;
 
 use crate::support::*;
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use super::security::enable_auth;
 use crate::support::*;
-use shardcron::record::Outcome;
+use shardcron::rules::record::Outcome;
 
 const ETCD_PASSWORD: &str = "etcd-pw-5b1e9d27c4";
 const API_TOKEN: &str = "api-token-8c3f1a6e2d9b7054";

@@ -9,7 +9,7 @@ use std::time::Duration;
 use crate::support::*;
 use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair};
 use shardcron::etcd_server::{EtcdServer, ServerTls};
-use shardcron::status::Status;
+use shardcron::serving::status::Status;
 
 struct Authority {
     cert: rcgen::Certificate,

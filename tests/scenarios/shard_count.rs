@@ -23,7 +23,7 @@ fn owes_claimed_ticks(runtime: &tokio::runtime::Runtime, client: &mut etcd_clien
             .expect("read the records");
         read.kvs().iter().any(|kv| {
             kv.key_str().is_ok_and(|key| key.ends_with("/last"))
-                && serde_json::from_slice::<shardcron::record::Claim>(kv.value()).is_ok_and(|claim| {
+                && serde_json::from_slice::<shardcron::rules::record::Claim>(kv.value()).is_ok_and(|claim| {
                     claim
                         .debts()
                         .any(|debt| debt.node == node && debt.pending.iter().any(|tick| *tick > Utc::now()))

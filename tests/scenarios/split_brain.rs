@@ -44,7 +44,7 @@ fn a_split_brain_leaves_the_fenced_store_with_one_row_per_tick() {
         names
             .iter()
             .filter(|name| {
-                let shard = shardcron::shard::shard_of(name, 6) as usize;
+                let shard = shardcron::rules::shard::shard_of(name, 6) as usize;
                 leaders[shard].0.as_deref() == Some(id)
             })
             .count()

@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use shardcron::etcd_server::EtcdServer;
-use shardcron::record::RunRecord;
-use shardcron::status::Status;
+use shardcron::rules::record::RunRecord;
+use shardcron::serving::status::Status;
 
 use proxy::Proxy;
 
@@ -160,7 +160,7 @@ impl World {
     /// `last` claimed, nothing pending.
     pub fn seed_job_records(&self, cluster: &str, names: &[String], last: DateTime<Utc>) {
         use etcd_client::{Client, Txn, TxnOp};
-        let record = shardcron::record::Claim {
+        let record = shardcron::rules::record::Claim {
             scheduled_at: last,
             term: 1,
             node: "gone".into(),
@@ -223,7 +223,7 @@ impl World {
     pub fn wait_leader_and_standby(&self, config: &Path) -> Roles {
         // Both nodes compute the same target for the shard; wait until it leads and the other
         // waits.
-        let target = shardcron::assignment::assign(1, &["a", "b"])[0]
+        let target = shardcron::rules::assignment::assign(1, &["a", "b"])[0]
             .clone()
             .expect("a target");
         wait_for(

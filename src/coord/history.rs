@@ -1,0 +1,321 @@
+//! Each job's last runs in etcd, for `shardcron history`.
+//!
+//! A finished run's record is also put under `/shardcron/<cluster>/runs/<job>/<tick>`, and the
+//! same transaction deletes the job's runs older than its `[cluster] history`-th newest tick.
+//! Both operations ride the writes that carry results anyway (a claim of the job's shard, or
+//! the write of results no claim carried), so history costs operations inside transactions
+//! etcd commits regardless, not a write per run. Trimming by the schedule needs no read: the
+//! oldest tick to keep follows from the schedule alone.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use etcd_client::{DeleteOptions, GetOptions, SortOrder, SortTarget, Txn, TxnOp};
+
+use crate::coord::etcd::{self, CoordError};
+use crate::coord::keys::Keys;
+use crate::rules::config::Job;
+use crate::rules::record::{RunRecord, Trigger};
+
+/// Two operations per entry: its put and the trim.
+pub const OPS_PER_ENTRY: usize = 2;
+
+/// One run on its way to the job's history.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub job: String,
+    pub shard: u32,
+    pub record: RunRecord,
+    /// The oldest tick the job's history keeps once this entry is in; `None` keeps all.
+    pub keep_from: Option<DateTime<Utc>>,
+    since: Instant,
+}
+
+/// Runs not yet in etcd's history, and each job's last trim horizon.
+#[derive(Debug, Default)]
+pub struct HistoryQueue {
+    /// How many runs per job the history keeps; 0 turns it off.
+    keep: u32,
+    entries: Mutex<Vec<Entry>>,
+    /// The newest tick seen per job and the oldest tick kept with it: the next tick's horizon is
+    /// one schedule step on, instead of a walk of `keep` steps back.
+    horizons: Mutex<HashMap<String, Horizon>>,
+}
+
+/// A job's newest tick seen, and the oldest tick its history keeps with it.
+type Horizon = (DateTime<Utc>, DateTime<Utc>);
+
+impl HistoryQueue {
+    pub fn new(keep: u32) -> HistoryQueue {
+        HistoryQueue {
+            keep,
+            ..HistoryQueue::default()
+        }
+    }
+
+    pub fn push(&self, job: &Job, record: &RunRecord) {
+        if self.keep == 0 {
+            return;
+        }
+        let keep_from = self.horizon(job, record.scheduled_at);
+        lock(&self.entries).push(Entry {
+            job: job.name.clone(),
+            shard: job.shard,
+            record: record.clone(),
+            keep_from,
+            since: Instant::now(),
+        });
+    }
+
+    /// The oldest tick to keep when `tick` is the newest: the `keep`-th newest tick at or before
+    /// it.
+    fn horizon(&self, job: &Job, tick: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        let mut horizons = lock(&self.horizons);
+        let stepped = horizons.get(&job.name).and_then(|(newest, kept)| {
+            if *newest == tick {
+                Some(*kept)
+            } else if job.schedule.next_after(*newest) == Some(tick) {
+                job.schedule.next_after(*kept)
+            } else {
+                None
+            }
+        });
+        let kept = match stepped {
+            Some(kept) => kept,
+            None => job.schedule.nth_newest_at_or_before(tick, self.keep as usize)?,
+        };
+        horizons.insert(job.name.clone(), (tick, kept));
+        Some(kept)
+    }
+
+    /// Takes at most `max` entries of `shard`'s jobs, oldest first, for a claim to carry; put
+    /// them back with [`HistoryQueue::put_back`] if it did not land.
+    pub fn take_for(&self, shard: u32, max: usize) -> Vec<Entry> {
+        let mut entries = lock(&self.entries);
+        let mut taken = Vec::new();
+        entries.retain(|entry| {
+            if taken.len() < max && entry.shard == shard {
+                taken.push(entry.clone());
+                false
+            } else {
+                true
+            }
+        });
+        taken
+    }
+
+    pub fn put_back(&self, entries: Vec<Entry>) {
+        lock(&self.entries).extend(entries);
+    }
+
+    /// How many runs wait to be written.
+    pub fn waiting(&self) -> usize {
+        lock(&self.entries).len()
+    }
+
+    pub fn oldest(&self) -> Option<Instant> {
+        lock(&self.entries).iter().map(|entry| entry.since).min()
+    }
+
+    pub fn take_older_than(&self, age: Duration) -> Vec<Entry> {
+        let now = Instant::now();
+        let mut entries = lock(&self.entries);
+        let (due, waiting) = std::mem::take(&mut *entries)
+            .into_iter()
+            .partition(|entry| now.saturating_duration_since(entry.since) >= age);
+        *entries = waiting;
+        due
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The key of a run in its job's history: ticks sort by time, and a manual run after the
+/// schedule's tick of the same second.
+fn key(keys: &Keys, job: &str, record: &RunRecord) -> String {
+    key_of(keys, job, record.scheduled_at, record.trigger)
+}
+
+fn key_of(keys: &Keys, job: &str, at: DateTime<Utc>, trigger: Trigger) -> String {
+    match trigger {
+        Trigger::Schedule => format!("{}{:012}", keys.job_runs_prefix(job), at.timestamp()),
+        Trigger::Manual => format!(
+            "{}{:012}.{:03}-manual",
+            keys.job_runs_prefix(job),
+            at.timestamp(),
+            at.timestamp_subsec_millis()
+        ),
+    }
+}
+
+/// The operations that put `entries` into their jobs' histories and trim them: per job one
+/// delete, up to the newest horizon among its entries, and one put per key at or past it (the
+/// last entry of a key wins). etcd refuses a transaction that puts a key twice or puts one
+/// inside a range it deletes, which several runs of a job riding together would otherwise ask.
+pub fn ops(keys: &Keys, entries: &[Entry]) -> Result<Vec<TxnOp>, CoordError> {
+    let mut horizons: HashMap<&str, String> = HashMap::new();
+    for entry in entries {
+        if let Some(keep_from) = entry.keep_from {
+            let end = key_of(keys, &entry.job, keep_from, Trigger::Schedule);
+            let horizon = horizons.entry(&entry.job).or_insert_with(|| end.clone());
+            if end > *horizon {
+                *horizon = end;
+            }
+        }
+    }
+    let mut puts: HashMap<String, &RunRecord> = HashMap::new();
+    for entry in entries {
+        let key = key(keys, &entry.job, &entry.record);
+        if horizons.get(entry.job.as_str()).is_none_or(|horizon| key >= *horizon) {
+            puts.insert(key, &entry.record);
+        }
+    }
+    let mut ops = Vec::with_capacity(puts.len() + horizons.len());
+    for (key, record) in puts {
+        let value = serde_json::to_vec(record).map_err(|err| CoordError::Protocol(err.to_string()))?;
+        ops.push(TxnOp::put(key, value, None));
+    }
+    for (job, horizon) in horizons {
+        ops.push(TxnOp::delete(
+            keys.job_runs_prefix(job),
+            Some(DeleteOptions::new().with_range(horizon)),
+        ));
+    }
+    Ok(ops)
+}
+
+/// Writes `entries` that no claim carried, in as few transactions as etcd allows. Puts of
+/// whole records under their own keys: writing one twice writes the same thing.
+pub async fn write(client: &etcd_client::Client, keys: &Keys, entries: &[Entry]) -> Result<(), CoordError> {
+    for chunk in entries.chunks(crate::coord::etcd::ops_per_txn() / OPS_PER_ENTRY) {
+        etcd::call(client.clone().txn(Txn::new().and_then(ops(keys, chunk)?))).await?;
+    }
+    Ok(())
+}
+
+/// The job's last `count` runs, newest first.
+pub async fn read(
+    client: &etcd_client::Client,
+    keys: &Keys,
+    job: &str,
+    count: usize,
+) -> Result<Vec<RunRecord>, CoordError> {
+    let options = GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Key, SortOrder::Descend)
+        .with_limit(count as i64);
+    let response = etcd::call(client.clone().get(keys.job_runs_prefix(job), Some(options))).await?;
+    Ok(response
+        .kvs()
+        .iter()
+        .filter_map(|kv| serde_json::from_slice(kv.value()).ok())
+        .collect())
+}
+
+/// `history`'s table: one run per line, newest first.
+pub fn render(records: &[RunRecord]) -> String {
+    let instant = |at: &DateTime<Utc>| at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let rows: Vec<Vec<String>> = records
+        .iter()
+        .map(|record| {
+            vec![
+                record.scheduled_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                record.trigger.as_str().to_string(),
+                record.fence.to_string(),
+                record.node.clone(),
+                record.outcome.to_string(),
+                record
+                    .exit_code
+                    .map_or_else(|| "-".to_string(), |code| code.to_string()),
+                record.duration_ms.to_string(),
+                record.attempts.to_string(),
+                instant(&record.finished_at),
+            ]
+        })
+        .collect();
+    crate::text_table::table(
+        &[
+            "SCHEDULED AT",
+            "TRIGGER",
+            "FENCE",
+            "NODE",
+            "OUTCOME",
+            "EXIT",
+            "DURATION MS",
+            "ATTEMPTS",
+            "FINISHED AT",
+        ],
+        &rows,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(second: i64) -> DateTime<Utc> {
+        DateTime::<Utc>::from_timestamp(1_800_000_000 + second, 0).unwrap()
+    }
+
+    #[test]
+    fn the_horizon_keeps_the_last_ticks_whether_stepped_or_walked() {
+        let job = Job::for_tests("j", "*/10 * * * * *");
+        let queue = HistoryQueue::new(3);
+        for second in [0, 10, 20, 30, 50] {
+            let walked = job.schedule.nth_newest_at_or_before(at(second), 3);
+            assert_eq!(queue.horizon(&job, at(second)), walked, "tick {second}");
+        }
+        assert_eq!(queue.horizon(&job, at(50)), Some(at(30)));
+        assert_eq!(HistoryQueue::new(1).horizon(&job, at(50)), Some(at(50)));
+    }
+
+    #[test]
+    fn keys_sort_by_tick_and_a_manual_run_after_its_seconds_tick() {
+        let keys = Keys::new("c");
+        let tick = key_of(&keys, "j", at(5), Trigger::Schedule);
+        let manual = key_of(&keys, "j", at(5) + chrono::Duration::milliseconds(250), Trigger::Manual);
+        let next = key_of(&keys, "j", at(6), Trigger::Schedule);
+        assert!(tick < manual && manual < next, "{tick} {manual} {next}");
+        assert!(tick.starts_with(&keys.job_runs_prefix("j")));
+        assert!(
+            !tick.starts_with(&keys.job_runs_prefix("j-")),
+            "a job's prefix holds only its own runs"
+        );
+    }
+
+    /// More runs of a job than it keeps can ride one transaction (a backlog of short runs), and
+    /// a tick can come twice (a redelivery). etcd refuses a transaction that puts a key inside a
+    /// range it deletes, or puts one key twice: the claim carrying them would fail every time.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn many_runs_of_a_job_in_one_transaction_keep_only_its_newest() {
+        let etcd = crate::etcd_server::EtcdServer::start(&crate::etcd_server::test_etcd_bin()).expect("etcd");
+        let client = etcd_client::Client::connect([etcd.client_url()], None)
+            .await
+            .expect("client");
+        let keys = Keys::new("history");
+        let job = Job::for_tests("j", "* * * * * *");
+        let queue = HistoryQueue::new(3);
+        for second in [0, 1, 2, 3, 4, 5, 6, 6, 7] {
+            queue.push(&job, &RunRecord::for_tests(at(second), 100 + second));
+        }
+        let entries = queue.take_older_than(Duration::ZERO);
+        write(&client, &keys, &entries)
+            .await
+            .expect("one transaction etcd takes");
+        let kept = read(&client, &keys, "j", 10).await.expect("read");
+        let ticks: Vec<DateTime<Utc>> = kept.iter().map(|run| run.scheduled_at).collect();
+        assert_eq!(ticks, [at(7), at(6), at(5)]);
+    }
+
+    #[test]
+    fn history_off_keeps_nothing() {
+        let job = Job::for_tests("j", "* * * * * *");
+        let queue = HistoryQueue::new(0);
+        queue.push(&job, &RunRecord::for_tests(at(0), 1));
+        assert!(queue.take_older_than(Duration::ZERO).is_empty());
+    }
+}

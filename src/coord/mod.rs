@@ -1,0 +1,29 @@
+//! Coordination through etcd: the connection and its limits ([`etcd`]), the session and its
+//! lease, elections and the fleet as a pure view (`view`) kept current by `fleet` and entered
+//! in order by `joining`; the claim protocol (`claims`, on the raw transactions of `ledger`),
+//! what a leadership owes (`starts`), results and history on their way to etcd (`results`,
+//! [`history`]); pauses, run requests and the watched prefixes mirroring them ([`pauses`],
+//! [`triggers`], `mirror`); etcd's space; every key ([`keys`]);
+//! the per-job gauges a leader exports (`job_gauges`).
+//!
+//! May import: `rules`, and the shared leaves at the top (`backoff`, `clock`, `repeats`,
+//! `metrics`, `readiness`, `secrets`, `text_table`). Never `running`, `serving`, the leader or
+//! the node.
+
+pub(crate) mod claims;
+pub(crate) mod election;
+pub mod etcd;
+pub(crate) mod etcd_space;
+pub(crate) mod fleet;
+pub mod history;
+pub(crate) mod job_gauges;
+pub(crate) mod joining;
+pub mod keys;
+pub(crate) mod ledger;
+pub(crate) mod mirror;
+pub mod pauses;
+pub(crate) mod results;
+pub(crate) mod session;
+pub(crate) mod starts;
+pub mod triggers;
+pub(crate) mod view;

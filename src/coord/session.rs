@@ -1,0 +1,223 @@
+//! A node's etcd session: one lease for all its shard campaigns, kept alive by one task.
+//!
+//! The session knows, from its own clock, until when etcd must still hold the lease: the send
+//! time of the last renewal that etcd answered, plus the TTL. Past that instant the node may no
+//! longer act as a leader even if no error has reached it yet; this is what stops a node that
+//! was frozen (SIGSTOP, a long GC-like stall) or cut off from firing a stale tick when it wakes.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use etcd_client::Client;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::coord::etcd::{self, CoordError};
+
+/// A live lease. Cheap to clone; all clones share one keep-alive task.
+#[derive(Clone)]
+pub struct Session {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: Client,
+    lease: i64,
+    ttl: Duration,
+    valid_until: Mutex<Instant>,
+    /// A child of the node's shutdown token, cancelled too when the lease is lost or the session
+    /// closed: every campaign and term of the session ends with it.
+    ended: CancellationToken,
+    /// Cancelled only when the lease is lost or released. A shutdown does not touch it: the lease
+    /// is kept alive until the node closes the session, so ticks claimed before a shutdown still
+    /// start.
+    released: CancellationToken,
+}
+
+impl Session {
+    /// Grants a lease and starts keeping it alive until the lease is lost, the session closed or
+    /// `shutdown` cancelled.
+    pub async fn open(client: &Client, ttl: Duration, shutdown: &CancellationToken) -> Result<Session, CoordError> {
+        let started = Instant::now();
+        let granted = etcd::call(client.clone().lease_grant(ttl.as_secs() as i64, None)).await?;
+        let ttl = Duration::from_secs(granted.ttl().max(1) as u64);
+        let session = Session {
+            inner: Arc::new(Inner {
+                client: client.clone(),
+                lease: granted.id(),
+                ttl,
+                valid_until: Mutex::new(started + ttl),
+                ended: shutdown.child_token(),
+                released: CancellationToken::new(),
+            }),
+        };
+        tokio::spawn(session.clone().keep_alive());
+        Ok(session)
+    }
+
+    pub fn lease(&self) -> i64 {
+        self.inner.lease
+    }
+
+    pub fn ttl(&self) -> Duration {
+        self.inner.ttl
+    }
+
+    pub fn client(&self) -> Client {
+        self.inner.client.clone()
+    }
+
+    /// Cancelled once the lease is lost, the session closed or the node shut down.
+    pub fn ended(&self) -> &CancellationToken {
+        &self.inner.ended
+    }
+
+    /// How long etcd still holds the lease by this node's own clock.
+    pub fn remaining(&self) -> Duration {
+        if self.inner.released.is_cancelled() {
+            return Duration::ZERO;
+        }
+        self.valid_until().saturating_duration_since(Instant::now())
+    }
+
+    /// Whether etcd still holds the lease by this node's own clock.
+    pub fn is_live(&self) -> bool {
+        !self.inner.released.is_cancelled() && Instant::now() < self.valid_until()
+    }
+
+    /// Like [`Session::is_live`], and a lease that may have expired by this node's own clock ends
+    /// the session: the node campaigns again with a new lease rather than keep election keys
+    /// that lead shards with no term behind them, should a late renewal keep the old lease.
+    pub fn check_live(&self) -> bool {
+        if self.is_live() {
+            return true;
+        }
+        self.lose("the lease may have expired by this node's own clock");
+        false
+    }
+
+    /// Until when etcd still holds the lease by this node's own clock.
+    pub fn valid_until(&self) -> Instant {
+        *self
+            .inner
+            .valid_until
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn renewed(&self, sent_at: Instant) {
+        let mut valid_until = self
+            .inner
+            .valid_until
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        *valid_until = (*valid_until).max(sent_at + self.inner.ttl);
+    }
+
+    fn lose(&self, why: &str) {
+        if !self.inner.released.is_cancelled() {
+            crate::metrics::get().session_losses.inc();
+            tracing::warn!(
+                lease = format!("{:x}", self.inner.lease),
+                reason = why,
+                "session lost: every shard term of this node ends"
+            );
+            self.inner.released.cancel();
+            self.inner.ended.cancel();
+        }
+    }
+
+    /// Revokes the lease, which deletes every election key of this node at once so that other
+    /// nodes take over without waiting for the TTL. Bounded by the TTL. Returns whether etcd
+    /// confirmed it: an etcd that was out of reach may still hold the lease when it returns (etcd
+    /// gives leases a fresh TTL after an election), so the caller revokes it again later.
+    pub async fn close(&self) -> bool {
+        self.inner.released.cancel();
+        self.inner.ended.cancel();
+        match revoke(&self.inner.client, self.inner.lease, self.inner.ttl).await {
+            Ok(()) => {
+                tracing::info!(lease = format!("{:x}", self.inner.lease), "lease revoked");
+                true
+            }
+            Err(err) => {
+                tracing::warn!(lease = format!("{:x}", self.inner.lease), error = %err, "could not revoke the lease; revoking it again once etcd answers");
+                false
+            }
+        }
+    }
+
+    /// Renews about every TTL/3. Ends the session when etcd says the lease is gone or when no
+    /// renewal succeeded within the TTL.
+    async fn keep_alive(self) {
+        let interval = (self.inner.ttl / 3).max(Duration::from_millis(200));
+        let mut stream = None;
+        let mut next = Instant::now() + interval;
+        loop {
+            tokio::select! {
+                _ = self.inner.released.cancelled() => return,
+                _ = tokio::time::sleep_until(next) => {}
+            }
+            next = Instant::now() + interval;
+            if Instant::now() >= self.valid_until() {
+                self.lose("no renewal succeeded within the lease TTL");
+                return;
+            }
+            // A renewal may take no longer than the lease has left, so a hung connection is
+            // noticed before the lease could have expired.
+            let limit = self
+                .valid_until()
+                .saturating_duration_since(Instant::now())
+                .min(interval * 2);
+            let sent_at = Instant::now();
+            let lease = self.inner.lease;
+            match etcd::within(limit, renew_once(&self.inner.client, lease, &mut stream)).await {
+                Ok(Some(response)) if response.ttl() > 0 => {
+                    self.renewed(sent_at);
+                    tracing::debug!(lease = format!("{:x}", lease), ttl = response.ttl(), "lease renewed");
+                }
+                Ok(Some(_)) => {
+                    self.lose("etcd reports the lease expired");
+                    return;
+                }
+                Ok(None) => {
+                    tracing::warn!("lease keep-alive stream closed by etcd; reopening");
+                    stream = None;
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err, "lease renewal failed; retrying");
+                    stream = None;
+                    next = Instant::now() + interval.min(Duration::from_millis(300));
+                }
+            }
+        }
+    }
+}
+
+/// A lease's keep-alive stream, opened on the first renewal and again after a failure.
+pub(crate) type KeepAliveStream = Option<(etcd_client::LeaseKeeper, etcd_client::LeaseKeepAliveStream)>;
+
+/// Renews `lease` once on `stream`, opening it first if needed; `None` when etcd closed it. A
+/// failed renewal leaves no stream, so the next one opens a new one.
+pub(crate) async fn renew_once(
+    client: &Client,
+    lease: i64,
+    stream: &mut KeepAliveStream,
+) -> Result<Option<etcd_client::LeaseKeepAliveResponse>, etcd_client::Error> {
+    let opened = match stream.take() {
+        Some(opened) => opened,
+        None => client.clone().lease_keep_alive(lease).await?,
+    };
+    let (keeper, responses) = stream.insert(opened);
+    keeper.keep_alive().await?;
+    responses.message().await
+}
+
+/// Revokes `lease` within `limit`. A lease etcd no longer knows counts as revoked.
+pub async fn revoke(client: &Client, lease: i64, limit: Duration) -> Result<(), CoordError> {
+    match etcd::within(limit, client.clone().lease_revoke(lease)).await {
+        Err(CoordError::Etcd(etcd_client::Error::GRpcStatus(status))) if status.code() == tonic::Code::NotFound => {
+            Ok(())
+        }
+        result => result.map(|_| ()),
+    }
+}

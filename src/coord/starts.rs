@@ -1,0 +1,427 @@
+//! Which claimed ticks a leadership still owes, and which it has started since it last said so.
+//!
+//! A claim lists the tick it claims in the job's record as pending; the tick leaves the list once
+//! it has started. A leader that dies, stalls or stops before a pending tick starts leaves it in
+//! etcd, where the next leader finds it and delivers it (or records it lost, for at-most-once
+//! jobs): a claimed tick never vanishes without a record. Starts are written lazily, riding in
+//! the shard's next claim like results, so firing still costs about one etcd write per shard per
+//! instant. A node also remembers the ticks it started until a record holds them, across
+//! leaderships, so one that leads a shard again after losing its session (an etcd outage, a
+//! stall) does not deliver again what it started itself: a start not yet written when its node
+//! dies, or when another node takes the shard, is the only way a tick runs twice.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::coord::session::Session;
+
+/// At most how much lease a start needs left: enough to write it. A third of the TTL is always
+/// left between renewals that succeed, so this only holds back starts while renewals fail.
+const START_MARGIN: Duration = Duration::from_secs(1);
+
+/// How often a start held back for a renewal checks the lease again.
+const MARGIN_POLL: Duration = Duration::from_millis(50);
+
+/// At most how many ticks per job a node remembers starting without a record holding them: a
+/// bound for jobs whose shard the node never leads again; the oldest are forgotten first.
+const REMEMBERED_PER_JOB: usize = 1024;
+
+/// The ticks this node started (or settled without a run) that a job record may still list as
+/// pending, whichever leadership started them. Shared by every leadership of the node.
+#[derive(Default)]
+pub(crate) struct StartedHere {
+    ticks: Mutex<HashMap<String, BTreeSet<DateTime<Utc>>>>,
+}
+
+impl StartedHere {
+    fn remember(&self, job: &str, tick: DateTime<Utc>) {
+        let mut ticks = self.lock();
+        let started = ticks.entry(job.to_string()).or_default();
+        started.insert(tick);
+        if started.len() > REMEMBERED_PER_JOB {
+            started.pop_first();
+        }
+    }
+
+    /// A record of `job` listing `pending` was written: the ticks it does not list are settled
+    /// in etcd and need no remembering.
+    pub(crate) fn written(&self, job: &str, pending: &[DateTime<Utc>]) {
+        let mut ticks = self.lock();
+        if let Some(started) = ticks.get_mut(job) {
+            started.retain(|tick| pending.contains(tick));
+            if started.is_empty() {
+                ticks.remove(job);
+            }
+        }
+    }
+
+    /// Whether this node started `tick` of `job` (or settled it without a run).
+    pub(crate) fn contains(&self, job: &str, tick: DateTime<Utc>) -> bool {
+        self.lock().get(job).is_some_and(|started| started.contains(&tick))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, BTreeSet<DateTime<Utc>>>> {
+        self.ticks.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// The ticks one leadership of one shard owes, shared by its term and the runs it started.
+pub(crate) struct Starts {
+    /// Cancelled when the leadership ends: nothing it owes starts after that.
+    leading: CancellationToken,
+    session: Session,
+    /// What the node started, for a later leadership of the same node to know.
+    here: Arc<StartedHere>,
+    state: Mutex<State>,
+    started: Notify,
+}
+
+#[derive(Default)]
+struct State {
+    /// Per job, the ticks this leadership claimed and has not started, with the fence of the
+    /// claim that won each.
+    owed: HashMap<String, BTreeMap<DateTime<Utc>, i64>>,
+    /// Per job, ticks given a [`StartTicket`] whose command has not started yet: still pending.
+    starting: HashMap<String, BTreeSet<DateTime<Utc>>>,
+    /// Jobs whose owed ticks changed since their record was last written, and since when.
+    unrecorded: HashMap<String, Instant>,
+    /// Owed ticks adopted from an earlier leader that may have started them: they run as
+    /// redeliveries when they fire.
+    redeliveries: HashMap<String, BTreeSet<DateTime<Utc>>>,
+}
+
+impl std::fmt::Debug for Starts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = self.lock();
+        write!(
+            f,
+            "owing ticks of {} jobs",
+            state.owed.values().filter(|ticks| !ticks.is_empty()).count()
+        )
+    }
+}
+
+impl Starts {
+    pub(crate) fn new(session: Session, leading: CancellationToken, here: Arc<StartedHere>) -> Starts {
+        Starts {
+            leading,
+            session,
+            here,
+            state: Mutex::default(),
+            started: Notify::new(),
+        }
+    }
+
+    /// Cancelled when the leadership ends.
+    pub(crate) fn leading(&self) -> &CancellationToken {
+        &self.leading
+    }
+
+    /// Called before a claimed tick's command starts: a ticket to start it, if it may. It may
+    /// while the leadership lasts, its lease holds by this node's own clock and the tick is
+    /// still owed; this also waits until the lease has enough time left for the start to be
+    /// written before it could expire, so a leader whose renewals are failing does not start a
+    /// command that its successor would then run again. The tick stays listed as pending until
+    /// [`StartTicket::started`]; a ticket dropped unused gives the tick back.
+    pub(crate) async fn begin(self: &Arc<Self>, job: &str, tick: DateTime<Utc>) -> Option<StartTicket> {
+        let margin = (self.session.ttl() / 3).min(START_MARGIN);
+        loop {
+            if self.leading.is_cancelled() || !self.session.check_live() {
+                return None;
+            }
+            if self.session.remaining() >= margin {
+                let mut state = self.lock();
+                let fence = state.owed.get_mut(job).and_then(|ticks| ticks.remove(&tick))?;
+                state.starting.entry(job.to_string()).or_default().insert(tick);
+                return Some(StartTicket {
+                    starts: Arc::clone(self),
+                    job: job.to_string(),
+                    tick,
+                    fence,
+                    used: false,
+                });
+            }
+            tracing::debug!(job, tick = %tick, left = ?self.session.remaining(), "waiting for a lease renewal before starting");
+            tokio::select! {
+                _ = tokio::time::sleep(MARGIN_POLL) => {}
+                _ = self.leading.cancelled() => return None,
+            }
+        }
+    }
+
+    /// Called when a claimed tick is settled without a run (skipped, replaced): whether it may
+    /// be, on the terms of [`Starts::begin`] but without waiting; the settlement is then kept for
+    /// the leader to write like a start. A tick that may not stays pending in etcd.
+    pub(crate) fn settle(&self, job: &str, tick: DateTime<Utc>) -> bool {
+        let mut state = self.lock();
+        if self.leading.is_cancelled() || !self.session.check_live() {
+            return false;
+        }
+        let owed = state
+            .owed
+            .get_mut(job)
+            .is_some_and(|ticks| ticks.remove(&tick).is_some());
+        if owed {
+            state.unrecorded.entry(job.to_string()).or_insert_with(Instant::now);
+            drop(state);
+            self.here.remember(job, tick);
+            self.started.notify_waiters();
+        }
+        owed
+    }
+
+    /// What the node started, across its leaderships.
+    pub(crate) fn here(&self) -> &StartedHere {
+        &self.here
+    }
+
+    /// Whether a command of this leadership may start now (a first attempt with its ticket, or
+    /// a retry): the leadership lasts and its lease holds by this node's own clock. Called with
+    /// nothing between it and the spawn.
+    pub(crate) fn may_spawn(&self) -> bool {
+        !self.leading.is_cancelled() && self.session.check_live()
+    }
+
+    /// Until when, by this node's own monotonic clock, the lease holds: a command may be
+    /// executed only before this instant.
+    pub(crate) fn lease_deadline(&self) -> std::time::Instant {
+        self.session.valid_until().into_std()
+    }
+
+    /// After a write of `job`'s record that won with `fence`: these ticks of `job` are owed.
+    ///
+    /// The write lists every tick still owed as this leadership's, so each of them starts with
+    /// its fence: a tick claimed ahead before a redelivery's claim does not start after it with
+    /// a lower fence, and a leadership starts a job's ticks in fence order.
+    pub(crate) fn owe(&self, job: &str, ticks: impl IntoIterator<Item = DateTime<Utc>>, fence: i64) {
+        let mut state = self.lock();
+        let owed = state.owed.entry(job.to_string()).or_default();
+        for owed_fence in owed.values_mut() {
+            *owed_fence = (*owed_fence).max(fence);
+        }
+        owed.extend(ticks.into_iter().map(|tick| (tick, fence)));
+    }
+
+    /// The fence of `tick` of `job` if this leadership owes it (claimed, not started).
+    pub(crate) fn owed_fence(&self, job: &str, tick: DateTime<Utc>) -> Option<i64> {
+        self.lock().owed.get(job)?.get(&tick).copied()
+    }
+
+    /// The first tick of `job` after `after` that this leadership owes: one it claimed ahead.
+    pub(crate) fn next_owed_after(&self, job: &str, after: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        let state = self.lock();
+        let ticks = state.owed.get(job)?;
+        ticks.range(after..).map(|(tick, _)| *tick).find(|tick| *tick > after)
+    }
+
+    /// The ticks of `job` still owed, oldest first, those about to start included: what its
+    /// record lists as pending.
+    pub(crate) fn owed(&self, job: &str) -> BTreeSet<DateTime<Utc>> {
+        let state = self.lock();
+        let mut owed: BTreeSet<DateTime<Utc>> = state
+            .owed
+            .get(job)
+            .into_iter()
+            .flat_map(|ticks| ticks.keys().copied())
+            .collect();
+        owed.extend(state.starting.get(job).into_iter().flatten().copied());
+        owed
+    }
+
+    /// Takes up to `max` jobs whose starts are not written yet, the oldest first, for a claim to
+    /// write, skipping `except` (written anyway); [`Starts::unrecord`] puts back what could not
+    /// be written.
+    pub(crate) fn take_unrecorded(&self, max: usize, except: &[&str]) -> Vec<(String, Instant)> {
+        let mut state = self.lock();
+        let mut waiting: Vec<(&String, &Instant)> = state
+            .unrecorded
+            .iter()
+            .filter(|(job, _)| !except.contains(&job.as_str()))
+            .collect();
+        if waiting.len() > max {
+            waiting.select_nth_unstable_by_key(max, |(_, since)| **since);
+            waiting.truncate(max);
+        }
+        let jobs: Vec<String> = waiting.into_iter().map(|(job, _)| job.clone()).collect();
+        let mut taken: Vec<(String, Instant)> = jobs
+            .into_iter()
+            .filter_map(|job| state.unrecorded.remove_entry(&job))
+            .collect();
+        for job in except {
+            if let Some(since) = state.unrecorded.remove(*job) {
+                taken.push((job.to_string(), since));
+            }
+        }
+        taken
+    }
+
+    /// Puts back jobs whose starts a failed claim did not write.
+    pub(crate) fn unrecord(&self, jobs: Vec<(String, Instant)>) {
+        let mut state = self.lock();
+        for (job, since) in jobs {
+            let at = state.unrecorded.entry(job).or_insert(since);
+            *at = (*at).min(since);
+        }
+    }
+
+    /// When the oldest start not yet written happened.
+    pub(crate) fn oldest_unrecorded(&self) -> Option<Instant> {
+        self.lock().unrecorded.values().min().copied()
+    }
+
+    /// Resolves once some start is not written yet.
+    pub(crate) async fn any_unrecorded(&self) {
+        self.until(|state| !state.unrecorded.is_empty()).await;
+    }
+
+    /// `tick` of `job`, owed, may have started under an earlier leader.
+    pub(crate) fn redeliver(&self, job: &str, tick: DateTime<Utc>) {
+        self.lock()
+            .redeliveries
+            .entry(job.to_string())
+            .or_default()
+            .insert(tick);
+    }
+
+    /// Whether `tick` of `job` fires as a redelivery; asked once, when it fires.
+    pub(crate) fn take_redelivery(&self, job: &str, tick: DateTime<Utc>) -> bool {
+        let mut state = self.lock();
+        let Some(ticks) = state.redeliveries.get_mut(job) else {
+            return false;
+        };
+        let taken = ticks.remove(&tick);
+        if ticks.is_empty() {
+            state.redeliveries.remove(job);
+        }
+        taken
+    }
+
+    /// The jobs this leadership owes ticks of, those about to start included.
+    pub(crate) fn owing_jobs(&self) -> Vec<String> {
+        let state = self.lock();
+        let owed = state
+            .owed
+            .iter()
+            .filter(|(_, ticks)| !ticks.is_empty())
+            .map(|(job, _)| job);
+        let starting = state
+            .starting
+            .iter()
+            .filter(|(_, ticks)| !ticks.is_empty())
+            .map(|(job, _)| job);
+        let mut jobs: Vec<String> = owed.chain(starting).cloned().collect();
+        jobs.sort_unstable();
+        jobs.dedup();
+        jobs
+    }
+
+    /// Resolves once one of `jobs` owes at most `limit` ticks, or the leadership ends.
+    pub(crate) async fn owing_at_most(&self, limit: usize, jobs: Vec<String>) {
+        self.until(|state| {
+            jobs.iter()
+                .any(|job| state.owed.get(job).map_or(0, BTreeMap::len) <= limit)
+        })
+        .await;
+    }
+
+    /// Resolves once every tick owed up to `tick` has started, or may no longer start.
+    pub(crate) async fn all_begun(&self, tick: DateTime<Utc>) {
+        self.until(|state| {
+            state.owed.values().all(|ticks| ticks.range(..=tick).next().is_none())
+                && state
+                    .starting
+                    .values()
+                    .all(|ticks| ticks.range(..=tick).next().is_none())
+        })
+        .await;
+    }
+
+    /// Resolves once no ticket is between its last check and its spawn. Called after the
+    /// leadership ended: a ticket that has not passed [`Starts::may_spawn`] gives its tick
+    /// back, one that has is spawning and records its start, so the last write of starts then
+    /// lists as pending exactly the ticks that never started.
+    pub(crate) async fn spawns_settled(&self) {
+        loop {
+            let settled = self.started.notified();
+            tokio::pin!(settled);
+            settled.as_mut().enable();
+            if self.lock().starting.values().all(BTreeSet::is_empty) {
+                return;
+            }
+            settled.await;
+        }
+    }
+
+    async fn until(&self, done: impl Fn(&State) -> bool) {
+        loop {
+            // Registered before the check, so a start between the two is not missed.
+            let started = self.started.notified();
+            tokio::pin!(started);
+            started.as_mut().enable();
+            if done(&self.lock()) || self.leading.is_cancelled() {
+                return;
+            }
+            tokio::select! {
+                _ = started => {}
+                _ = self.leading.cancelled() => return,
+            }
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// Leave to start one claimed tick's command. Checked once more right before the command is
+/// spawned, since the node may have been stopped since the ticket was given.
+pub(crate) struct StartTicket {
+    starts: Arc<Starts>,
+    job: String,
+    tick: DateTime<Utc>,
+    fence: i64,
+    used: bool,
+}
+
+impl StartTicket {
+    /// The command was spawned (or failed to be): the start is kept for the leader to write.
+    pub(crate) fn started(mut self) {
+        self.used = true;
+        let mut state = self.starts.lock();
+        if let Some(ticks) = state.starting.get_mut(&self.job) {
+            ticks.remove(&self.tick);
+        }
+        state.unrecorded.entry(self.job.clone()).or_insert_with(Instant::now);
+        drop(state);
+        self.starts.here.remember(&self.job, self.tick);
+        self.starts.started.notify_waiters();
+    }
+}
+
+impl Drop for StartTicket {
+    /// Unused, the tick is owed again: it stays pending for the next leader to deliver.
+    fn drop(&mut self) {
+        if self.used {
+            return;
+        }
+        let mut state = self.starts.lock();
+        if let Some(ticks) = state.starting.get_mut(&self.job) {
+            ticks.remove(&self.tick);
+        }
+        state
+            .owed
+            .entry(self.job.clone())
+            .or_default()
+            .insert(self.tick, self.fence);
+        drop(state);
+        self.starts.started.notify_waiters();
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,112 @@
+//! `jobs.toml`, read once and turned into a validated [`Config`].
+//!
+//! The raw file is deserialized with spans kept on every value, then checked field by field; the
+//! rest of the program only ever sees [`Config`] and [`Job`], whose schedules are parsed and whose
+//! zones are resolved. Every error names the file, line, column, job and field.
+//!
+//! - `model`: the validated types.
+//! - `raw`: the file's serde shapes, spans kept.
+//! - `validate`: the checks from one to the other.
+//! - `error`: [`ConfigError`] and the source text that locates it.
+//! - `pieces`: a large file read a thousand jobs at a time.
+
+mod error;
+mod loaded;
+mod model;
+mod pieces;
+mod raw;
+mod validate;
+mod validate_job;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use chrono_tz::Tz;
+
+pub use error::ConfigError;
+use error::Source;
+pub(crate) use loaded::Loaded;
+pub use model::*;
+use raw::{RawFile, RawJobs};
+use validate::{validate_cluster, validate_etcd};
+use validate_job::validate_job;
+
+use crate::rules::schedule::Schedule;
+
+/// Reads and validates the config file at `path`.
+pub fn load(path: &Path) -> Result<Config, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|err| ConfigError {
+        file: path.to_path_buf(),
+        location: None,
+        job: None,
+        field: None,
+        message: format!("cannot read config file: {err}"),
+    })?;
+    parse(path, &text)
+}
+
+/// Validates `text` as the contents of the config file `path`.
+pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
+    let source = Source { path, text };
+    let Parts { cluster, etcd, jobs } = match parse_in_pieces(&source, pieces::JOBS_PER_PIECE) {
+        Some(parts) => parts,
+        None => parse_whole(&source)?,
+    };
+    Ok(Config {
+        path: path.to_path_buf(),
+        cluster,
+        etcd,
+        jobs,
+        digest: format!("{:016x}", seahash::hash(text.as_bytes())),
+    })
+}
+
+/// What the file says, validated.
+struct Parts {
+    cluster: Cluster,
+    etcd: Etcd,
+    jobs: Vec<Job>,
+}
+
+fn parse_whole(source: &Source) -> Result<Parts, ConfigError> {
+    let raw: RawFile = toml::from_str(source.text).map_err(|err| source.toml_error(&err))?;
+    let cluster = validate_cluster(source, raw.cluster)?;
+    let etcd = validate_etcd(source, raw.etcd)?;
+
+    let mut schedules: HashMap<(String, Tz), Arc<Schedule>> = HashMap::new();
+    let mut jobs = Vec::with_capacity(raw.jobs.len());
+    for (name, job) in raw.jobs {
+        jobs.push(validate_job(source, &cluster, name, job, &mut schedules)?);
+    }
+    Ok(Parts { cluster, etcd, jobs })
+}
+
+/// What [`parse_whole`] makes, read in pieces, so that no tree of the whole document is ever
+/// held; `None` for a file that must be read whole, or one with any error, whose message the
+/// whole-document reader then gives.
+fn parse_in_pieces(source: &Source, jobs_per_piece: usize) -> Option<Parts> {
+    let pieces = pieces::split(source.text, jobs_per_piece)?;
+    let rest: RawFile = toml::from_str(&pieces.rest).ok()?;
+    if !rest.jobs.is_empty() {
+        return None;
+    }
+    let cluster = validate_cluster(source, rest.cluster).ok()?;
+    let etcd = validate_etcd(source, rest.etcd).ok()?;
+    drop(pieces.rest);
+
+    let mut schedules: HashMap<(String, Tz), Arc<Schedule>> = HashMap::new();
+    let mut jobs = Vec::new();
+    for piece in pieces.jobs {
+        let raw: RawJobs = toml::from_str(&source.text[piece]).ok()?;
+        for (name, job) in raw.jobs {
+            jobs.push(validate_job(source, &cluster, name, job, &mut schedules).ok()?);
+        }
+    }
+    // In name order, as the whole-document reader's map gives them.
+    jobs.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+    Some(Parts { cluster, etcd, jobs })
+}
+
+#[cfg(test)]
+mod tests;

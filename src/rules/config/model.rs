@@ -1,0 +1,169 @@
+//! The validated config: what the rest of the program reads, with schedules parsed and zones
+//! resolved.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono_tz::Tz;
+use serde::Deserialize;
+
+use crate::rules::schedule::Schedule;
+
+/// The most shards a cluster may have; each is an etcd election, so this bounds etcd load.
+pub const MAX_SHARDS: u32 = 4096;
+/// Job names become etcd key segments and log fields, so they are kept short and plain.
+pub const MAX_JOB_NAME: usize = 128;
+
+/// A validated `jobs.toml`.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub path: PathBuf,
+    pub cluster: Cluster,
+    pub etcd: Etcd,
+    /// Sorted by name.
+    pub jobs: Vec<Job>,
+    /// seahash of the file's bytes, hex: nodes compare it to spot config drift.
+    pub digest: String,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Cluster {
+    pub name: String,
+    pub shards: u32,
+    pub lease_ttl: Duration,
+    pub timezone: Tz,
+    /// How many of each job's last runs etcd keeps for `shardcron history`; 0 keeps none.
+    pub history: u32,
+}
+
+/// Default for `[cluster] history`.
+pub const DEFAULT_HISTORY: u32 = 50;
+/// At most this many runs per job in `[cluster] history`: each is a key in etcd per job.
+pub const MAX_HISTORY: i64 = 1000;
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Etcd {
+    pub endpoints: Vec<String>,
+    pub username: Option<String>,
+    /// The name of the environment variable holding the password, never the password itself.
+    pub password_env: Option<String>,
+    /// A file holding the password, private to the node's user.
+    pub password_file: Option<PathBuf>,
+    pub tls: Option<EtcdTls>,
+    /// How old the history is that one node compacts etcd's history to; `None` (`"off"`) for
+    /// an etcd that compacts itself.
+    pub compaction: Option<Duration>,
+}
+
+/// Default for `[etcd] compaction`: what Kubernetes' API server keeps of its etcd's history.
+pub const DEFAULT_COMPACTION: Duration = Duration::from_secs(5 * 60);
+/// The shortest `[etcd] compaction`: a watch of ours that restarts reads its prefix and then
+/// watches from that read's revision, and that revision must outlive the few calls between.
+pub const MIN_COMPACTION: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct EtcdTls {
+    pub ca: Option<PathBuf>,
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+}
+
+/// One job, ready to schedule.
+#[derive(Debug, Clone)]
+pub struct Job {
+    pub name: String,
+    pub shard: u32,
+    /// Shared between jobs with the same (expression, zone): parsed once.
+    pub schedule: Arc<Schedule>,
+    pub command: String,
+    pub timeout: Option<Duration>,
+    /// After the timeout's (or a replacement's) SIGTERM, how long before SIGKILL.
+    pub kill_grace: Duration,
+    /// Further attempts after a failed run of the same tick, while this node leads the shard.
+    pub retries: u32,
+    /// The first retry's delay; each next one doubles, capped at [`MAX_RETRY_BACKOFF`], jittered.
+    pub retry_backoff: Duration,
+    pub catch_up: CatchUp,
+    pub starting_deadline: Option<Duration>,
+    pub overlap: Overlap,
+    pub delivery: Delivery,
+    pub working_dir: Option<PathBuf>,
+    pub env: BTreeMap<String, String>,
+    /// `KEY=VALUE` lines read at each run (the job's secrets): see `env_file` for the format.
+    pub env_file: Option<PathBuf>,
+}
+
+/// What a new leader does with a tick that was claimed and never started: its leader died,
+/// stalled past its lease or stopped first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Delivery {
+    /// Run it, with a higher fence and `CRON_REDELIVERED=1`. A tick runs twice only if it had
+    /// started and its start was not yet written when its node died.
+    #[default]
+    AtLeastOnce,
+    /// Record it `lost`: a tick never runs twice.
+    AtMostOnce,
+}
+
+/// What a new leader does with ticks that passed while the shard had no leader.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum CatchUp {
+    /// Run only the newest missed tick.
+    #[default]
+    Latest,
+    /// Run every missed tick, oldest first.
+    All,
+    /// Run none of them.
+    None,
+}
+
+/// What a tick does while the job's previous run on this node is still going.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Overlap {
+    /// Skip the new tick.
+    #[default]
+    Skip,
+    /// Run both.
+    Allow,
+    /// Stop the running one (SIGTERM, SIGKILL after `kill_grace`), then run the new tick.
+    Replace,
+}
+
+/// Default for `kill_grace`.
+pub const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(10);
+/// Default for `retry_backoff`.
+pub const DEFAULT_RETRY_BACKOFF: Duration = Duration::from_secs(1);
+/// Retry delays grow up to this.
+pub const MAX_RETRY_BACKOFF: Duration = Duration::from_secs(300);
+/// At most this many retries per tick: a job that needs more is failing, not flaky.
+pub const MAX_RETRIES: i64 = 100;
+
+#[cfg(test)]
+impl Job {
+    /// A job named `name` on `expression` in UTC with every other field at its default, for
+    /// unit tests to adjust.
+    pub(crate) fn for_tests(name: &str, expression: &str) -> Job {
+        Job {
+            name: name.into(),
+            shard: 0,
+            schedule: Arc::new(Schedule::parse(expression, chrono_tz::UTC).expect("a valid test schedule")),
+            command: "true".into(),
+            timeout: None,
+            kill_grace: DEFAULT_KILL_GRACE,
+            retries: 0,
+            retry_backoff: DEFAULT_RETRY_BACKOFF,
+            catch_up: CatchUp::default(),
+            starting_deadline: None,
+            overlap: Overlap::default(),
+            delivery: Delivery::default(),
+            working_dir: None,
+            env: BTreeMap::new(),
+            env_file: None,
+        }
+    }
+}

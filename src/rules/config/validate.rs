@@ -1,0 +1,255 @@
+//! Field-by-field checks that turn the raw shapes into the validated model: `[cluster]`,
+//! `[etcd]`, and the checks every section shares. A job's are in `validate_job`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use chrono_tz::Tz;
+use toml::Spanned;
+
+use super::error::{ConfigError, Source};
+use super::model::*;
+use super::raw::*;
+use crate::rules::bounds;
+use crate::rules::schedule::parse_zone;
+
+/// A duration field of at most `max` ([`bounds::MAX_WINDOW`] for spans, [`bounds::MAX_WAIT`]
+/// for waits).
+pub(super) fn parse_duration(
+    source: &Source,
+    value: &Spanned<String>,
+    job: Option<&str>,
+    field: &str,
+    max: Duration,
+) -> Result<Duration, ConfigError> {
+    bounds::parse(value.get_ref(), max).map_err(|err| {
+        source.error(
+            Some(value.span()),
+            job,
+            Some(field),
+            format!("invalid duration {:?}: {err}", value.get_ref()),
+        )
+    })
+}
+
+pub(super) fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+pub(super) fn validate_cluster(source: &Source, raw: Option<Spanned<RawCluster>>) -> Result<Cluster, ConfigError> {
+    let Some(raw) = raw else {
+        return Err(source.error(None, None, Some("cluster"), "missing [cluster] section"));
+    };
+    let table_span = raw.span();
+    let raw = raw.into_inner();
+    let field = |name: &str, message: String| source.error(Some(table_span.clone()), None, Some(name), message);
+
+    let name = raw
+        .name
+        .ok_or_else(|| field("cluster.name", "missing cluster name".into()))?;
+    if !valid_name(name.get_ref()) || name.get_ref() == "." || name.get_ref() == ".." {
+        return Err(source.error(
+            Some(name.span()),
+            None,
+            Some("cluster.name"),
+            format!(
+                "invalid cluster name {:?}: use letters, digits, '.', '_' and '-'",
+                name.get_ref()
+            ),
+        ));
+    }
+    let shards = raw
+        .shards
+        .ok_or_else(|| field("cluster.shards", "missing shard count".into()))?;
+    if !(1..=i64::from(MAX_SHARDS)).contains(shards.get_ref()) {
+        return Err(source.error(
+            Some(shards.span()),
+            None,
+            Some("cluster.shards"),
+            format!("shards must be between 1 and {MAX_SHARDS}, found {}", shards.get_ref()),
+        ));
+    }
+    let lease_ttl = match &raw.lease_ttl {
+        Some(value) => parse_duration(source, value, None, "cluster.lease_ttl", bounds::MAX_WAIT)?,
+        None => Duration::from_secs(10),
+    };
+    if lease_ttl < Duration::from_secs(1) || lease_ttl.subsec_nanos() != 0 {
+        let span = raw.lease_ttl.as_ref().map(|value| value.span());
+        return Err(source.error(
+            span,
+            None,
+            Some("cluster.lease_ttl"),
+            format!("lease_ttl must be whole seconds and at least 1s (etcd leases count seconds), found {lease_ttl:?}"),
+        ));
+    }
+    let timezone = match &raw.timezone {
+        Some(value) => parse_zone(value.get_ref())
+            .map_err(|message| source.error(Some(value.span()), None, Some("cluster.timezone"), message))?,
+        None => Tz::UTC,
+    };
+    let history = match &raw.history {
+        Some(value) if !(0..=MAX_HISTORY).contains(value.get_ref()) => {
+            return Err(source.error(
+                Some(value.span()),
+                None,
+                Some("cluster.history"),
+                format!(
+                    "history must be between 0 and {MAX_HISTORY} runs per job, found {}",
+                    value.get_ref()
+                ),
+            ));
+        }
+        Some(value) => *value.get_ref() as u32,
+        None => DEFAULT_HISTORY,
+    };
+    Ok(Cluster {
+        name: name.into_inner(),
+        shards: *shards.get_ref() as u32,
+        lease_ttl,
+        timezone,
+        history,
+    })
+}
+
+pub(super) fn validate_etcd(source: &Source, raw: Option<Spanned<RawEtcd>>) -> Result<Etcd, ConfigError> {
+    let Some(raw) = raw else {
+        return Err(source.error(None, None, Some("etcd"), "missing [etcd] section"));
+    };
+    let table_span = raw.span();
+    let raw = raw.into_inner();
+    let endpoints = raw.endpoints.clone().ok_or_else(|| {
+        source.error(
+            Some(table_span.clone()),
+            None,
+            Some("etcd.endpoints"),
+            "missing etcd endpoints",
+        )
+    })?;
+    if endpoints.get_ref().iter().all(|endpoint| endpoint.trim().is_empty()) {
+        return Err(source.error(
+            Some(endpoints.span()),
+            None,
+            Some("etcd.endpoints"),
+            "at least one etcd endpoint is required",
+        ));
+    }
+    validate_credentials(source, &raw)?;
+    let tls = match raw.tls {
+        Some(tls) => Some(validate_tls(source, tls)?),
+        None => None,
+    };
+    let compaction = validate_compaction(source, raw.compaction.as_ref())?;
+    Ok(Etcd {
+        endpoints: endpoints.into_inner(),
+        username: raw.username.map(Spanned::into_inner),
+        password_env: raw.password_env.map(Spanned::into_inner),
+        password_file: raw.password_file.map(Spanned::into_inner),
+        tls,
+        compaction,
+    })
+}
+
+/// A password comes one way, and only with a username to go with it.
+fn validate_credentials(source: &Source, raw: &RawEtcd) -> Result<(), ConfigError> {
+    if let Some(password_env) = &raw.password_env {
+        if raw.username.is_none() {
+            return Err(source.error(
+                Some(password_env.span()),
+                None,
+                Some("etcd.password_env"),
+                "password_env needs a username",
+            ));
+        }
+        if let Some(password_file) = &raw.password_file {
+            return Err(source.error(
+                Some(password_file.span()),
+                None,
+                Some("etcd.password_file"),
+                "give the password one way: password_env or password_file, not both",
+            ));
+        }
+    }
+    if let Some(password_file) = &raw.password_file {
+        if raw.username.is_none() {
+            return Err(source.error(
+                Some(password_file.span()),
+                None,
+                Some("etcd.password_file"),
+                "password_file needs a username",
+            ));
+        }
+        secret_path(source, password_file, None, "etcd.password_file")?;
+    }
+    Ok(())
+}
+
+/// `[etcd] compaction`: `"off"`, or how often, at least [`MIN_COMPACTION`].
+fn validate_compaction(source: &Source, compaction: Option<&Spanned<String>>) -> Result<Option<Duration>, ConfigError> {
+    Ok(match compaction {
+        None => Some(DEFAULT_COMPACTION),
+        Some(value) if value.get_ref().trim() == "off" => None,
+        Some(value) => {
+            let every = parse_duration(source, value, None, "etcd.compaction", bounds::MAX_WAIT)?;
+            if every < MIN_COMPACTION {
+                return Err(source.error(
+                    Some(value.span()),
+                    None,
+                    Some("etcd.compaction"),
+                    format!(
+                        "compaction must be \"off\" or at least {}, found {:?}",
+                        humantime::format_duration(MIN_COMPACTION),
+                        value.get_ref()
+                    ),
+                ));
+            }
+            Some(every)
+        }
+    })
+}
+
+/// A client certificate needs its key and a key its certificate: either alone would be dropped,
+/// and the node would connect without the identity the operator meant it to have.
+fn validate_tls(source: &Source, raw: RawTls) -> Result<EtcdTls, ConfigError> {
+    let missing = match (&raw.cert, &raw.key) {
+        (Some(cert), None) => Some((
+            cert.span(),
+            "etcd.tls.cert",
+            "cert needs key (the client certificate's private key)",
+        )),
+        (None, Some(key)) => Some((
+            key.span(),
+            "etcd.tls.key",
+            "key needs cert (the client certificate it belongs to)",
+        )),
+        _ => None,
+    };
+    if let Some((span, field, message)) = missing {
+        return Err(source.error(Some(span), None, Some(field), message));
+    }
+    Ok(EtcdTls {
+        ca: raw.ca,
+        cert: raw.cert.map(Spanned::into_inner),
+        key: raw.key.map(Spanned::into_inner),
+    })
+}
+
+/// A path to a secret file: absolute, since a node's working directory differs between a shell
+/// and its unit, and without a NUL byte, which no path can hold.
+pub(super) fn secret_path(
+    source: &Source,
+    path: &Spanned<PathBuf>,
+    job: Option<&str>,
+    field: &str,
+) -> Result<(), ConfigError> {
+    let error = |message: &str| Err(source.error(Some(path.span()), job, Some(field), message));
+    if path.get_ref().as_os_str().as_encoded_bytes().contains(&0) {
+        return error("the path holds a NUL byte");
+    }
+    if !path.get_ref().is_absolute() {
+        return error("the path must be absolute, such as /etc/shardcron/secrets/NAME");
+    }
+    Ok(())
+}

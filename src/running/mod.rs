@@ -1,0 +1,13 @@
+//! Running commands: this node's runs with their overlap rules and shutdown grace (`runs`), one
+//! tick's command in its own process group with its retries, timeout and output (`runner`), the
+//! child's own lease check before its command (`gate`), a job's `env_file`, and the descriptor
+//! limit ([`descriptors`]).
+//!
+//! May import: `rules`, `coord` (what a run reads and reports: starts, pauses, results,
+//! records), and the shared leaves at the top. Never `serving`, the leader or the node.
+
+pub mod descriptors;
+pub(crate) mod env_file;
+pub(crate) mod gate;
+pub(crate) mod runner;
+pub(crate) mod runs;

@@ -1,0 +1,142 @@
+//! Running one tick of a job: `sh -c <command>` in its own process group.
+//!
+//! The child's environment is the node's without its secrets ([`ChildEnv`], made once per
+//! node), then the job's `env_file` (read at each run) and `env`, then the tick's identity in
+//! `CRON_*` variables; it never inherits the node's environment as it is. Its output lines go
+//! to the node's log in the run's span; a timeout or a forced shutdown kills the whole process
+//! group, so nothing the command started outlives it.
+//!
+//! - `attempt`: one attempt, in named steps: the env_file, the spawn behind the lease gate,
+//!   the wait, the record.
+//! - `child`: the command as a process and its group: spawn, signals, waits.
+//! - `output`: the child's first line (the gate's) and its output lines forwarded to the log.
+
+mod attempt;
+mod child;
+mod output;
+
+use std::sync::Arc;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::backoff::Backoff;
+use crate::coord::starts::{StartTicket, Starts};
+use crate::rules::config::{Job, MAX_RETRY_BACKOFF};
+use crate::rules::record::{Outcome, RunRecord, Trigger};
+use crate::secrets::ChildEnv;
+
+/// Longer output lines are cut, so a job printing without newlines cannot grow the node's memory.
+pub const MAX_LINE: usize = 8 * 1024;
+
+/// One tick to run.
+#[derive(Debug, Clone)]
+pub struct Tick {
+    pub job: Arc<Job>,
+    pub scheduled_at: DateTime<Utc>,
+    /// `CRON_FENCE`: the revision of the claim that won the tick.
+    pub fence: i64,
+    /// `CRON_TERM`: the term of the shard leadership that claimed it (its leader key's create
+    /// revision).
+    pub term: i64,
+    pub node: String,
+    /// What the leadership that claimed this tick owes: the tick starts only through it, and
+    /// no retry starts once the leadership ended or its lease may have expired.
+    pub starts: Arc<Starts>,
+    /// A missed tick that a new leader runs late, not a live one.
+    pub caught_up: bool,
+    /// An earlier leader claimed this tick and never started it.
+    pub redelivered: bool,
+    /// The request a run asked for by hand answers; `None` for a tick of the schedule.
+    pub request: Option<String>,
+}
+
+impl Tick {
+    /// `CRON_TRIGGER`: a tick of the schedule, or a run asked for by `shardcron trigger`.
+    pub fn trigger(&self) -> Trigger {
+        match self.request {
+            Some(_) => Trigger::Manual,
+            None => Trigger::Schedule,
+        }
+    }
+
+    /// The tick, or a requested run's request time to the millisecond.
+    pub fn scheduled_at_text(&self) -> String {
+        let precision = match self.trigger() {
+            Trigger::Schedule => SecondsFormat::Secs,
+            Trigger::Manual => SecondsFormat::Millis,
+        };
+        self.scheduled_at.to_rfc3339_opts(precision, true)
+    }
+}
+
+/// Why a running command is stopped from outside.
+pub struct Stops<'a> {
+    /// The shutdown grace is over: SIGKILL at once.
+    pub kill: &'a CancellationToken,
+    /// A newer tick replaces this run (`overlap = "replace"`): SIGTERM, SIGKILL after
+    /// `kill_grace`.
+    pub replace: &'a CancellationToken,
+}
+
+/// Runs `tick` to completion, retrying a failed attempt as the job allows while this node still
+/// leads the shard, and says how the last attempt ended; `None` when the first attempt could
+/// not start because the leadership or its lease ended since `ticket` was given.
+pub async fn run(
+    tick: &Tick,
+    stops: &Stops<'_>,
+    mut ticket: Option<StartTicket>,
+    child_env: &ChildEnv,
+) -> Option<RunRecord> {
+    let job = &tick.job;
+    let mut attempt = 1;
+    let mut backoff = Backoff::new(job.retry_backoff, MAX_RETRY_BACKOFF);
+    let mut last = None;
+    loop {
+        // Inside the run's span (job, tick, fence): the attempt's number is a span of its own,
+        // since a span's fields cannot be replaced, only added to.
+        let span = tracing::error_span!("attempt", attempt);
+        let run_once = attempt::run_once(tick, attempt, stops, ticket.take(), child_env);
+        let Some(mut record) = run_once.instrument(span.clone()).await else {
+            if attempt > 1 {
+                span.in_scope(|| {
+                    tracing::warn!(
+                        "this node no longer leads the shard, or its lease may have expired: no more retries"
+                    )
+                });
+            }
+            return last;
+        };
+        record.attempts = attempt;
+        let retryable = match record.outcome {
+            Outcome::Exited => record.exit_code != Some(0),
+            Outcome::Timeout | Outcome::SpawnFailed => true,
+            Outcome::Killed | Outcome::Replaced | Outcome::Skipped | Outcome::Lost | Outcome::Paused => false,
+        };
+        if !retryable || attempt > job.retries {
+            return Some(record);
+        }
+        let delay = backoff.next_delay();
+        span.in_scope(|| tracing::warn!(retries = job.retries, retry_in = ?delay, "attempt failed; retrying"));
+        crate::metrics::get()
+            .retries
+            .get_or_create(&crate::metrics::JobLabel::new(&job.name))
+            .inc();
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = tick.starts.leading().cancelled() => {}
+            _ = stops.kill.cancelled() => return Some(record),
+            _ = stops.replace.cancelled() => return Some(record),
+        }
+        last = Some(record);
+        attempt += 1;
+    }
+}
+
+/// The span a tick's log lines carry, from its turn to its record: every line of the run says
+/// which job, tick and fence it is about without repeating them. At error level so that it is
+/// enabled whenever any of the run's lines is, whatever level the log is filtered at.
+pub(crate) fn span(tick: &Tick) -> tracing::Span {
+    tracing::error_span!("run", job = %tick.job.name, tick = %tick.scheduled_at_text(), fence = tick.fence)
+}

@@ -1,0 +1,198 @@
+//! One sequence of a job's ticks, as a task: wait for the job's turn (or skip), then each tick
+//! in its own span: a late-run permit, the checks that may settle it without a run, the start
+//! ticket, the run and its record.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use tokio::sync::{Mutex, OwnedMutexGuard, OwnedSemaphorePermit};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::overlap::{outrun, Running, Skip};
+use super::{not_run, Entry, Runs, LATE_PERMIT_HOLD};
+use crate::clock;
+use crate::rules::record::{Outcome, RunRecord};
+use crate::running::runner::{self, Tick};
+
+/// The job's turn, held by a sequence while it runs its ticks.
+struct Turn {
+    _held: Option<OwnedMutexGuard<()>>,
+    /// Cancelled when a newer tick replaces the sequence (`overlap = "replace"`).
+    replace: CancellationToken,
+    /// Whether the sequence waited for the turn behind another one.
+    waited: bool,
+}
+
+impl Runs {
+    /// Runs `ticks`, a sequence [`Runs::enter`] counted, one after another.
+    pub(super) async fn sequence(self, ticks: Vec<Tick>, entry: Entry) {
+        let job = Arc::clone(&ticks[0].job);
+        let Some(turn) = self.wait_turn(&entry, &ticks).await else {
+            return;
+        };
+        if self.behind_longer_run(entry.met, &ticks) {
+            self.release_turn(&job.name);
+            return;
+        }
+        for tick in ticks {
+            let span = runner::span(&tick);
+            self.run_tick(tick, &turn).instrument(span).await;
+        }
+        self.mark_running(&job.name, None);
+        self.release_turn(&job.name);
+    }
+
+    /// Waits for the job's turn, unless `overlap = "allow"`; `None` if the ticks were skipped
+    /// meanwhile.
+    async fn wait_turn(&self, entry: &Entry, ticks: &[Tick]) -> Option<Turn> {
+        let Some((turn, number)) = &entry.turn else {
+            return Some(Turn {
+                _held: None,
+                replace: CancellationToken::new(),
+                waited: false,
+            });
+        };
+        let job = &ticks[0].job;
+        let (held, waited) = match Arc::clone(turn).try_lock_owned() {
+            Ok(held) => (held, false),
+            Err(_) => (self.wait_for_turn(turn, entry.met, ticks).await?, true),
+        };
+        Some(Turn {
+            _held: Some(held),
+            replace: self.take_turn(&job.name, job.overlap, *number),
+            waited,
+        })
+    }
+
+    /// Waits for a turn another sequence holds. Behind a run `met` that may overlap the first
+    /// tick, waits no longer than that run started late: by then it has run the time between
+    /// the two ticks if it still goes, and the ticks are skipped (`None`).
+    async fn wait_for_turn(
+        &self,
+        turn: &Arc<Mutex<()>>,
+        met: Option<Running>,
+        ticks: &[Tick],
+    ) -> Option<OwnedMutexGuard<()>> {
+        let Some(running) = met else {
+            return Some(Arc::clone(turn).lock_owned().await);
+        };
+        let (job, first_at) = (&ticks[0].job.name, ticks[0].scheduled_at);
+        let certain = running.since + (first_at - running.tick);
+        tokio::select! {
+            biased;
+            held = Arc::clone(turn).lock_owned() => return Some(held),
+            _ = clock::sleep_past(certain) => {}
+        }
+        if self.still_overlaps(job, running, first_at) {
+            self.skip_all(ticks, Skip::Overlapped);
+            self.release_turn(job);
+            return None;
+        }
+        Some(Arc::clone(turn).lock_owned().await)
+    }
+
+    /// Whether the ticks, which met the run of tick `met` and waited for it, are skipped: that
+    /// run took at least the time between its tick and theirs.
+    fn behind_longer_run(&self, met: Option<Running>, ticks: &[Tick]) -> bool {
+        let Some(previous_tick) = met.map(|running| running.tick) else {
+            return false;
+        };
+        let (job, first_at) = (&ticks[0].job.name, ticks[0].scheduled_at);
+        let Some(took) = self.last_took(job).filter(|took| *took >= first_at - previous_tick) else {
+            return false;
+        };
+        self.skip_all(ticks, Skip::BehindLongerRun { previous_tick, took });
+        true
+    }
+
+    /// One tick of the sequence, in its span: settled without a run if a pause, a replacing
+    /// tick or its own next tick came meanwhile; otherwise run and reported.
+    async fn run_tick(&self, tick: Tick, turn: &Turn) {
+        let late = self.late_permit(&tick).await;
+        // A pause may have come while the tick waited for its turn or a permit.
+        if self.paused(&tick) {
+            return;
+        }
+        if turn.replace.is_cancelled() {
+            if self.settle(&tick) {
+                self.report(&tick, not_run(&tick, Outcome::Replaced));
+            }
+            return;
+        }
+        let job = &tick.job;
+        if turn.waited
+            && outrun(
+                job,
+                tick.scheduled_at,
+                tick.caught_up,
+                self.last_took(&job.name),
+                clock::now(),
+            )
+        {
+            self.skip(&tick, Skip::Outrun);
+            return;
+        }
+        // A requested run needs no ticket: no record lists it as owed. Its first attempt checks
+        // the leadership and the lease right before the spawn, as retries do.
+        let ticket = match tick.request {
+            Some(_) => None,
+            None => match tick.starts.begin(&job.name, tick.scheduled_at).await {
+                Some(ticket) => Some(ticket),
+                None => {
+                    self.not_starting(&tick);
+                    return;
+                }
+            },
+        };
+        let since = clock::now();
+        let running = Running {
+            since,
+            tick: tick.scheduled_at,
+            caught_up: tick.caught_up,
+        };
+        self.mark_running(&job.name, Some(running));
+        let stops = runner::Stops {
+            kill: &self.kill,
+            replace: &turn.replace,
+        };
+        let run = runner::run(&tick, &stops, ticket, &self.child_env);
+        let record = holding_permit(run, late).await;
+        self.took(&job.name, clock::now() - since);
+        match record {
+            Some(record) => self.report(&tick, record),
+            None => self.not_starting(&tick),
+        }
+    }
+
+    /// A late tick's permit, held for its run (at most [`LATE_PERMIT_HOLD`]); the semaphore is
+    /// never closed. A late tick waits for room until it holds one; a live tick never waits.
+    async fn late_permit(&self, tick: &Tick) -> Option<OwnedSemaphorePermit> {
+        if !tick.caught_up {
+            return None;
+        }
+        let permit = Arc::clone(&self.late).acquire_owned().await.ok();
+        self.late_taken_up();
+        permit
+    }
+}
+
+/// Runs `run`; a late tick's `permit` is given back once the run has gone on for
+/// [`LATE_PERMIT_HOLD`].
+async fn holding_permit(
+    run: impl Future<Output = Option<RunRecord>>,
+    permit: Option<OwnedSemaphorePermit>,
+) -> Option<RunRecord> {
+    let Some(permit) = permit else {
+        return run.await;
+    };
+    tokio::pin!(run);
+    tokio::select! {
+        record = &mut run => record,
+        _ = tokio::time::sleep(LATE_PERMIT_HOLD) => {
+            drop(permit);
+            tracing::info!(held_s = LATE_PERMIT_HOLD.as_secs(), "a late run still going gives its permit back: the node's other backlogs go on beside it");
+            run.await
+        }
+    }
+}
