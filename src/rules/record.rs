@@ -174,7 +174,8 @@ impl RunRecord {
 pub enum Outcome {
     /// The command ran and exited by itself; `exit_code` says how.
     Exited,
-    /// The shutdown grace ran out and the command was killed.
+    /// The command was killed: the shutdown grace ran out, or it stayed silent past its lease
+    /// gate's deadline and printed the gate's line only once killed.
     Killed,
     /// The job's `timeout` ran out.
     Timeout,
