@@ -309,23 +309,25 @@ impl Term {
         firing: &mut Firing,
         now: DateTime<Utc>,
     ) -> Flow {
-        let settled = self
-            .catch_up(
-                claimer,
-                book,
-                &mut firing.behind,
-                &mut firing.refilling,
-                firing.took_over,
-                now,
-            )
-            .await?;
-        firing.queue = self.queue(book, &settled, now);
+        firing.queue = self.settle_behind(claimer, book, firing, now).await?;
         Ok(())
     }
 
     /// Settles the jobs of `behind` that waited, and adds their next ticks to the queue.
     async fn catch_up_more(&self, claimer: &Claimer<'_>, book: &mut Book, firing: &mut Firing) -> Flow {
-        let now = clock::now();
+        let settled = self.settle_behind(claimer, book, firing, clock::now()).await?;
+        firing.queue.extend(settled);
+        Ok(())
+    }
+
+    /// Catches up the jobs of `behind` as of `now`; the next tick of each one settled.
+    async fn settle_behind(
+        &self,
+        claimer: &Claimer<'_>,
+        book: &mut Book,
+        firing: &mut Firing,
+        now: DateTime<Utc>,
+    ) -> Result<Queue, TermEnd> {
         let settled = self
             .catch_up(
                 claimer,
@@ -336,8 +338,7 @@ impl Term {
                 now,
             )
             .await?;
-        firing.queue.extend(self.queue(book, &settled, now));
-        Ok(())
+        Ok(self.queue(book, &settled, now))
     }
 
     /// A change of the fleet view: a handoff, or the last node of a shard count gone.
