@@ -293,36 +293,10 @@ pub async fn write_leftovers(
         }
         let closing = closed.is_cancelled();
         let age = if closing { Duration::ZERO } else { RIDE_WINDOW };
-        let mut failed = false;
-        let batch = queue.take_older_than(age);
-        if !batch.is_empty() {
-            let records: Vec<(String, RunRecord, Option<RunRecord>)> = batch
-                .iter()
-                .map(|entry| (entry.job.clone(), entry.record.clone(), entry.success.clone()))
-                .collect();
-            if let Err(err) = ledger::record_runs(&client, &keys, &records).await {
-                if err.is_nospace() {
-                    tracing::debug!(error = %err, runs = records.len(), "etcd is out of space: run results wait to be recorded");
-                } else {
-                    tracing::warn!(error = %err, runs = records.len(), "could not record run results in etcd (the runs themselves happened and were logged); will retry");
-                }
-                queue.put_back(batch);
-                failed = true;
-            }
-        }
-        let entries = queue.history.take_older_than(age);
-        if !entries.is_empty() {
-            if let Err(err) = history::write(&client, &keys, &entries).await {
-                if err.is_nospace() {
-                    tracing::debug!(error = %err, runs = entries.len(), "etcd is out of space: runs wait to be added to their jobs' history");
-                } else {
-                    tracing::warn!(error = %err, runs = entries.len(), "could not add runs to their jobs' history in etcd; will retry");
-                }
-                queue.history.put_back(entries);
-                failed = true;
-            }
-        }
-        if failed && !closing {
+        // Both, whatever the first did: the history does not wait for the results.
+        let results_written = write_results(&queue, &client, &keys, age).await;
+        let history_written = write_history(&queue, &client, &keys, age).await;
+        if !(results_written && history_written) && !closing {
             tokio::select! {
                 _ = tokio::time::sleep(RETRY_PAUSE) => {}
                 _ = closed.cancelled() => {}
@@ -332,6 +306,47 @@ pub async fn write_leftovers(
             return;
         }
     }
+}
+
+/// Writes the results older than `age`; false if etcd did not take them (they wait for the
+/// next try).
+async fn write_results(queue: &ResultQueue, client: &etcd_client::Client, keys: &Keys, age: Duration) -> bool {
+    let batch = queue.take_older_than(age);
+    if batch.is_empty() {
+        return true;
+    }
+    let records: Vec<(String, RunRecord, Option<RunRecord>)> = batch
+        .iter()
+        .map(|entry| (entry.job.clone(), entry.record.clone(), entry.success.clone()))
+        .collect();
+    let Err(err) = ledger::record_runs(client, keys, &records).await else {
+        return true;
+    };
+    if err.is_nospace() {
+        tracing::debug!(error = %err, runs = records.len(), "etcd is out of space: run results wait to be recorded");
+    } else {
+        tracing::warn!(error = %err, runs = records.len(), "could not record run results in etcd (the runs themselves happened and were logged); will retry");
+    }
+    queue.put_back(batch);
+    false
+}
+
+/// Adds the runs older than `age` to their jobs' history; false if etcd did not take them.
+async fn write_history(queue: &ResultQueue, client: &etcd_client::Client, keys: &Keys, age: Duration) -> bool {
+    let entries = queue.history.take_older_than(age);
+    if entries.is_empty() {
+        return true;
+    }
+    let Err(err) = history::write(client, keys, &entries).await else {
+        return true;
+    };
+    if err.is_nospace() {
+        tracing::debug!(error = %err, runs = entries.len(), "etcd is out of space: runs wait to be added to their jobs' history");
+    } else {
+        tracing::warn!(error = %err, runs = entries.len(), "could not add runs to their jobs' history in etcd; will retry");
+    }
+    queue.history.put_back(entries);
+    false
 }
 
 #[cfg(test)]

@@ -337,11 +337,22 @@ fn job_status(
 
 /// The human-readable form: nodes, shard leaders and jobs as aligned tables.
 pub fn render(status: &Status) -> String {
-    let dash = || "-".to_string();
-    let mut out = format!(
-        "cluster {} ({} shards, config digest {})\n\n",
-        status.cluster, status.shard_count, status.digest
-    );
+    format!(
+        "cluster {} ({} shards, config digest {})\n\n{}\n{}\n{}",
+        status.cluster,
+        status.shard_count,
+        status.digest,
+        nodes_table(status),
+        shards_table(status),
+        jobs_table(status)
+    )
+}
+
+fn dash() -> String {
+    "-".to_string()
+}
+
+fn nodes_table(status: &Status) -> String {
     let nodes: Vec<Vec<String>> = status
         .nodes
         .iter()
@@ -356,11 +367,10 @@ pub fn render(status: &Status) -> String {
             ]
         })
         .collect();
-    out.push_str(&text_table::table(
-        &["NODE", "LEADS", "SHARDS", "DIGEST", "VERSION", "STARTED"],
-        &nodes,
-    ));
-    out.push('\n');
+    text_table::table(&["NODE", "LEADS", "SHARDS", "DIGEST", "VERSION", "STARTED"], &nodes)
+}
+
+fn shards_table(status: &Status) -> String {
     let shards: Vec<Vec<String>> = status
         .shards
         .iter()
@@ -373,8 +383,11 @@ pub fn render(status: &Status) -> String {
             ]
         })
         .collect();
-    out.push_str(&text_table::table(&["SHARD", "LEADER", "FENCE", "STANDBY"], &shards));
-    out.push('\n');
+    // FENCE: the leader's term, under the column's first name (the output is a contract).
+    text_table::table(&["SHARD", "LEADER", "FENCE", "STANDBY"], &shards)
+}
+
+fn jobs_table(status: &Status) -> String {
     let jobs: Vec<Vec<String>> = status
         .jobs
         .iter()
@@ -403,7 +416,7 @@ pub fn render(status: &Status) -> String {
             ]
         })
         .collect();
-    out.push_str(&text_table::table(
+    text_table::table(
         &[
             "JOB",
             "SHARD",
@@ -416,6 +429,5 @@ pub fn render(status: &Status) -> String {
             "PAUSED",
         ],
         &jobs,
-    ));
-    out
+    )
 }
