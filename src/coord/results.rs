@@ -296,7 +296,8 @@ pub async fn write_leftovers(
         // Both, whatever the first did: the history does not wait for the results.
         let results_written = write_results(&queue, &client, &keys, age).await;
         let history_written = write_history(&queue, &client, &keys, age).await;
-        if !(results_written && history_written) && !closing {
+        let failed = !(results_written && history_written);
+        if failed && !closing {
             tokio::select! {
                 _ = tokio::time::sleep(RETRY_PAUSE) => {}
                 _ = closed.cancelled() => {}
