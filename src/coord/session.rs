@@ -117,7 +117,9 @@ impl Session {
     fn lose(&self, why: &str) {
         if !self.inner.released.is_cancelled() {
             crate::metrics::get().session_losses.inc();
+            // The whole node's, whichever run or term noticed it first: outside their spans.
             tracing::warn!(
+                parent: None,
                 lease = format!("{:x}", self.inner.lease),
                 reason = why,
                 "session lost: every shard term of this node ends"
