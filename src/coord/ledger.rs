@@ -46,13 +46,8 @@ pub(crate) fn result_op_count(record: &RunRecord, success: Option<&RunRecord>) -
     1 + usize::from(last_success(record, success).is_some())
 }
 
-/// A job's last claim as read from etcd, with the revision a claim must find unchanged.
-#[derive(Debug, Clone, Default)]
-pub struct Seen {
-    pub claim: Option<Claim>,
-    /// 0 when the job has no record yet (etcd compares a missing key's revision as 0).
-    pub mod_revision: i64,
-}
+pub use crate::rules::protocol::Seen;
+use crate::rules::protocol::{self, Guard};
 
 /// One job's part of a claim transaction.
 #[derive(Debug, Clone)]
@@ -130,21 +125,32 @@ pub async fn claim(
             + history.len() * history::OPS_PER_ENTRY
             <= ops_per_txn()
     );
-    let mut compares = vec![leadership.guard()];
+    let guards = protocol::guards(
+        leadership.term,
+        requests
+            .iter()
+            .map(|request| (request.job.as_str(), request.expected_revision)),
+    );
+    let compares: Vec<Compare> = guards
+        .iter()
+        .map(|guard| match guard {
+            Guard::Leads { term } => {
+                debug_assert_eq!(*term, leadership.term);
+                leadership.guard()
+            }
+            Guard::RecordAt { job, revision } => {
+                Compare::mod_revision(keys.job_last(job).as_str(), CompareOp::Equal, *revision)
+            }
+        })
+        .collect();
     let mut puts = history::ops(keys, history)?;
     puts.reserve(requests.len() + results.len());
     for (job, record, success) in results {
         puts.extend(result_ops(keys, job, record, *success)?);
     }
     for request in requests {
-        let key = keys.job_last(&request.job);
-        compares.push(Compare::mod_revision(
-            key.as_str(),
-            CompareOp::Equal,
-            request.expected_revision,
-        ));
         let value = serde_json::to_vec(&request.claim).map_err(|err| CoordError::Protocol(err.to_string()))?;
-        puts.push(TxnOp::put(key, value, None::<PutOptions>));
+        puts.push(TxnOp::put(keys.job_last(&request.job), value, None::<PutOptions>));
     }
     let response = etcd::call(session.client().txn(Txn::new().when(compares).and_then(puts))).await?;
     if !response.succeeded() {

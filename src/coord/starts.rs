@@ -10,7 +10,7 @@
 //! stall) does not deliver again what it started itself: a start not yet written when its node
 //! dies, or when another node takes the shard, is the only way a tick runs twice.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -19,6 +19,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::coord::session::Session;
+use crate::rules::protocol::Owed;
 
 /// At most how much lease a start needs left: enough to write it. A third of the TTL is always
 /// left between renewals that succeed, so this only holds back starts while renewals fail.
@@ -83,26 +84,16 @@ pub(crate) struct Starts {
 
 #[derive(Default)]
 struct State {
-    /// Per job, the ticks this leadership claimed and has not started, with the fence of the
-    /// claim that won each.
-    owed: HashMap<String, BTreeMap<DateTime<Utc>, i64>>,
-    /// Per job, ticks given a [`StartTicket`] whose command has not started yet: still pending.
-    starting: HashMap<String, BTreeSet<DateTime<Utc>>>,
+    /// The ticks this leadership owes, by the protocol's rules.
+    owed: Owed,
     /// Jobs whose owed ticks changed since their record was last written, and since when.
     unrecorded: HashMap<String, Instant>,
-    /// Owed ticks adopted from an earlier leader that may have started them: they run as
-    /// redeliveries when they fire.
-    redeliveries: HashMap<String, BTreeSet<DateTime<Utc>>>,
 }
 
 impl std::fmt::Debug for Starts {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let state = self.lock();
-        write!(
-            f,
-            "owing ticks of {} jobs",
-            state.owed.values().filter(|ticks| !ticks.is_empty()).count()
-        )
+        write!(f, "owing ticks of {} jobs", state.owed.owing_jobs().len())
     }
 }
 
@@ -135,9 +126,7 @@ impl Starts {
                 return None;
             }
             if self.session.remaining() >= margin {
-                let mut state = self.lock();
-                let fence = state.owed.get_mut(job).and_then(|ticks| ticks.remove(&tick))?;
-                state.starting.entry(job.to_string()).or_default().insert(tick);
+                let fence = self.lock().owed.begin(job, tick)?;
                 return Some(StartTicket {
                     starts: Arc::clone(self),
                     job: job.to_string(),
@@ -162,10 +151,7 @@ impl Starts {
         if self.leading.is_cancelled() || !self.session.check_live() {
             return false;
         }
-        let owed = state
-            .owed
-            .get_mut(job)
-            .is_some_and(|ticks| ticks.remove(&tick).is_some());
+        let owed = state.owed.settle(job, tick);
         if owed {
             state.unrecorded.entry(job.to_string()).or_insert_with(Instant::now);
             drop(state);
@@ -199,38 +185,23 @@ impl Starts {
     /// its fence: a tick claimed ahead before a redelivery's claim does not start after it with
     /// a lower fence, and a leadership starts a job's ticks in fence order.
     pub(crate) fn owe(&self, job: &str, ticks: impl IntoIterator<Item = DateTime<Utc>>, fence: i64) {
-        let mut state = self.lock();
-        let owed = state.owed.entry(job.to_string()).or_default();
-        for owed_fence in owed.values_mut() {
-            *owed_fence = (*owed_fence).max(fence);
-        }
-        owed.extend(ticks.into_iter().map(|tick| (tick, fence)));
+        self.lock().owed.owe(job, ticks, fence);
     }
 
     /// The fence of `tick` of `job` if this leadership owes it (claimed, not started).
     pub(crate) fn owed_fence(&self, job: &str, tick: DateTime<Utc>) -> Option<i64> {
-        self.lock().owed.get(job)?.get(&tick).copied()
+        self.lock().owed.fence(job, tick)
     }
 
     /// The first tick of `job` after `after` that this leadership owes: one it claimed ahead.
     pub(crate) fn next_owed_after(&self, job: &str, after: DateTime<Utc>) -> Option<DateTime<Utc>> {
-        let state = self.lock();
-        let ticks = state.owed.get(job)?;
-        ticks.range(after..).map(|(tick, _)| *tick).find(|tick| *tick > after)
+        self.lock().owed.next_after(job, after)
     }
 
     /// The ticks of `job` still owed, oldest first, those about to start included: what its
     /// record lists as pending.
     pub(crate) fn owed(&self, job: &str) -> BTreeSet<DateTime<Utc>> {
-        let state = self.lock();
-        let mut owed: BTreeSet<DateTime<Utc>> = state
-            .owed
-            .get(job)
-            .into_iter()
-            .flat_map(|ticks| ticks.keys().copied())
-            .collect();
-        owed.extend(state.starting.get(job).into_iter().flatten().copied());
-        owed
+        self.lock().owed.listed(job)
     }
 
     /// Takes up to `max` jobs whose starts are not written yet, the oldest first, for a claim to
@@ -281,64 +252,28 @@ impl Starts {
 
     /// `tick` of `job`, owed, may have started under an earlier leader.
     pub(crate) fn redeliver(&self, job: &str, tick: DateTime<Utc>) {
-        self.lock()
-            .redeliveries
-            .entry(job.to_string())
-            .or_default()
-            .insert(tick);
+        self.lock().owed.redeliver(job, tick);
     }
 
     /// Whether `tick` of `job` fires as a redelivery; asked once, when it fires.
     pub(crate) fn take_redelivery(&self, job: &str, tick: DateTime<Utc>) -> bool {
-        let mut state = self.lock();
-        let Some(ticks) = state.redeliveries.get_mut(job) else {
-            return false;
-        };
-        let taken = ticks.remove(&tick);
-        if ticks.is_empty() {
-            state.redeliveries.remove(job);
-        }
-        taken
+        self.lock().owed.take_redelivery(job, tick)
     }
 
     /// The jobs this leadership owes ticks of, those about to start included.
     pub(crate) fn owing_jobs(&self) -> Vec<String> {
-        let state = self.lock();
-        let owed = state
-            .owed
-            .iter()
-            .filter(|(_, ticks)| !ticks.is_empty())
-            .map(|(job, _)| job);
-        let starting = state
-            .starting
-            .iter()
-            .filter(|(_, ticks)| !ticks.is_empty())
-            .map(|(job, _)| job);
-        let mut jobs: Vec<String> = owed.chain(starting).cloned().collect();
-        jobs.sort_unstable();
-        jobs.dedup();
-        jobs
+        self.lock().owed.owing_jobs()
     }
 
     /// Resolves once one of `jobs` owes at most `limit` ticks, or the leadership ends.
     pub(crate) async fn owing_at_most(&self, limit: usize, jobs: Vec<String>) {
-        self.until(|state| {
-            jobs.iter()
-                .any(|job| state.owed.get(job).map_or(0, BTreeMap::len) <= limit)
-        })
-        .await;
+        self.until(|state| jobs.iter().any(|job| state.owed.count(job) <= limit))
+            .await;
     }
 
     /// Resolves once every tick owed up to `tick` has started, or may no longer start.
     pub(crate) async fn all_begun(&self, tick: DateTime<Utc>) {
-        self.until(|state| {
-            state.owed.values().all(|ticks| ticks.range(..=tick).next().is_none())
-                && state
-                    .starting
-                    .values()
-                    .all(|ticks| ticks.range(..=tick).next().is_none())
-        })
-        .await;
+        self.until(|state| state.owed.all_begun(tick)).await;
     }
 
     /// Resolves once no ticket is between its last check and its spawn. Called after the
@@ -350,7 +285,7 @@ impl Starts {
             let settled = self.started.notified();
             tokio::pin!(settled);
             settled.as_mut().enable();
-            if self.lock().starting.values().all(BTreeSet::is_empty) {
+            if self.lock().owed.none_starting() {
                 return;
             }
             settled.await;
@@ -393,9 +328,7 @@ impl StartTicket {
     pub(crate) fn started(mut self) {
         self.used = true;
         let mut state = self.starts.lock();
-        if let Some(ticks) = state.starting.get_mut(&self.job) {
-            ticks.remove(&self.tick);
-        }
+        state.owed.started(&self.job, self.tick);
         state.unrecorded.entry(self.job.clone()).or_insert_with(Instant::now);
         drop(state);
         self.starts.here.remember(&self.job, self.tick);
@@ -409,16 +342,7 @@ impl Drop for StartTicket {
         if self.used {
             return;
         }
-        let mut state = self.starts.lock();
-        if let Some(ticks) = state.starting.get_mut(&self.job) {
-            ticks.remove(&self.tick);
-        }
-        state
-            .owed
-            .entry(self.job.clone())
-            .or_default()
-            .insert(self.tick, self.fence);
-        drop(state);
+        self.starts.lock().owed.give_back(&self.job, self.tick, self.fence);
         self.starts.started.notify_waiters();
     }
 }

@@ -8,11 +8,13 @@ use chrono::{DateTime, Utc};
 
 use super::{Late, Term};
 use crate::clock;
-use crate::coord::claims::{Book, Claimer, Halt, Owner, Want};
+use crate::coord::claims::{Book, Claimer, Halt};
 use crate::coord::etcd::ops_per_txn;
 use crate::coord::view::FleetView;
-use crate::rules::catch_up::{any_due_since, backlog_part, missed_ticks, misses_any, Missed, MAX_CATCH_UP};
-use crate::rules::config::{Delivery, Job};
+use crate::rules::catch_up::{any_due_since, misses_any, MAX_CATCH_UP};
+use crate::rules::config::Job;
+use crate::rules::protocol::takeover::{self, Known, Leader, Plan};
+use crate::rules::protocol::{Owner, Want};
 use crate::rules::record::{Claim, Debt, Outcome, RunRecord, Trigger};
 
 /// Per job (by index in the book): the revision of the record that listed them, and the pending
@@ -101,29 +103,23 @@ impl Term {
             || any_due_since(&entry.job, entry.last(), took_over, now)
     }
 
-    /// The debts `record` lists that this leader settles: those of earlier leaders of its own
-    /// election, deposed since it leads, and those of a shard count no live node runs any more
-    /// (`view`), whose elections have no successor. The debts of another live election's leaders
-    /// stay listed for their successors.
+    /// The debts `record` lists that this leader settles ([`takeover::settleable`]).
     fn settleable(&self, record: Option<&Claim>, view: &FleetView) -> Vec<Debt> {
-        let Some(claim) = record else {
-            return Vec::new();
-        };
-        claim
-            .debts()
-            .filter(|debt| {
-                !debt.owed_by(self.leadership.term, &self.node.node_id)
-                    && debt
-                        .shards
-                        .is_none_or(|shards| shards == self.leadership.shards || view.shard_count_gone(shards))
-            })
-            .collect()
+        takeover::settleable(record, &self.leader(), |shards| view.shard_count_gone(shards))
     }
 
-    /// What to claim for `jobs`: ticks missed before `took_over` as each job's `catch_up` says,
-    /// every tick due since, and the pending ticks earlier leaders left, to run again or
-    /// (returned apart) to record lost. Also returned: the jobs whose backlog is claimed only in
-    /// part, as they may owe no more at once.
+    fn leader(&self) -> Leader<'_> {
+        Leader {
+            term: self.leadership.term,
+            node: &self.node.node_id,
+            shards: self.leadership.shards,
+        }
+    }
+
+    /// What to claim for `jobs` ([`takeover::plan`]): ticks missed before `took_over` as each
+    /// job's `catch_up` says, every tick due since, and the pending ticks earlier leaders left,
+    /// to run again or (returned apart) to record lost. Also returned: the jobs whose backlog is
+    /// claimed only in part, as they may owe no more at once.
     fn wants(
         &self,
         book: &Book,
@@ -136,57 +132,40 @@ impl Term {
         let mut never_started = NeverStarted::new();
         let mut unfinished = Vec::new();
         let view = self.fleet.borrow().clone();
+        let leader = self.leader();
         for &index in jobs {
             let entry = &book.entries()[index];
-            let label = entry.job.schedule.label();
-            let was = entry
-                .record()
-                .and_then(|claim| claim.schedule.as_deref())
-                .filter(|was| *was != label);
-            let missed = match was {
-                Some(was) => {
-                    tracing::info!(job = %entry.job.name, was, now = %label, "the schedule changed since the last claim: the ticks the new one would have had before now never existed, none is caught up");
-                    Missed::default()
-                }
-                None => missed_ticks(&entry.job, entry.last(), took_over),
-            };
-            if missed.truncated {
-                tracing::warn!(job = %entry.job.name, kept = MAX_CATCH_UP, "more ticks were missed than one takeover catches up: running only the newest");
-            }
-            let owed = self.starts.owed(&entry.job.name).len();
-            let (fresh, more) = backlog_part(&entry.job, missed.ticks, entry.last(), took_over, now, owed);
-            if more {
+            let job = &entry.job;
+            let plan = takeover::plan(
+                &leader,
+                &Known {
+                    index,
+                    job,
+                    record: entry.record(),
+                    owed: self.starts.owed(&job.name).len(),
+                    started_here: &|tick| self.node.started_here.contains(&job.name, tick),
+                    gone: &|shards| view.shard_count_gone(shards),
+                    took_over,
+                    now,
+                },
+            );
+            log_plan(job, &plan, self.leadership.shards);
+            if plan.unfinished {
                 unfinished.push(index);
             }
-            let debts = self.settleable(entry.record(), &view);
-            let mut adopt = Vec::new();
-            let mut settles = Vec::with_capacity(debts.len());
-            for debt in debts {
-                let (started, unstarted) = self.started_here(&entry.job.name, &debt.pending);
-                if let Some(first) = started.first() {
-                    tracing::info!(job = %entry.job.name, ticks = started.len(), first = %first, term = debt.term, "ticks this node started in an earlier leadership, whose start that one could not write: recorded now, not run again");
-                }
-                if debt.shards.is_some_and(|shards| shards != self.leadership.shards) {
-                    tracing::info!(job = %entry.job.name, ticks = debt.pending.len(), node = %debt.node, term = debt.term, shards = ?debt.shards, "settling the pending ticks of a leader of a shard count no node runs any more");
-                }
-                let (run, dropped) = redelivery(&entry.job, &unstarted, now, debt.released);
-                if debt.released {
-                    never_started.entry(index).or_default().extend(run.iter().copied());
-                }
-                adopt.extend(run);
-                settles.push(Owner::of(&debt));
-                if !dropped.is_empty() {
-                    lost.entry(index)
-                        .or_insert_with(|| (entry.revision(), Vec::new()))
-                        .1
-                        .push((debt, dropped));
-                }
+            if !plan.never_started.is_empty() {
+                never_started.insert(index, plan.never_started);
             }
-            adopt.sort_unstable();
-            adopt.dedup();
-            if !settles.is_empty() || !fresh.is_empty() {
-                wants.push(Want::catch_up(index, fresh, adopt, settles));
+            let dropped: Vec<(Debt, Vec<DateTime<Utc>>)> = plan
+                .settled
+                .into_iter()
+                .filter(|settled| !settled.lost.is_empty())
+                .map(|settled| (settled.debt, settled.lost))
+                .collect();
+            if !dropped.is_empty() {
+                lost.insert(index, (entry.revision(), dropped));
             }
+            wants.extend(plan.want);
         }
         (wants, lost, never_started, unfinished)
     }
@@ -203,7 +182,12 @@ impl Term {
         for won in claimer.claim(book, wants).await? {
             let job = book.job(won.index);
             if let Some((listed_at, debts)) = lost.remove(&won.index) {
-                for (debt, ticks) in debts {
+                // Only the debts the write settled: one another leader settled meanwhile is
+                // theirs to record.
+                let settled = debts
+                    .into_iter()
+                    .filter(|(debt, _)| won.settles.contains(&Owner::of(debt)));
+                for (debt, ticks) in settled {
                     self.record_lost(job, &debt, listed_at, &ticks);
                 }
             }
@@ -250,15 +234,6 @@ impl Term {
         Ok(())
     }
 
-    /// Splits an earlier leader's pending ticks of `job` into those this node started itself,
-    /// in an earlier leadership that lost its session before it could write the start, and the
-    /// others.
-    fn started_here(&self, job: &str, pending: &[DateTime<Utc>]) -> (Vec<DateTime<Utc>>, Vec<DateTime<Utc>>) {
-        pending
-            .iter()
-            .partition(|tick| self.node.started_here.contains(job, **tick))
-    }
-
     /// Records ticks an earlier leader claimed and never started, which this one does not run.
     /// Their fence is the revision of the record that listed them: no earlier than their claim,
     /// and earlier than any claim of this leader.
@@ -282,83 +257,21 @@ impl Term {
     }
 }
 
-/// Which of the ticks an earlier leader left pending this leader runs, and which it records
-/// lost. Ticks that leader `released` never started: each runs within the job's
-/// `starting_deadline`. Any other may have started, even one not due yet by this leader's
-/// clock (the other's may have run ahead): an `at-most-once` job runs none of them, an
-/// `at-least-once` job every one within its `starting_deadline`.
-fn redelivery(
-    job: &Job,
-    pending: &[DateTime<Utc>],
-    now: DateTime<Utc>,
-    released: bool,
-) -> (Vec<DateTime<Utc>>, Vec<DateTime<Utc>>) {
-    let floor = job
-        .starting_deadline
-        .and_then(|deadline| chrono::Duration::from_std(deadline).ok())
-        .map(|deadline| now - deadline);
-    pending.iter().partition(|tick| {
-        floor.is_none_or(|floor| **tick >= floor) && (released || job.delivery == Delivery::AtLeastOnce)
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use super::*;
-
-    #[test]
-    fn what_an_earlier_leader_left_is_run_or_recorded_lost() {
-        let at = |second: i64| DateTime::<Utc>::from_timestamp(1_800_000_000 + second, 0).unwrap();
-        let job = |delivery: Delivery, deadline: Option<u64>| Job {
-            delivery,
-            starting_deadline: deadline.map(Duration::from_secs),
-            ..Job::for_tests("j", "* * * * * *")
-        };
-        let pending = [at(1), at(5), at(9), at(11)];
-        let cases = [
-            (
-                job(Delivery::AtLeastOnce, None),
-                false,
-                vec![at(1), at(5), at(9), at(11)],
-                vec![],
-            ),
-            (
-                job(Delivery::AtLeastOnce, Some(5)),
-                false,
-                vec![at(5), at(9), at(11)],
-                vec![at(1)],
-            ),
-            // 11 is not due by this clock, but may be by the earlier leader's.
-            (
-                job(Delivery::AtMostOnce, None),
-                false,
-                vec![],
-                vec![at(1), at(5), at(9), at(11)],
-            ),
-            // Released: none of them started.
-            (
-                job(Delivery::AtMostOnce, None),
-                true,
-                vec![at(1), at(5), at(9), at(11)],
-                vec![],
-            ),
-            (
-                job(Delivery::AtMostOnce, Some(5)),
-                true,
-                vec![at(5), at(9), at(11)],
-                vec![at(1)],
-            ),
-        ];
-        for (job, released, run, lost) in cases {
-            assert_eq!(
-                redelivery(&job, &pending, at(10), released),
-                (run, lost),
-                "{:?} {:?} released: {released}",
-                job.delivery,
-                job.starting_deadline
-            );
+/// Logs what a takeover found for `job` beyond the ticks it claims.
+fn log_plan(job: &Job, plan: &Plan, shards: u32) {
+    if let Some(was) = &plan.schedule_was {
+        tracing::info!(job = %job.name, was, now = %job.schedule.label(), "the schedule changed since the last claim: the ticks the new one would have had before now never existed, none is caught up");
+    }
+    if plan.truncated {
+        tracing::warn!(job = %job.name, kept = MAX_CATCH_UP, "more ticks were missed than one takeover catches up: running only the newest");
+    }
+    for settled in &plan.settled {
+        let debt = &settled.debt;
+        if let Some(first) = settled.started_here.first() {
+            tracing::info!(job = %job.name, ticks = settled.started_here.len(), first = %first, term = debt.term, "ticks this node started in an earlier leadership, whose start that one could not write: recorded now, not run again");
+        }
+        if debt.shards.is_some_and(|owner| owner != shards) {
+            tracing::info!(job = %job.name, ticks = debt.pending.len(), node = %debt.node, term = debt.term, shards = ?debt.shards, "settling the pending ticks of a leader of a shard count no node runs any more");
         }
     }
 }

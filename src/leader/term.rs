@@ -12,7 +12,7 @@ use super::fire::Queue;
 use super::{Late, TermEnd, WonTicks, SPAWNS_SETTLE};
 use crate::clock;
 use crate::context::NodeContext;
-use crate::coord::claims::{Book, Claimer, Halt, Want};
+use crate::coord::claims::{Book, Claimer, Halt};
 use crate::coord::election::Leadership;
 use crate::coord::session::Session;
 use crate::coord::starts::Starts;
@@ -20,6 +20,7 @@ use crate::coord::triggers::{self, Taken};
 use crate::coord::view::FleetView;
 use crate::rules::config::Job;
 use crate::rules::config::Loaded;
+use crate::rules::protocol::Want;
 use crate::running::runner::Tick;
 
 /// One leadership of one shard.

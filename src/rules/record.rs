@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 /// The value of `/jobs/<job>/last`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Claim {
     /// The newest tick claimed.
     pub scheduled_at: DateTime<Utc>,
@@ -49,7 +49,7 @@ pub struct Claim {
 }
 
 /// Ticks a leader claimed and had not started when its record was last written by itself.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Debt {
     /// The owner's term (its election key's create revision).
     pub term: i64,

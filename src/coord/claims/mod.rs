@@ -18,8 +18,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use book::{next_record, resolve, Resolution, Writer};
-pub(crate) use book::{Book, Owner, Want, Won};
+pub(crate) use book::Book;
 pub(crate) use lead::ClaimLead;
 
 use crate::backoff::{sleep_or_cancel, Backoff};
@@ -32,6 +31,7 @@ use crate::coord::ledger::{self, ClaimRequest};
 use crate::coord::results::ResultQueue;
 use crate::coord::session::Session;
 use crate::coord::starts::Starts;
+use crate::rules::protocol::{after_reread, next_record, Reread, Want, Won, Writer};
 use crate::rules::record::{Claim, RunRecord};
 
 /// How a claim ended when it did not claim what it was asked to: the term decides what follows.
@@ -242,43 +242,38 @@ impl Claimer<'_> {
             .retry(|| ledger::read_claims(self.session, self.keys, &names))
             .await?;
         let mut open = Vec::new();
-        for ((mut want, intended), seen) in wants.drain(..).zip(intended).zip(seen) {
-            let expected = book.entries[want.index].revision;
-            let resolution = match &intended {
-                Some(intended) => resolve(&seen, expected, intended),
-                None => Resolution::Changed,
-            };
-            match resolution {
-                Resolution::Ours => self.won(book, want, intended, seen.mod_revision, won),
-                Resolution::Earlier => {
-                    let job = book.entries[want.index].job.name.clone();
+        for ((want, intended), seen) in wants.drain(..).zip(intended).zip(seen) {
+            let index = want.index;
+            let expected = book.entries[index].revision;
+            let job = book.entries[index].job.name.clone();
+            let carries_starts = riding_starts.iter().any(|(riding, _)| *riding == job);
+            match after_reread(want, &seen, expected, intended, carries_starts) {
+                Reread::Won {
+                    want,
+                    record,
+                    earlier: false,
+                } => self.won(book, want, record, seen.mod_revision, won),
+                Reread::Won {
+                    want,
+                    record,
+                    earlier: true,
+                } => {
                     tracing::info!(job = %job, "an earlier attempt of this claim landed late: its ticks are ours; the starts since are written again");
                     let (rewrite, riding): (Vec<_>, Vec<_>) =
                         riding_starts.drain(..).partition(|(riding, _)| *riding == job);
                     *riding_starts = riding;
                     self.starts.unrecord(rewrite);
-                    self.won(book, want, seen.claim.clone(), seen.mod_revision, won);
+                    self.won(book, want, record, seen.mod_revision, won);
                 }
-                Resolution::Open => open.push(want),
-                Resolution::Changed => {
-                    book.learn(want.index, &seen);
-                    let claimed = want.fresh.len();
-                    want.keep_after(book.entries[want.index].last());
-                    if want.fresh.len() < claimed {
-                        tracing::info!(job = %book.entries[want.index].job.name, "tick already claimed by another leader: not running it here");
+                Reread::Open(want) => open.push(want),
+                Reread::Changed { again, taken } => {
+                    book.learn(index, &seen);
+                    if taken > 0 {
+                        tracing::info!(job = %job, "tick already claimed by another leader: not running it here");
                     }
-                    // Another leader wrote the record: its pending ticks are its own now.
-                    want.adopt.clear();
-                    want.settles.clear();
                     // The starts riding this write are written over the new record, or that
                     // leader's write keeps them listed and a later leader runs them again.
-                    let job = &book.entries[want.index].job.name;
-                    let carries_starts = riding_starts.iter().any(|(riding, _)| riding == job);
-                    if !want.fresh.is_empty() {
-                        open.push(want);
-                    } else if carries_starts {
-                        open.push(Want::starts_only(want.index));
-                    }
+                    open.extend(again);
                 }
             }
         }
@@ -302,6 +297,7 @@ impl Claimer<'_> {
                 index: want.index,
                 fresh: want.fresh,
                 adopt: want.adopt,
+                settles: want.settles,
                 fence: revision,
             });
         }

@@ -1,4 +1,10 @@
-use super::*;
+use std::collections::BTreeSet;
+
+use chrono::{DateTime, Utc};
+
+use super::outcome::{resolve, Resolution, Seen};
+use super::write::{next_record, Owner, Want, Writer};
+use crate::rules::record::{Claim, Debt};
 
 fn at(second: i64) -> DateTime<Utc> {
     DateTime::<Utc>::from_timestamp(1_800_000_000 + second, 0).unwrap()
@@ -240,4 +246,54 @@ fn a_record_names_the_schedule_that_made_its_tick() {
         Some("old"),
         "an older tick does not move the record"
     );
+}
+
+#[test]
+fn after_another_leaders_write_a_takeover_still_settles_the_debts_the_record_lists() {
+    use super::outcome::{after_reread, Reread};
+    // c (term 407, 3 shards) settles what a (term 330, 3 shards) left; b, a leader of the other
+    // shard count, wrote the record first and kept a's debt under a's name.
+    let takeover = Want::catch_up(0, vec![at(59)], vec![at(58)], settling(330, "a"));
+    let before = owing(claim(58, 300, "b", &[]), 330, "a", 3, &[58]);
+    let intended = next_record(Some(&before), &takeover, &BTreeSet::new(), &writer(407, "c", 3), "s");
+    let by_b = owing(claim(59, 500, "b", &[59]), 330, "a", 3, &[58]);
+    let seen = Seen {
+        claim: Some(by_b.clone()),
+        mod_revision: 9,
+    };
+    let again = Want::catch_up(0, Vec::new(), vec![at(58)], settling(330, "a"));
+    assert_eq!(
+        after_reread(takeover.clone(), &seen, 7, intended.clone(), false),
+        Reread::Changed {
+            again: Some(again),
+            taken: 1
+        },
+        "a's debt is still listed: c still settles it"
+    );
+    let settled_by_b = Seen {
+        claim: Some(claim(59, 500, "b", &[59])),
+        mod_revision: 9,
+    };
+    assert_eq!(
+        after_reread(takeover.clone(), &settled_by_b, 7, intended.clone(), false),
+        Reread::Changed { again: None, taken: 1 },
+        "a's debt is gone: someone else settled it"
+    );
+    assert_eq!(
+        after_reread(takeover, &settled_by_b, 7, intended, true),
+        Reread::Changed {
+            again: Some(Want::starts_only(0)),
+            taken: 1
+        },
+        "the starts it carried are written again"
+    );
+}
+
+fn writer(term: i64, node: &str, shards: u32) -> Writer<'_> {
+    Writer {
+        term,
+        node,
+        shards,
+        releasing: false,
+    }
 }
