@@ -56,17 +56,23 @@ impl HistoryQueue {
     }
 
     pub fn push(&self, job: &Job, record: &RunRecord) {
-        if self.keep == 0 {
-            return;
+        if let Some(entry) = self.entry(job, record) {
+            lock(&self.entries).push(entry);
         }
-        let keep_from = self.horizon(job, record.scheduled_at);
-        lock(&self.entries).push(Entry {
+    }
+
+    /// The entry `record` makes in `job`'s history; `None` when histories are off.
+    pub fn entry(&self, job: &Job, record: &RunRecord) -> Option<Entry> {
+        if self.keep == 0 {
+            return None;
+        }
+        Some(Entry {
             job: job.name.clone(),
             shard: job.shard,
             record: record.clone(),
-            keep_from,
+            keep_from: self.horizon(job, record.scheduled_at),
             since: Instant::now(),
-        });
+        })
     }
 
     /// The oldest tick to keep when `tick` is the newest: the `keep`-th newest tick at or before

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::coord::etcd::CoordError;
 use crate::coord::history::{self, HistoryQueue};
 use crate::coord::keys::Keys;
 use crate::coord::ledger;
@@ -110,6 +111,28 @@ impl ResultQueue {
         }
         self.history.push(job, &record);
         self.push(&job.name, job.shard, record);
+    }
+
+    /// Writes `records` of `job` (none a success) to etcd at once, its result and its history,
+    /// instead of riding a later write. Ticks recorded lost are written before the claim that
+    /// drops them from the job's record: a leader that dies in between leaves them listed, and
+    /// the next records them again under the same keys, never a tick gone without a record.
+    pub async fn write_now(
+        &self,
+        client: &etcd_client::Client,
+        keys: &Keys,
+        job: &Job,
+        records: &[RunRecord],
+    ) -> Result<(), CoordError> {
+        let Some(newest) = records.iter().max_by_key(|record| record.scheduled_at) else {
+            return Ok(());
+        };
+        ledger::record_runs(client, keys, &[(job.name.clone(), newest.clone(), None)]).await?;
+        let entries: Vec<history::Entry> = records
+            .iter()
+            .filter_map(|record| self.history.entry(job, record))
+            .collect();
+        history::write(client, keys, &entries).await
     }
 
     pub fn push(&self, job: &str, shard: u32, record: RunRecord) {

@@ -255,6 +255,11 @@ impl Starts {
         self.lock().owed.redeliver(job, tick);
     }
 
+    /// Whether a last write may mark `job`'s owed ticks released ([`Owed::releasable`]).
+    pub(crate) fn releasable(&self, job: &str) -> bool {
+        self.lock().owed.releasable(job)
+    }
+
     /// Whether `tick` of `job` fires as a redelivery; asked once, when it fires.
     pub(crate) fn take_redelivery(&self, job: &str, tick: DateTime<Utc>) -> bool {
         self.lock().owed.take_redelivery(job, tick)

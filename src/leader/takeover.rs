@@ -2,7 +2,6 @@
 //! ticks missed while the shard had no leader.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
-use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 
@@ -179,16 +178,30 @@ impl Term {
         (mut lost, mut never_started): (Lost, NeverStarted),
         now: DateTime<Utc>,
     ) -> Result<(), Halt> {
+        // Recorded before the claim drops them from the records: see `ResultQueue::write_now`.
+        let mut recorded = HashMap::new();
+        let client = self.session.client();
+        for (index, (listed_at, debts)) in lost.drain() {
+            let job = book.job(index);
+            let records: Vec<RunRecord> = debts
+                .iter()
+                .flat_map(|(debt, ticks)| lost_records(debt, listed_at, ticks))
+                .collect();
+            claimer
+                .retry(|| self.node.results.write_now(&client, &self.node.keys, job, &records))
+                .await?;
+            recorded.insert(index, (debts, records));
+        }
         for won in claimer.claim(book, wants).await? {
             let job = book.job(won.index);
-            if let Some((listed_at, debts)) = lost.remove(&won.index) {
-                // Only the debts the write settled: one another leader settled meanwhile is
-                // theirs to record.
-                let settled = debts
-                    .into_iter()
-                    .filter(|(debt, _)| won.settles.contains(&Owner::of(debt)));
-                for (debt, ticks) in settled {
-                    self.record_lost(job, &debt, listed_at, &ticks);
+            if let Some((debts, records)) = recorded.remove(&won.index) {
+                for (debt, ticks) in debts.iter().filter(|(debt, _)| won.settles.contains(&Owner::of(debt))) {
+                    for tick in ticks {
+                        tracing::warn!(job = %job.name, tick = %tick, term = debt.term, node = %debt.node, delivery = ?job.delivery, "lost: a tick its leader claimed and never started, not run again");
+                    }
+                }
+                for record in &records {
+                    crate::metrics::get().record_run(&job.name, record);
                 }
             }
             let never_started = never_started.remove(&won.index).unwrap_or_default();
@@ -233,28 +246,26 @@ impl Term {
         }
         Ok(())
     }
+}
 
-    /// Records ticks an earlier leader claimed and never started, which this one does not run.
-    /// Their fence is the revision of the record that listed them: no earlier than their claim,
-    /// and earlier than any claim of this leader.
-    fn record_lost(&self, job: &Arc<Job>, debt: &Debt, listed_at: i64, ticks: &[DateTime<Utc>]) {
-        for tick in ticks {
-            tracing::warn!(job = %job.name, tick = %tick, fence = listed_at, term = debt.term, node = %debt.node, delivery = ?job.delivery, "lost: a tick its leader claimed and never started, not run again");
-            let record = RunRecord {
-                scheduled_at: *tick,
-                fence: listed_at,
-                node: debt.node.clone(),
-                outcome: Outcome::Lost,
-                exit_code: None,
-                duration_ms: 0,
-                finished_at: clock::now(),
-                attempts: 0,
-                trigger: Trigger::Schedule,
-            };
-            crate::metrics::get().record_run(&job.name, &record);
-            self.node.results.push_run(job, record);
-        }
-    }
+/// The records of ticks an earlier leader claimed and never started, which this one does not
+/// run. Their fence is the revision of the record that listed them: no earlier than their claim,
+/// and earlier than any claim of this leader.
+fn lost_records(debt: &Debt, listed_at: i64, ticks: &[DateTime<Utc>]) -> Vec<RunRecord> {
+    ticks
+        .iter()
+        .map(|tick| RunRecord {
+            scheduled_at: *tick,
+            fence: listed_at,
+            node: debt.node.clone(),
+            outcome: Outcome::Lost,
+            exit_code: None,
+            duration_ms: 0,
+            finished_at: clock::now(),
+            attempts: 0,
+            trigger: Trigger::Schedule,
+        })
+        .collect()
 }
 
 /// Logs what a takeover found for `job` beyond the ticks it claims.

@@ -116,6 +116,21 @@ impl Term {
             }
         }
         let won = claimer.claim(book, &wants).await?;
+        for won in &won {
+            // Ticks before `due` won too: the record had moved less far than the queue (a leader
+            // of the other shard count claimed past them while this claim of them was late).
+            // Past due, they start now, caught up.
+            let job = book.job(won.index);
+            let late: Vec<Tick> = won
+                .fresh
+                .iter()
+                .filter(|tick| **tick < due)
+                .map(|tick| self.tick(job, *tick, won.fence, Late::CaughtUp))
+                .collect();
+            if !late.is_empty() {
+                self.node.runs.start(late);
+            }
+        }
         let ahead_ms = (due - clock::now()).num_microseconds().unwrap_or_default() as f64 / 1000.0;
         tracing::debug!(tick = %due, jobs = won.len(), ahead_ms, "claimed");
         for index in due_now {

@@ -73,6 +73,21 @@ pub fn due_since(
     ticks
 }
 
+/// Ticks of `job` after `after` and before `before`, oldest first, at most `limit`: the ticks an
+/// on-time claim would skip when the record it finds claimed less far than its leader's queue.
+pub fn between(job: &Job, after: DateTime<Utc>, before: DateTime<Utc>, limit: usize) -> Vec<DateTime<Utc>> {
+    let mut ticks = Vec::new();
+    let mut from = after;
+    while ticks.len() < limit {
+        let Some(tick) = job.schedule.next_after(from).filter(|tick| *tick < before) else {
+            break;
+        };
+        ticks.push(tick);
+        from = tick;
+    }
+    ticks
+}
+
 /// The part of a job's backlog to claim now, oldest first, when it already owes `owed` ticks:
 /// at most [`MAX_OWED`] owed in all. The flag says ticks were left for a later part.
 pub fn backlog_part(

@@ -14,6 +14,7 @@
 mod book;
 mod lead;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -208,16 +209,16 @@ impl Claimer<'_> {
 
     /// The record each of `wants` writes.
     fn intended(&self, book: &Book, wants: &[Want]) -> Vec<Option<Claim>> {
-        let writer = Writer {
-            term: self.leadership.term,
-            node: self.node_id,
-            shards: self.leadership.shards,
-            releasing: self.releasing,
-        };
         wants
             .iter()
             .map(|want| {
                 let entry = &book.entries[want.index];
+                let writer = Writer {
+                    term: self.leadership.term,
+                    node: self.node_id,
+                    shards: self.leadership.shards,
+                    releasing: self.releasing && self.starts.releasable(&entry.job.name),
+                };
                 let owed = self.starts.owed(&entry.job.name);
                 next_record(entry.record.as_ref(), want, &owed, &writer, entry.job.schedule.label())
             })
@@ -247,7 +248,8 @@ impl Claimer<'_> {
             let expected = book.entries[index].revision;
             let job = book.entries[index].job.name.clone();
             let carries_starts = riding_starts.iter().any(|(riding, _)| *riding == job);
-            match after_reread(want, &seen, expected, intended, carries_starts) {
+            let spec = Arc::clone(&book.entries[index].job);
+            match after_reread(&spec, want, &seen, expected, intended, carries_starts) {
                 Reread::Won {
                     want,
                     record,

@@ -20,6 +20,8 @@ pub(crate) mod takeover;
 pub(crate) mod write;
 
 #[cfg(test)]
+mod model;
+#[cfg(test)]
 mod tests;
 
 pub use outcome::Seen;

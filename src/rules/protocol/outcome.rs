@@ -1,6 +1,8 @@
 //! Settling a write whose outcome the leader did not see: a rejection, or a reply lost after
 //! the write may have committed. The records read again say, per job, what became of it.
 
+use crate::rules::catch_up::{between, MAX_OWED};
+use crate::rules::config::Job;
 use crate::rules::record::Claim;
 
 use super::write::Want;
@@ -65,15 +67,18 @@ pub(crate) enum Reread {
     Changed { again: Option<Want>, taken: usize },
 }
 
-/// Settles `want`, a write of `intended` over the record at `expected_revision`, by `seen`, the
-/// record read after it. `carries_starts`: the write also carried starts of the job.
+/// Settles `want`, a write of `intended` over the record at `expected_revision` of `job`, by
+/// `seen`, the record read after it. `carries_starts`: the write also carried starts of the job.
 ///
 /// After another leader's write, the want keeps asking what is still open: new ticks past the
 /// record's last one, and the debts it settles that the record still lists under the same owner,
 /// with their adopted ticks. That other leader may be of another shard count and never settles
 /// them: dropping them would leave a deposed leader's ticks listed for good, neither run nor
-/// recorded. A debt the record no longer lists was settled by someone else.
+/// recorded. A debt the record no longer lists was settled by someone else. An on-time claim
+/// also claims the ticks between the record's last and its own ([`Want::fills_gap`]): a leader of
+/// the other shard count may have claimed past them while this one's claim of them was late.
 pub(crate) fn after_reread(
+    job: &Job,
     mut want: Want,
     seen: &Seen,
     expected_revision: i64,
@@ -98,8 +103,15 @@ pub(crate) fn after_reread(
         Resolution::Open => Reread::Open(want),
         Resolution::Changed => {
             let claimed = want.fresh.len();
-            want.keep_after(seen.claim.as_ref().map(|claim| claim.scheduled_at));
+            let last = seen.claim.as_ref().map(|claim| claim.scheduled_at);
+            want.keep_after(last);
             let taken = claimed - want.fresh.len();
+            if let (true, Some(last), Some(first)) = (want.fills_gap, last, want.fresh.first()) {
+                let room = MAX_OWED.saturating_sub(want.fresh.len());
+                let mut fresh = between(job, last, *first, room);
+                fresh.append(&mut want.fresh);
+                want.fresh = fresh;
+            }
             want.keep_settling(seen.claim.as_ref());
             let again = if want.asks_fresh_or_settles() {
                 Some(want)

@@ -123,6 +123,13 @@ impl Owed {
         self.starting.values().all(BTreeSet::is_empty)
     }
 
+    /// Whether a leadership's last write may mark `job`'s owed ticks released, never started:
+    /// not while it owes one adopted from an earlier leader that may have started it, which a
+    /// successor must run as a redelivery.
+    pub(crate) fn releasable(&self, job: &str) -> bool {
+        self.redeliveries.get(job).is_none_or(BTreeSet::is_empty)
+    }
+
     /// `tick` of `job`, owed, may have started under an earlier leader.
     pub(crate) fn redeliver(&mut self, job: &str, tick: DateTime<Utc>) {
         self.redeliveries.entry(job.to_string()).or_default().insert(tick);

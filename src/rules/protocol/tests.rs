@@ -94,6 +94,7 @@ fn the_next_record_lists_what_its_writer_owes_and_keeps_what_others_owe() {
         adopt: adopt.iter().map(|second| at(*second)).collect(),
         settles,
         starts_only: false,
+        fills_gap: false,
     };
     let cases = [
         (
@@ -251,6 +252,7 @@ fn a_record_names_the_schedule_that_made_its_tick() {
 #[test]
 fn after_another_leaders_write_a_takeover_still_settles_the_debts_the_record_lists() {
     use super::outcome::{after_reread, Reread};
+    let job = crate::rules::config::Job::for_tests("j", "* * * * * *");
     // c (term 407, 3 shards) settles what a (term 330, 3 shards) left; b, a leader of the other
     // shard count, wrote the record first and kept a's debt under a's name.
     let takeover = Want::catch_up(0, vec![at(59)], vec![at(58)], settling(330, "a"));
@@ -263,7 +265,7 @@ fn after_another_leaders_write_a_takeover_still_settles_the_debts_the_record_lis
     };
     let again = Want::catch_up(0, Vec::new(), vec![at(58)], settling(330, "a"));
     assert_eq!(
-        after_reread(takeover.clone(), &seen, 7, intended.clone(), false),
+        after_reread(&job, takeover.clone(), &seen, 7, intended.clone(), false),
         Reread::Changed {
             again: Some(again),
             taken: 1
@@ -275,12 +277,12 @@ fn after_another_leaders_write_a_takeover_still_settles_the_debts_the_record_lis
         mod_revision: 9,
     };
     assert_eq!(
-        after_reread(takeover.clone(), &settled_by_b, 7, intended.clone(), false),
+        after_reread(&job, takeover.clone(), &settled_by_b, 7, intended.clone(), false),
         Reread::Changed { again: None, taken: 1 },
         "a's debt is gone: someone else settled it"
     );
     assert_eq!(
-        after_reread(takeover, &settled_by_b, 7, intended, true),
+        after_reread(&job, takeover, &settled_by_b, 7, intended, true),
         Reread::Changed {
             again: Some(Want::starts_only(0)),
             taken: 1

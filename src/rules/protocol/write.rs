@@ -21,6 +21,9 @@ pub(crate) struct Want {
     pub(crate) settles: Vec<Owner>,
     /// Only writes the starts of ticks this leader owed.
     pub(crate) starts_only: bool,
+    /// An on-time claim of a job its leader fires: every tick between the record's last and the
+    /// new ones is its to claim too, should another leader's write move the record less far.
+    pub(crate) fills_gap: bool,
 }
 
 impl Want {
@@ -32,6 +35,7 @@ impl Want {
             adopt: Vec::new(),
             settles: Vec::new(),
             starts_only: false,
+            fills_gap: true,
         }
     }
 
@@ -49,6 +53,7 @@ impl Want {
             adopt,
             settles,
             starts_only: false,
+            fills_gap: false,
         }
     }
 
@@ -92,6 +97,7 @@ impl Want {
             adopt: Vec::new(),
             settles: Vec::new(),
             starts_only: true,
+            fills_gap: false,
         }
     }
 }

@@ -1,0 +1,170 @@
+//! The bounded check that runs with the unit tests, and the rules broken on purpose that it
+//! must catch.
+
+use std::time::Instant;
+
+use stateright::{Checker, HasDiscoveries, Model};
+
+use super::properties::{AT_MOST_ONCE, DELIVERED, FENCES_GROW, NO_SILENT_LOSS, REPEATS_FLAGGED};
+use super::{Protocol, Rules};
+use crate::rules::config::Delivery;
+
+const PROPERTIES: [&str; 5] = [AT_MOST_ONCE, FENCES_GROW, REPEATS_FLAGGED, NO_SILENT_LOSS, DELIVERED];
+
+/// Runs the checker on `model` and prints what it explored.
+fn check(name: &str, model: Protocol) -> impl Checker<Protocol> {
+    let began = Instant::now();
+    let checker = model
+        .checker()
+        .threads(2)
+        .target_state_count(limit())
+        .spawn_bfs()
+        .join();
+    println!(
+        "model {name}: {} states ({} unique), depth {}, {:.1} s",
+        checker.state_count(),
+        checker.unique_state_count(),
+        checker.max_depth(),
+        began.elapsed().as_secs_f64()
+    );
+    checker
+}
+
+/// Runs the checker on `model` with a rule broken until it breaks one of `expected`, and returns
+/// the properties broken with their counterexamples.
+fn catches(rules: Rules, mut model: Protocol, expected: &[&'static str]) -> Vec<(&'static str, String)> {
+    model.rules = rules;
+    let began = Instant::now();
+    let checker = model
+        .checker()
+        .threads(2)
+        .target_state_count(limit())
+        .finish_when(HasDiscoveries::AnyOf(expected.iter().copied().collect()))
+        .spawn_bfs()
+        .join();
+    let found: Vec<(&'static str, String)> = PROPERTIES
+        .into_iter()
+        .filter_map(|property| checker.discovery(property).map(|path| (property, super::trace(&path))))
+        .collect();
+    println!(
+        "model {rules:?}: {} states, {:.1} s, broke: {:?}",
+        checker.unique_state_count(),
+        began.elapsed().as_secs_f64(),
+        found.iter().map(|(property, _)| *property).collect::<Vec<_>>()
+    );
+    for (property, trace) in &found {
+        println!("{property}:\n{trace}");
+    }
+    found
+}
+
+fn assert_caught(rules: Rules, model: Protocol, expected: &[&'static str]) {
+    let found = catches(rules, model, expected);
+    assert!(
+        found.iter().any(|(property, _)| expected.contains(property)),
+        "{rules:?} broke none of {expected:?}"
+    );
+}
+
+/// 2 nodes, jobs `a` (at-least-once) and `b` (at-most-once), shard counts 1 and 2, time to
+/// second `horizon`, at most `faults` faults.
+fn fleet(jobs: usize, faults: u8, horizon: u8) -> Protocol {
+    let mut model = Protocol::new(
+        2,
+        &[("a", Delivery::AtLeastOnce), ("b", Delivery::AtMostOnce)][..jobs],
+        &[1, 2],
+        faults,
+    );
+    model.horizon = horizon;
+    model
+}
+
+#[test]
+fn the_claim_protocol_keeps_every_property_in_every_reachable_state() {
+    for model in [fleet(2, 1, 3), fleet(1, 2, 2)] {
+        let checker = check("bounded", model);
+        for property in PROPERTIES {
+            if let Some(path) = checker.discovery(property) {
+                panic!("{property}:\n{}", super::trace(&path));
+            }
+        }
+    }
+}
+
+#[test]
+fn the_checker_catches_the_shard_count_loss_fixed_in_issue_27() {
+    assert_caught(Rules::BeforeIssue27, fleet(2, 2, 3), &[NO_SILENT_LOSS, DELIVERED]);
+}
+
+#[test]
+fn the_checker_catches_a_claim_without_the_leadership_guard() {
+    assert_caught(Rules::Unguarded, fleet(2, 2, 3), &PROPERTIES);
+}
+
+#[test]
+fn the_checker_catches_a_new_term_that_forgets_the_ticks_its_leadership_owes() {
+    assert_caught(Rules::ResetOwed, fleet(2, 2, 3), &PROPERTIES);
+}
+
+#[test]
+fn the_checker_catches_ticks_recorded_lost_only_after_the_claim_that_drops_them() {
+    assert_caught(Rules::LostAfterClaim, fleet(2, 2, 3), &[NO_SILENT_LOSS]);
+}
+
+/// The deeper check before a release, sized by `SHARDCRON_MODEL_*` variables (NODES, JOBS,
+/// FAULTS, HORIZON, SKEW, TTL; STATES caps the states explored), and every rule broken on
+/// purpose: `cargo test --release --lib rules::protocol::model -- --ignored --nocapture`.
+#[test]
+#[ignore = "minutes: run before a release (docs/benchmarks.md)"]
+fn the_deeper_check_before_a_release() {
+    let knob = |name: &str, default: u8| {
+        std::env::var(format!("SHARDCRON_MODEL_{name}"))
+            .ok()
+            .and_then(|value| value.parse().ok())
+            .unwrap_or(default)
+    };
+    let jobs = [
+        ("a", Delivery::AtLeastOnce),
+        ("b", Delivery::AtMostOnce),
+        ("c", Delivery::AtLeastOnce),
+    ];
+    let mut model = Protocol::new(
+        usize::from(knob("NODES", 2)),
+        &jobs[..usize::from(knob("JOBS", 2)).clamp(1, 3)],
+        &[1, 2],
+        knob("FAULTS", 2),
+    );
+    model.horizon = knob("HORIZON", 3);
+    model.skew = knob("SKEW", 0);
+    model.ttl = knob("TTL", 2);
+    let checker = check("deep", model);
+    for property in PROPERTIES {
+        if let Some(path) = checker.discovery(property) {
+            panic!("{property}:\n{}", super::trace(&path));
+        }
+    }
+}
+
+#[test]
+#[ignore = "minutes: run before a release (docs/benchmarks.md)"]
+fn every_rule_broken_on_purpose_is_caught() {
+    let cases = [
+        (Rules::BeforeIssue27, fleet(2, 2, 3), &[NO_SILENT_LOSS, DELIVERED][..]),
+        (Rules::Unguarded, fleet(2, 2, 3), &PROPERTIES[..]),
+        (Rules::ResetOwed, fleet(2, 2, 3), &PROPERTIES[..]),
+        (Rules::LostAfterClaim, fleet(2, 2, 3), &[NO_SILENT_LOSS][..]),
+        (Rules::DropSettlesOnChange, fleet(1, 2, 2), &[DELIVERED][..]),
+        (Rules::ReleaseAdopted, fleet(2, 2, 3), &[REPEATS_FLAGGED][..]),
+        (Rules::SkipGap, fleet(1, 2, 3), &[DELIVERED][..]),
+    ];
+    for (rules, model, expected) in cases {
+        assert_caught(rules, model, expected);
+    }
+}
+
+fn limit() -> usize {
+    std::env::var("SHARDCRON_MODEL_STATES")
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(usize::MAX)
+}
