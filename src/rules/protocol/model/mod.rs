@@ -225,13 +225,39 @@ impl Model for Protocol {
     }
 }
 
-/// A counterexample, one action a line.
+/// A counterexample, one action a line, then the records and the log it ends with.
 #[cfg(test)]
 pub(crate) fn trace(path: &stateright::Path<State, Action>) -> String {
-    path.clone()
+    let mut lines: Vec<String> = path
+        .clone()
         .into_actions()
         .iter()
         .map(|action| format!("  {action:?}"))
-        .collect::<Vec<_>>()
-        .join("\n")
+        .collect();
+    let last = path.last_state();
+    for (job, (revision, claim)) in &last.etcd.records {
+        let debts: Vec<String> = claim
+            .debts()
+            .map(|debt| {
+                let ticks: Vec<i64> = debt.pending.iter().map(|tick| second(*tick)).collect();
+                format!(
+                    "term {} node {} shards {:?}: {ticks:?}",
+                    debt.term, debt.node, debt.shards
+                )
+            })
+            .collect();
+        lines.push(format!(
+            "  record of job {job} at revision {revision}: last tick {}, pending {debts:?}",
+            second(claim.scheduled_at)
+        ));
+    }
+    lines.push(format!(
+        "  started (job, tick) -> (times, fence): {:?}",
+        last.log.started
+    ));
+    lines.push(format!(
+        "  claimed: {:?}; recorded lost: {:?}",
+        last.log.claimed, last.log.recorded
+    ));
+    lines.join("\n")
 }
