@@ -19,6 +19,7 @@ use crate::coord::view::FleetView;
 use crate::rules::catch_up::MAX_OWED;
 use crate::rules::config::Delivery;
 use crate::rules::config::Loaded;
+use crate::rules::protocol::counts_gone;
 
 /// How late an instant may be before the firing loop takes it for a forward step of the wall
 /// clock, or a stall, and catches up what passed instead of firing it: more than an etcd
@@ -359,7 +360,7 @@ impl Term {
         }
         let counts = fleet.borrow().shard_counts();
         if let (Some(before), Some(now)) = (&firing.shard_counts, &counts) {
-            let gone: Vec<u32> = before.difference(now).copied().collect();
+            let gone = counts_gone(before, now);
             if !gone.is_empty() {
                 tracing::info!(gone = ?gone, "no node runs these shard counts any more: reading the records again for the ticks their leaders left pending");
                 return Err(TermEnd::ShardCountGone(std::mem::take(book)));

@@ -299,3 +299,49 @@ fn writer(term: i64, node: &str, shards: u32) -> Writer<'_> {
         releasing: false,
     }
 }
+
+#[test]
+fn an_on_time_claim_over_a_record_moved_less_far_claims_the_ticks_between() {
+    use super::outcome::{after_reread, Reread};
+    let job = crate::rules::config::Job::for_tests("j", "* * * * * *");
+    // This leader claims 13; the leader of the other shard count wrote 10 meanwhile.
+    let seen = Seen {
+        claim: Some(claim(10, 500, "b", &[10])),
+        mod_revision: 9,
+    };
+    let on_time = Want::tick(0, at(13));
+    let intended = next_record(None, &on_time, &BTreeSet::new(), &writer(407, "c", 3), "s");
+    let Reread::Changed {
+        again: Some(again),
+        taken: 0,
+    } = after_reread(&job, on_time, &seen, 0, intended.clone(), false)
+    else {
+        panic!("the claim is to be written again");
+    };
+    assert_eq!(again.fresh, vec![at(11), at(12), at(13)]);
+    // A catch-up claims only what its policy chose: nothing between.
+    let catch_up = Want::catch_up(0, vec![at(13)], Vec::new(), Vec::new());
+    let Reread::Changed { again: Some(again), .. } = after_reread(&job, catch_up, &seen, 0, intended, false) else {
+        panic!("the claim is to be written again");
+    };
+    assert_eq!(again.fresh, vec![at(13)]);
+}
+
+#[test]
+fn a_last_write_does_not_release_a_tick_adopted_from_a_leader_that_may_have_started_it() {
+    let mut owed = super::Owed::default();
+    owed.owe("j", [at(5)], 7);
+    assert!(owed.releasable("j"));
+    owed.owe("j", [at(6)], 9);
+    owed.redeliver("j", at(6));
+    assert!(!owed.releasable("j"), "6 may have started under the earlier leader");
+    assert_eq!(
+        owed.fence("j", at(5)),
+        Some(9),
+        "an owed tick starts with the newest write's fence"
+    );
+    assert_eq!(owed.begin("j", at(6)), Some(9));
+    assert!(owed.take_redelivery("j", at(6)));
+    owed.started("j", at(6));
+    assert!(owed.releasable("j"));
+}

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::etcd::Election;
 use super::{at, second, Action, Protocol, Rules, Start, State};
 use crate::rules::protocol::takeover::{self, Known, Leader};
-use crate::rules::protocol::{after_reread, guards, next_record, Owed, Owner, Reread, Want, Writer};
+use crate::rules::protocol::{after_reread, counts_gone, guards, next_record, Owed, Owner, Reread, Want, Writer};
 use crate::rules::record::{Claim, Debt};
 use crate::rules::shard::shard_of;
 
@@ -396,7 +396,7 @@ impl Step<'_> {
         let live = self.state.etcd.live_counts();
         let reset = self.model.rules == Rules::ResetOwed;
         let Some(term) = self.term(n, shard) else { return };
-        if term.counts_seen.iter().any(|count| !live.contains(count)) {
+        if !counts_gone(&term.counts_seen, &live).is_empty() {
             // A count has gone: its leaders' debts are ours now; a new term of the same
             // leadership reads every record again.
             term.behind = term.book.keys().copied().collect();
