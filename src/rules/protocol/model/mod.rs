@@ -78,6 +78,9 @@ pub(crate) struct Protocol {
     /// At most how many faults a run meets.
     pub(crate) faults: u8,
     pub(crate) rules: Rules,
+    /// A node's starts interleave with its writes (a start between a write's preparation and
+    /// its reply), as its runs do beside its claims; otherwise it starts between writes.
+    pub(crate) concurrent_starts: bool,
 }
 
 impl Protocol {
@@ -101,6 +104,7 @@ impl Protocol {
             skew: 0,
             faults,
             rules: Rules::Sound,
+            concurrent_starts: false,
         }
     }
 
@@ -171,6 +175,9 @@ pub(crate) enum Action {
     Resign(usize, u32),
     /// A node that crashed or stopped comes back with a shard count.
     Restart(usize, u32),
+    /// With [`Protocol::concurrent_starts`]: the node starts a tick it owes, whatever write is
+    /// in flight (node, shard, job, tick).
+    Fire(usize, u32, usize, i64),
 }
 
 impl Model for Protocol {

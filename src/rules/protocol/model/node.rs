@@ -143,6 +143,13 @@ impl Step<'_> {
             if let Some(inner) = &next {
                 actions.push(Action::Step(n, inner.clone()));
             }
+            if model.concurrent_starts {
+                for (shard, term) in &node.terms {
+                    if let Some((job, tick)) = Self::due(model, node, time, term) {
+                        actions.push(Action::Fire(n, *shard, job, tick));
+                    }
+                }
+            }
             if faults_left {
                 if let Some(Inner::Send(shard)) = next {
                     actions.push(Action::LoseReply(n, shard));
@@ -196,7 +203,7 @@ impl Step<'_> {
                 Some(_) => Some(Inner::Prepare(shard)),
                 None if term.counts_seen != state.etcd.live_counts() => Some(Inner::FleetChange(shard)),
                 None if term.book.values().any(Option::is_none) => Some(Inner::Read(shard)),
-                None if Self::due(model, node, time, term).is_some() => {
+                None if !model.concurrent_starts && Self::due(model, node, time, term).is_some() => {
                     Self::due(model, node, time, term).map(|(job, tick)| Inner::Fire(shard, job, tick))
                 }
                 None if Self::has_write(model, node, time, term) => Some(Inner::Prepare(shard)),
@@ -275,6 +282,7 @@ impl Step<'_> {
                 self.state.etcd.expire(now);
             }
             Action::Step(n, inner) => self.step(n, inner, time),
+            Action::Fire(n, shard, job, tick) => self.fire(n, shard, job, tick),
             Action::LoseReply(n, shard) => {
                 self.state.faults += 1;
                 self.send(n, shard, true);

@@ -137,6 +137,7 @@ fn the_deeper_check_before_a_release() {
     model.horizon = knob("HORIZON", 3);
     model.skew = knob("SKEW", 0);
     model.ttl = knob("TTL", 2);
+    model.concurrent_starts = knob("CONCURRENT_STARTS", 0) == 1;
     let checker = check("deep", model);
     for property in PROPERTIES {
         if let Some(path) = checker.discovery(property) {
