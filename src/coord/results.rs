@@ -113,24 +113,28 @@ impl ResultQueue {
         self.push(&job.name, job.shard, record);
     }
 
-    /// Writes `records` of `job` (none a success) to etcd at once, its result and its history,
-    /// instead of riding a later write. Ticks recorded lost are written before the claim that
-    /// drops them from the job's record: a leader that dies in between leaves them listed, and
-    /// the next records them again under the same keys, never a tick gone without a record.
+    /// Writes each job's `records` (none a success) to etcd at once, its result and its
+    /// history, instead of riding a later write. Ticks recorded lost are written before the
+    /// claim that drops them from the job's record: a leader that dies in between leaves them
+    /// listed, and the next records them again under the same keys, never a tick gone without a
+    /// record.
     pub async fn write_now(
         &self,
         client: &etcd_client::Client,
         keys: &Keys,
-        job: &Job,
-        records: &[RunRecord],
+        lost: &[(&Job, &[RunRecord])],
     ) -> Result<(), CoordError> {
-        let Some(newest) = records.iter().max_by_key(|record| record.scheduled_at) else {
-            return Ok(());
-        };
-        ledger::record_runs(client, keys, &[(job.name.clone(), newest.clone(), None)]).await?;
-        let entries: Vec<history::Entry> = records
+        let newest: Vec<(String, RunRecord, Option<RunRecord>)> = lost
             .iter()
-            .filter_map(|record| self.history.entry(job, record))
+            .filter_map(|(job, records)| {
+                let newest = records.iter().max_by_key(|record| record.scheduled_at)?;
+                Some((job.name.clone(), newest.clone(), None))
+            })
+            .collect();
+        ledger::record_runs(client, keys, &newest).await?;
+        let entries: Vec<history::Entry> = lost
+            .iter()
+            .flat_map(|(job, records)| records.iter().filter_map(|record| self.history.entry(job, record)))
             .collect();
         history::write(client, keys, &entries).await
     }

@@ -179,18 +179,26 @@ impl Term {
         now: DateTime<Utc>,
     ) -> Result<(), Halt> {
         // Recorded before the claim drops them from the records: see `ResultQueue::write_now`.
-        let mut recorded = HashMap::new();
-        let client = self.session.client();
-        for (index, (listed_at, debts)) in lost.drain() {
-            let job = book.job(index);
-            let records: Vec<RunRecord> = debts
+        // One write for every job of the chunk, not a round trip per job.
+        let mut recorded: HashMap<usize, _> = lost
+            .drain()
+            .map(|(index, (listed_at, debts))| {
+                let records: Vec<RunRecord> = debts
+                    .iter()
+                    .flat_map(|(debt, ticks)| lost_records(debt, listed_at, ticks))
+                    .collect();
+                (index, (debts, records))
+            })
+            .collect();
+        if !recorded.is_empty() {
+            let client = self.session.client();
+            let writes: Vec<(&Job, &[RunRecord])> = recorded
                 .iter()
-                .flat_map(|(debt, ticks)| lost_records(debt, listed_at, ticks))
+                .map(|(index, (_, records))| (book.job(*index).as_ref(), records.as_slice()))
                 .collect();
             claimer
-                .retry(|| self.node.results.write_now(&client, &self.node.keys, job, &records))
+                .retry(|| self.node.results.write_now(&client, &self.node.keys, &writes))
                 .await?;
-            recorded.insert(index, (debts, records));
         }
         for won in claimer.claim(book, wants).await? {
             let job = book.job(won.index);
