@@ -6,10 +6,11 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::coord::claims::ClaimLead;
-use crate::coord::keys::Keys;
+use crate::coord::keys::{ElectionKeys, Keys};
 use crate::coord::results::ResultQueue;
 use crate::coord::starts::StartedHere;
 use crate::rules::config::Loaded;
+use crate::rules::pools::Tags;
 use crate::running::runs::Runs;
 
 /// The node's identity, jobs and runs. Shared as an `Arc` by every task of the node, so a term
@@ -17,8 +18,11 @@ use crate::running::runs::Runs;
 pub(crate) struct NodeContext {
     pub(crate) node_id: String,
     pub(crate) keys: Keys,
-    /// The shard count of the node's `[cluster]`, fixed for its life.
-    pub(crate) shards: u32,
+    /// The node's tags (`--tags`), fixed for its life.
+    pub(crate) tags: Tags,
+    /// The keys of every election of the node's config, fixed for its life: a reload that
+    /// changes them is refused.
+    pub(crate) election_keys: ElectionKeys,
     /// Changes when a reload replaces the node's jobs.
     pub(crate) jobs: watch::Receiver<Arc<Loaded>>,
     pub(crate) runs: Runs,

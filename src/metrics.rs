@@ -65,6 +65,7 @@ pub(crate) struct Metrics {
     pub history_unwritten: Gauge,
     /// As this node's fleet view sees the elections.
     pub shards_without_leader: Gauge,
+    pub jobs_without_eligible_node: Gauge,
     /// Candidate keys in the elections that no live member put, as this node's view sees them.
     pub election_foreign_keys: Gauge,
     pub config_drift_nodes: Gauge,
@@ -104,6 +105,7 @@ impl Metrics {
             results_unwritten: Gauge::default(),
             history_unwritten: Gauge::default(),
             shards_without_leader: Gauge::default(),
+            jobs_without_eligible_node: Gauge::default(),
             election_foreign_keys: Gauge::default(),
             config_drift_nodes: Gauge::default(),
             etcd_db_bytes: Gauge::default(),
@@ -208,6 +210,11 @@ impl Metrics {
             "shards_without_leader",
             "Shards with no leader, as this node's view of the elections sees them",
             self.shards_without_leader.clone(),
+        );
+        registry.register(
+            "jobs_without_eligible_node",
+            "Jobs whose run_on tags no live node has all of, as this node's view of the members sees them: nobody runs them",
+            self.jobs_without_eligible_node.clone(),
         );
         registry.register(
             "election_foreign_keys",

@@ -32,6 +32,7 @@ mod scenarios {
     mod operations;
     mod package;
     mod packet_drops;
+    mod pools;
     mod read_path;
     mod secrets;
     mod security;

@@ -106,6 +106,7 @@ pub(crate) fn seed_run_records(url: &str, jobs: usize) -> f64 {
                     node: "bench-node".to_string(),
                     pending: Vec::new(),
                     shards: None,
+                    pool: None,
                     schedule: None,
                     others: Vec::new(),
                     released: false,

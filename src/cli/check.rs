@@ -9,8 +9,9 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use clap::Args;
 
 use super::{format_instant, parse_instant, ConfigArg};
-use crate::rules::config::{self, Config};
+use crate::rules::config::{self, Config, Job};
 use crate::rules::plan;
+use crate::rules::pools::FanOut;
 use crate::rules::schedule::{parse_zone, Schedule, ScheduleError};
 
 #[derive(Debug, Args)]
@@ -102,12 +103,29 @@ impl PlanArgs {
 #[derive(serde::Serialize)]
 struct CheckedJob<'a> {
     name: &'a str,
+    /// The shard within the job's pool (or within the fleet's `shards`).
     shard: u32,
+    /// The job's pool: its `run_on` tags joined by `+`; `null` for a job that runs anywhere.
+    pool: Option<String>,
+    fan_out: FanOut,
     zone: &'a str,
     /// As it fires: `H` items expanded, a list joined by `" | "`.
     schedule: &'a str,
     /// In the job's zone, with its offset; `null` for a schedule that never fires again.
     next: Option<String>,
+}
+
+/// The job's pool (its `run_on` tags joined by `+`); `None` without `run_on`.
+fn pool_of(job: &Job) -> Option<String> {
+    (!job.run_on.is_empty()).then(|| job.run_on.id())
+}
+
+/// What `check` and `plan` print after a job's shard when it has a pool or fans out: nothing
+/// for a job that runs anywhere, so their lines read as before pools.
+fn placement(job: &Job) -> String {
+    let pool = pool_of(job).map(|pool| format!(" pool={pool}")).unwrap_or_default();
+    let fan_out = if job.fan_out == FanOut::All { " fan_out=all" } else { "" };
+    format!("{pool}{fan_out}")
 }
 
 pub fn check(args: &CheckArgs) -> Result<()> {
@@ -133,7 +151,9 @@ pub fn check(args: &CheckArgs) -> Result<()> {
                 &mut out,
                 &CheckedJob {
                     name: &job.name,
-                    shard: job.shard,
+                    shard: job.pool_shard,
+                    pool: pool_of(job),
+                    fan_out: job.fan_out,
                     zone: zone.name(),
                     schedule: job.schedule.expanded(),
                     next,
@@ -143,9 +163,10 @@ pub fn check(args: &CheckArgs) -> Result<()> {
         }
         writeln!(
             out,
-            "{} shard={} zone={} next={} schedule=\"{}\"",
+            "{} shard={}{} zone={} next={} schedule=\"{}\"",
             job.name,
-            job.shard,
+            job.pool_shard,
+            placement(job),
             zone,
             next.as_deref().unwrap_or("never"),
             job.schedule.expanded()
@@ -201,10 +222,11 @@ pub fn plan(args: &PlanArgs) -> Result<()> {
             let zone = fire.job.schedule.zone();
             write!(
                 out,
-                "{} {} shard={} zone={}",
+                "{} {} shard={}{} zone={}",
                 format_instant(fire.at, zone),
                 fire.job.name,
-                fire.job.shard,
+                fire.job.pool_shard,
+                placement(fire.job),
                 zone
             )?;
             match fire.dst {

@@ -12,7 +12,8 @@ use clap::Args;
 use super::{block_on, parse_instant, print, ClusterArg};
 use crate::coord::pauses::{self, Pause, PauseRefused, EVERY_JOB};
 use crate::coord::triggers;
-use crate::rules::config::Config;
+use crate::rules::config::{Config, Job};
+use crate::rules::pools::FanOut;
 use crate::rules::record::Outcome;
 
 #[derive(Debug, Args)]
@@ -107,8 +108,11 @@ fn shown(name: &str) -> &str {
 /// `trigger`: the exit status is the run's own with `--wait`.
 pub fn trigger(args: &TriggerArgs) -> Result<ExitCode> {
     let config = args.cluster.config.load()?;
-    if !has_job(&config, &args.job) {
+    let Some(job) = config.jobs.iter().find(|job| job.name == args.job) else {
         anyhow::bail!("no job {:?} in {}", args.job, config.path.display());
+    };
+    if job.fan_out == FanOut::All {
+        return trigger_each(args, &config, job);
     }
     block_on(async {
         let cluster = args.cluster.connect(&config).await?;
@@ -148,6 +152,89 @@ pub fn trigger(args: &TriggerArgs) -> Result<ExitCode> {
                 ExitCode::FAILURE
             }
         })
+    })
+}
+
+/// `trigger` of a `fan_out = "all"` job: a run on every live node with its tags, each with its
+/// own fence. With `--wait`, the exit status is 0 if every run exited 0, else the first
+/// failure's (by node id).
+fn trigger_each(args: &TriggerArgs, config: &Config, job: &Job) -> Result<ExitCode> {
+    block_on(async {
+        let cluster = args.cluster.connect(config).await?;
+        let asked = triggers::ask_each(&cluster.client, &cluster.keys, &job.name, &job.run_on, args.timeout)
+            .await
+            .with_context(|| format!("cannot ask for runs through etcd at {:?}", cluster.endpoints))?;
+        if asked.is_empty() {
+            anyhow::bail!(
+                "{} runs on every node with the tags [{}] (fan_out = \"all\"), and no live node has them all",
+                job.name,
+                job.run_on.iter().collect::<Vec<_>>().join(", ")
+            );
+        }
+        print(format_args!(
+            "{} fans out: asked each of its {} eligible nodes for a run\n",
+            job.name,
+            asked.len()
+        ))?;
+        let mut claims = Vec::new();
+        let mut not_taken = Vec::new();
+        for (node, claimed) in asked {
+            match claimed {
+                Some(claimed) => {
+                    print(format_args!(
+                        "triggered {} node={} fence={}\n",
+                        job.name, claimed.node, claimed.fence
+                    ))?;
+                    claims.push(claimed);
+                }
+                None => {
+                    eprintln!(
+                        "shardcron: node {node} did not take the run of {} within {:?}; its request was withdrawn",
+                        job.name, args.timeout
+                    );
+                    not_taken.push(node);
+                }
+            }
+        }
+        let mut status = if not_taken.is_empty() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        };
+        for claimed in &claims {
+            if !args.wait {
+                triggers::forget(&cluster.client, &cluster.keys, &claimed.id).await?;
+                continue;
+            }
+            let run = triggers::wait_for_run(&cluster.client, &cluster.keys, claimed)
+                .await
+                .with_context(|| format!("cannot follow the runs through etcd at {:?}", cluster.endpoints))?;
+            let failed = match run {
+                Some(run) if run.outcome == Outcome::Exited && run.exit_code == Some(0) => None,
+                Some(run) => {
+                    eprintln!(
+                        "shardcron: the run of {} on {} ended: {} (exit {:?})",
+                        job.name, claimed.node, run.outcome, run.exit_code
+                    );
+                    Some(match (run.outcome, run.exit_code) {
+                        (Outcome::Exited, Some(code)) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+                        _ => ExitCode::FAILURE,
+                    })
+                }
+                None => {
+                    eprintln!(
+                        "shardcron: node {} left the fleet and did not report the end of the run within {:?}",
+                        claimed.node,
+                        triggers::AFTER_THE_NODE_LEFT
+                    );
+                    Some(ExitCode::FAILURE)
+                }
+            };
+            if let (Some(failed), true) = (failed, status == ExitCode::SUCCESS) {
+                status = failed;
+            }
+        }
+        Ok(status)
     })
 }
 

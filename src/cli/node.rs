@@ -88,10 +88,11 @@ async fn serve(config: Config, args: &NodeArgs, endpoints: Vec<String>) -> Resul
     let child_env = Arc::new(secrets::ChildEnv::of_node(std::env::vars_os(), &secret_variables));
     let node_id = match &args.node_id {
         Some(id) => id.clone(),
-        None => hostname::get()
-            .context("cannot read the host name; pass --node-id")?
-            .to_string_lossy()
-            .into_owned(),
+        None => {
+            let host = hostname::get().context("cannot read the host name; pass --node-id")?;
+            super::node_args::parse_node_id(&host.to_string_lossy())
+                .map_err(|err| anyhow::anyhow!("the host name is no node id ({err}); pass --node-id"))?
+        }
     };
     let options = etcd::connect_options(&config.etcd).with_context(|| config.path.display().to_string())?;
     let shutdown = CancellationToken::new();
@@ -133,6 +134,7 @@ async fn serve(config: Config, args: &NodeArgs, endpoints: Vec<String>) -> Resul
     };
     let options = NodeOptions {
         node_id,
+        tags: args.tags.clone(),
         shutdown_grace: args.shutdown_grace,
         hurry,
         readiness,

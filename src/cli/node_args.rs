@@ -7,14 +7,21 @@ use std::time::Duration;
 use anyhow::Result;
 use clap::Args;
 
+use crate::rules::pools::Tags;
 use crate::secrets::{self, Secret, Sources};
 
 /// Options of a running node, shared by `run` and `dev`.
 #[derive(Debug, Args, Clone)]
 pub struct NodeArgs {
-    /// This node's id in etcd and in CRON_NODE. Default: the host name.
-    #[arg(long, env = "SHARDCRON_NODE_ID")]
+    /// This node's id in etcd and in CRON_NODE: 1 to 253 letters, digits, '.', '_' and '-'.
+    /// Default: the host name.
+    #[arg(long, env = "SHARDCRON_NODE_ID", value_parser = parse_node_id)]
     pub node_id: Option<String>,
+    /// This node's tags, comma-separated (at most 32, each 1 to 64 letters, digits, '.', '_'
+    /// and '-'): it runs the jobs whose `run_on` tags it has all of, and every job without
+    /// `run_on`. Change them with a restart.
+    #[arg(long, env = "SHARDCRON_TAGS", value_name = "TAG,...", default_value = "", value_parser = parse_tags)]
+    pub tags: Tags,
     /// etcd endpoints, comma-separated; overrides [etcd] endpoints.
     #[arg(long, env = "SHARDCRON_ENDPOINTS", value_delimiter = ',')]
     pub endpoints: Vec<String>,
@@ -137,6 +144,25 @@ fn api_token(sources: Sources) -> Result<Option<Secret>> {
 
 fn shardcron_http_default_connections() -> u32 {
     crate::serving::http::DEFAULT_MAX_CONNECTIONS as u32
+}
+
+/// A node id: part of etcd keys (its registration, its own election, its instances' records).
+pub(crate) fn parse_node_id(value: &str) -> Result<String, String> {
+    let valid = (1..=253).contains(&value.len())
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if valid {
+        Ok(value.to_string())
+    } else {
+        Err(format!(
+            "invalid node id {value:?}: use 1 to 253 letters, digits, '.', '_' and '-'"
+        ))
+    }
+}
+
+fn parse_tags(value: &str) -> Result<Tags, String> {
+    Tags::parse(value)
 }
 
 /// `HOST:PORT`, or a bare `PORT` on loopback: the listener is never public unless asked.

@@ -38,9 +38,15 @@ pub fn status(args: &StatusArgs) -> Result<()> {
         let jobs: Vec<&crate::rules::config::Job> = config.jobs.iter().collect();
         let context = || format!("cannot read the cluster state from etcd at {:?}", cluster.endpoints);
         if args.json {
-            let document = status::read_document(&config.cluster, &config.digest, jobs, &cluster.client)
-                .await
-                .with_context(context)?;
+            let document = status::read_document(
+                &config.cluster,
+                &config.elections,
+                &config.digest,
+                jobs,
+                &cluster.client,
+            )
+            .await
+            .with_context(context)?;
             // Straight to stdout, each job's entry made as it is written: at 100,000 jobs the
             // document is tens of megabytes.
             let mut out = std::io::BufWriter::new(std::io::stdout().lock());
@@ -48,9 +54,15 @@ pub fn status(args: &StatusArgs) -> Result<()> {
             writeln!(out)?;
             out.flush()?;
         } else {
-            let status = status::read(&config.cluster, &config.digest, jobs, &cluster.client)
-                .await
-                .with_context(context)?;
+            let status = status::read(
+                &config.cluster,
+                &config.elections,
+                &config.digest,
+                jobs,
+                &cluster.client,
+            )
+            .await
+            .with_context(context)?;
             print(format_args!("{}", status::render(&status)))?;
         }
         Ok(())
@@ -64,13 +76,25 @@ pub fn history(args: &HistoryArgs) -> Result<()> {
         "{} keeps no history ([cluster] history = 0)",
         config.path.display()
     );
-    // A history may hold a run past its trim for a moment: show no more than it keeps.
-    let count = args.count.min(config.cluster.history as usize);
+    let fans_out = config
+        .jobs
+        .iter()
+        .any(|job| job.name == args.job && job.fan_out == crate::rules::pools::FanOut::All);
+    // A history may hold a run past its trim for a moment: show no more than it keeps. A
+    // fanned-out job keeps that many per node.
+    let count = if fans_out {
+        args.count
+    } else {
+        args.count.min(config.cluster.history as usize)
+    };
     let records = block_on(async {
         let cluster = args.cluster.connect(&config).await?;
-        history::read(&cluster.client, &cluster.keys, &args.job, count)
-            .await
-            .with_context(|| format!("cannot read the history from etcd at {:?}", cluster.endpoints))
+        let read = if fans_out {
+            history::read_each(&cluster.client, &cluster.keys, &args.job, count).await
+        } else {
+            history::read(&cluster.client, &cluster.keys, &args.job, count).await
+        };
+        read.with_context(|| format!("cannot read the history from etcd at {:?}", cluster.endpoints))
     })?;
     if records.is_empty() && !config.jobs.iter().any(|job| job.name == args.job) {
         anyhow::bail!(

@@ -18,7 +18,7 @@ use tokio::sync::{watch, Semaphore};
 use crate::backoff::Pushback;
 use crate::coord::etcd::ops_per_txn;
 use crate::coord::etcd::{self, CoordError};
-use crate::coord::keys::Keys;
+use crate::coord::keys::{ElectionKeys, Keys};
 use crate::coord::session::Session;
 use crate::coord::view::{Candidate, FleetView};
 use crate::repeats;
@@ -26,9 +26,12 @@ use crate::repeats;
 /// This node leads a shard. Everything the term writes is guarded by `term`.
 #[derive(Debug, Clone)]
 pub struct Leadership {
+    /// The election's number among the config's (see [`crate::rules::pools`]).
     pub shard: u32,
-    /// The shard count of this election.
+    /// The shard count of this election's family.
     pub shards: u32,
+    /// The pool of this election (`@<node>` for the node's own); `None` for the fleet's.
+    pub pool: Option<String>,
     /// The shard's election prefix, under which every candidate key of the shard lives.
     pub prefix: String,
     /// This node's candidate key, now the leader key.
@@ -92,10 +95,9 @@ pub async fn enter(session: &Session, key: &str, node_id: &str) -> Result<i64, C
 /// etcd's operation limit allows, and returns their candidacies in `list`'s order. A node of
 /// 4,096 shards enters them all in 41 requests rather than 4,096, which one etcd would answer
 /// with "too many requests".
-pub async fn enter_all(
+pub(crate) async fn enter_all(
     session: &Session,
-    keys: &Keys,
-    shards: u32,
+    keys: &ElectionKeys,
     list: &[u32],
     node_id: &str,
 ) -> Result<Vec<Leadership>, CoordError> {
@@ -104,13 +106,13 @@ pub async fn enter_all(
         let entries: Vec<TxnOp> = chunk
             .iter()
             .map(|shard| {
-                TxnOp::txn(entry(
+                Ok(TxnOp::txn(entry(
                     session,
-                    &keys.candidate(shards, *shard, session.lease()),
+                    &candidate_key(session, keys, *shard)?,
                     node_id,
-                ))
+                )))
             })
-            .collect();
+            .collect::<Result<_, CoordError>>()?;
         let response = etcd::call(session.client().txn(Txn::new().and_then(entries))).await?;
         let revision = header_revision(&response)?;
         let answers = response.op_responses();
@@ -121,21 +123,29 @@ pub async fn enter_all(
             let TxnOpResponse::Txn(nested) = answer else {
                 return Err(CoordError::Protocol("txn of entries answered with another op".into()));
             };
-            candidacies.push(candidacy(session, keys, shards, *shard, entered_at(&nested, revision)?));
+            candidacies.push(candidacy(session, keys, *shard, entered_at(&nested, revision)?)?);
         }
     }
     Ok(candidacies)
 }
 
-/// This node's candidate key in `shard`'s election, entered at `fence`.
-fn candidacy(session: &Session, keys: &Keys, shards: u32, shard: u32, term: i64) -> Leadership {
-    Leadership {
+fn candidate_key(session: &Session, keys: &ElectionKeys, shard: u32) -> Result<String, CoordError> {
+    keys.candidate(shard, session.lease())
+        .ok_or_else(|| CoordError::Protocol(format!("no election {shard} in this config")))
+}
+
+/// This node's candidate key in `shard`'s election, entered at `term`.
+fn candidacy(session: &Session, keys: &ElectionKeys, shard: u32, term: i64) -> Result<Leadership, CoordError> {
+    let (pool, shards) = keys.family(shard);
+    let key = candidate_key(session, keys, shard)?;
+    Ok(Leadership {
         shard,
         shards,
-        prefix: keys.election_prefix(shards, shard),
-        key: keys.candidate(shards, shard, session.lease()),
+        pool,
+        prefix: keys.prefix(shard).unwrap_or_default(),
+        key,
         term,
-    }
+    })
 }
 
 /// What each single-shard election request of a node goes through (a campaign after a handoff,
@@ -178,18 +188,17 @@ impl Admission {
 
 /// Enters this node's candidate key in `shard`'s election through `admission`, and waits until
 /// it leads.
-pub async fn campaign(
+pub(crate) async fn campaign(
     session: &Session,
-    keys: &Keys,
-    shards: u32,
+    keys: &ElectionKeys,
     shard: u32,
     node_id: &str,
     view: &mut watch::Receiver<FleetView>,
     admission: &Admission,
 ) -> Result<Leadership, CoordError> {
-    let key = keys.candidate(shards, shard, session.lease());
+    let key = candidate_key(session, keys, shard)?;
     let term = admission.request(enter(session, &key, node_id)).await?;
-    elected(candidacy(session, keys, shards, shard, term), node_id, view).await
+    elected(candidacy(session, keys, shard, term)?, node_id, view).await
 }
 
 /// Waits until `candidacy` leads its shard, as the fleet view (a watch of every election key)

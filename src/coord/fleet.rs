@@ -19,7 +19,7 @@ use tokio::task::JoinSet;
 use crate::backoff::{sleep_or_cancel, Backoff};
 use crate::coord::election;
 use crate::coord::etcd::{self, CoordError};
-use crate::coord::keys::Keys;
+use crate::coord::keys::{ElectionKeys, Keys};
 use crate::coord::session::Session;
 use crate::coord::view::{self, Ballot, Candidate, Entered, FleetView, Members};
 use crate::rules::record::Member;
@@ -46,10 +46,13 @@ pub async fn read_members(client: &etcd_client::Client, keys: &Keys) -> Result<(
     Ok((members, revision))
 }
 
-/// Every candidate of the elections of `shards` shards, and the revision of the read.
-pub async fn read_ballot(client: &etcd_client::Client, keys: &Keys, shards: u32) -> Result<(Ballot, i64), CoordError> {
-    let (read, revision) = etcd::read_prefix(client, &keys.shards_prefix()).await?;
-    let mut ballot = Ballot::new(shards);
+/// Every candidate of the elections `keys` names, and the revision of the read.
+pub(crate) async fn read_ballot(
+    client: &etcd_client::Client,
+    keys: &ElectionKeys,
+) -> Result<(Ballot, i64), CoordError> {
+    let (read, revision) = etcd::read_prefix(client, &keys.keys.shards_prefix()).await?;
+    let mut ballot = Ballot::new(keys.elections.total());
     for kv in &read {
         ballot.apply(keys, kv.key(), Some(entered(kv)));
     }
@@ -66,11 +69,13 @@ fn entered(kv: &etcd_client::KeyValue) -> Entered<'_> {
 
 /// Keeps a [`FleetView`] current from etcd until the session ends. Returns when a watch fails;
 /// the caller restarts it.
-async fn watch(session: &Session, keys: &Keys, shards: u32, view: &watch::Sender<FleetView>) -> Result<(), CoordError> {
+async fn watch(session: &Session, elections: &ElectionKeys, view: &watch::Sender<FleetView>) -> Result<(), CoordError> {
     let client = session.client();
+    let keys = &elections.keys;
+    let shards = elections.elections.total();
     let (mut members, members_read) = read_members(&client, keys).await?;
-    let (mut ballot, ballot_read) = read_ballot(&client, keys, shards).await?;
-    let mut targets = Arc::new(view::targets(&members.nodes, shards));
+    let (mut ballot, ballot_read) = read_ballot(&client, elections).await?;
+    let mut targets = Arc::new(view::targets(&members.nodes, elections));
     // The foreign keys of each shard that has any, kept apart so a publish looks only at the
     // shards that changed.
     let mut foreign = BTreeMap::new();
@@ -118,12 +123,12 @@ async fn watch(session: &Session, keys: &Keys, shards: u32, view: &watch::Sender
                 for event in response.events() {
                     let Some(kv) = event.kv() else { continue };
                     let put = (event.event_type() == EventType::Put).then(|| entered(kv));
-                    changed_shards.extend(ballot.apply(keys, kv.key(), put));
+                    changed_shards.extend(ballot.apply(elections, kv.key(), put));
                 }
             }
             _ = publishing.tick(), if members_changed || !changed_shards.is_empty() => {
                 if members_changed {
-                    targets = Arc::new(view::targets(&members.nodes, shards));
+                    targets = Arc::new(view::targets(&members.nodes, elections));
                     // Who may lead any shard depends on the members' leases.
                     changed_shards.extend(0..shards);
                     members_changed = false;
@@ -215,29 +220,28 @@ fn publish(
 pub(crate) fn spawn_tasks(
     tasks: &mut JoinSet<()>,
     session: &Session,
-    keys: &Keys,
-    shards: u32,
+    keys: &ElectionKeys,
 ) -> watch::Receiver<FleetView> {
     let (view_sender, view) = watch::channel(FleetView::default());
-    tasks.spawn(keep_view(session.clone(), keys.clone(), shards, view_sender));
-    tasks.spawn(remove_foreign_keys(session.clone(), keys.clone(), view.clone()));
+    tasks.spawn(keep_view(session.clone(), keys.clone(), view_sender));
+    tasks.spawn(remove_foreign_keys(session.clone(), keys.keys.clone(), view.clone()));
     view
 }
 
-/// A fleet view of the `shards` elections kept current for `session` by a task of its own.
+/// A fleet view of the elections `keys` names, kept current for `session` by a task of its own.
 #[cfg(test)]
-pub(crate) fn watch_view(session: &Session, keys: &Keys, shards: u32) -> watch::Receiver<FleetView> {
+pub(crate) fn watch_view(session: &Session, keys: &ElectionKeys) -> watch::Receiver<FleetView> {
     let (sender, view) = watch::channel(FleetView::default());
-    tokio::spawn(keep_view(session.clone(), keys.clone(), shards, sender));
+    tokio::spawn(keep_view(session.clone(), keys.clone(), sender));
     view
 }
 
 /// Keeps the fleet view current for this session, restarting the watch when it fails.
-async fn keep_view(session: Session, keys: Keys, shards: u32, view: watch::Sender<FleetView>) {
+async fn keep_view(session: Session, keys: ElectionKeys, view: watch::Sender<FleetView>) {
     let mut backoff = Backoff::coordination();
     loop {
         tokio::select! {
-            result = watch(&session, &keys, shards, &view) => {
+            result = watch(&session, &keys, &view) => {
                 if let Err(err) = result {
                     tracing::warn!(error = %err, "fleet watch failed; restarting it");
                 }

@@ -222,6 +222,40 @@ pub async fn read(
         .collect())
 }
 
+/// The last `count` runs of a `fan_out = "all"` job on every node, newest first: each node's
+/// instance keeps a history of its own (`<job>@<node>`). Its keys are read first, without
+/// values, so only the runs shown are fetched.
+pub async fn read_each(
+    client: &etcd_client::Client,
+    keys: &Keys,
+    job: &str,
+    count: usize,
+) -> Result<Vec<RunRecord>, CoordError> {
+    let prefix = format!("{}{job}@", keys.runs_prefix());
+    let options = GetOptions::new().with_prefix().with_keys_only();
+    let listed = etcd::call(client.clone().get(prefix.as_str(), Some(options))).await?;
+    let mut newest: Vec<&[u8]> = listed.kvs().iter().map(|kv| kv.key()).collect();
+    // The tick is the last segment, after the node's: newest first across every node.
+    let tick = |key: &[u8]| key.rsplit(|b| *b == b'/').next().map(<[u8]>::to_vec);
+    newest.sort_by_key(|key| std::cmp::Reverse(tick(key)));
+    newest.truncate(count);
+    let mut records = Vec::with_capacity(newest.len());
+    for chunk in newest.chunks(crate::coord::etcd::ops_per_txn()) {
+        let gets: Vec<TxnOp> = chunk.iter().map(|key| TxnOp::get(key.to_vec(), None)).collect();
+        let response = etcd::call(client.clone().txn(Txn::new().and_then(gets))).await?;
+        for answer in response.op_responses() {
+            if let etcd_client::TxnOpResponse::Get(read) = answer {
+                records.extend(
+                    read.kvs()
+                        .iter()
+                        .filter_map(|kv| serde_json::from_slice(kv.value()).ok()),
+                );
+            }
+        }
+    }
+    Ok(records)
+}
+
 /// `history`'s table: one run per line, newest first.
 pub fn render(records: &[RunRecord]) -> String {
     let instant = |at: &DateTime<Utc>| at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);

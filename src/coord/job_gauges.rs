@@ -129,7 +129,7 @@ impl JobGauges {
             "job_last_success_timestamp_seconds",
             "When the job's newest successful run finished (Unix time), exported by its shard's leader",
             jobs.iter()
-                .filter_map(|seen| Some((seen.job.name.as_str(), seconds(seen.succeeded?)))),
+                .filter_map(|seen| Some((seen.job.job_name(), seconds(seen.succeeded?)))),
         )?;
         encode_gauge(
             &mut encoder,
@@ -137,17 +137,14 @@ impl JobGauges {
             "The job's next tick not claimed yet (Unix time); in the past while its leader is behind",
             jobs.iter()
                 .zip(&next_runs)
-                .filter_map(|(seen, next)| Some((seen.job.name.as_str(), seconds(next.next?)))),
+                .filter_map(|(seen, next)| Some((seen.job.job_name(), seconds(next.next?)))),
         )?;
         encode_gauge(
             &mut encoder,
             "job_interval_seconds",
             "Seconds between the job's next two ticks",
             jobs.iter().zip(&next_runs).filter_map(|(seen, next)| {
-                Some((
-                    seen.job.name.as_str(),
-                    next.interval?.num_milliseconds() as f64 / 1000.0,
-                ))
+                Some((seen.job.job_name(), next.interval?.num_milliseconds() as f64 / 1000.0))
             }),
         )?;
         Ok(())

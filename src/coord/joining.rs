@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use crate::coord::election::{self, Leadership};
 use crate::coord::etcd::CoordError;
-use crate::coord::keys::Keys;
+use crate::coord::keys::ElectionKeys;
 use crate::coord::session::Session;
 use crate::coord::view::FleetView;
 
@@ -26,24 +26,24 @@ const MEMBERS_WAIT: Duration = Duration::from_secs(2);
 /// Never wait longer than this for other shards' targets to campaign before standing by.
 const TARGETS_WAIT: Duration = Duration::from_secs(2);
 
-/// Enters every election of `shards` shards, targets first (see the module), and returns the
-/// candidacies.
+/// Enters every election of `campaigns` (the numbers of those the node campaigns in), targets
+/// first (see the module), and returns the candidacies.
 pub(crate) async fn enter_elections(
     session: &Session,
-    keys: &Keys,
-    shards: u32,
+    keys: &ElectionKeys,
+    campaigns: &[u32],
     node_id: &str,
     mut view: watch::Receiver<FleetView>,
 ) -> Result<Vec<Leadership>, CoordError> {
     let targets = settled_targets(&mut view).await?;
-    let (mine, others) = split_by_target(&targets, shards, node_id);
+    let (mine, others) = split_by_target(&targets, campaigns, node_id);
     tracing::info!(
         targets = mine.len(),
         standby = others.len(),
         members = view.borrow().members.len(),
         "entering the elections of this node's target shards first"
     );
-    let mut candidacies = election::enter_all(session, keys, shards, &mine, node_id).await?;
+    let mut candidacies = election::enter_all(session, keys, &mine, node_id).await?;
     let deadline = Instant::now() + TARGETS_WAIT;
     while !targets_campaign(&view.borrow_and_update(), &others) {
         match tokio::time::timeout_at(deadline, view.changed()).await {
@@ -58,7 +58,7 @@ pub(crate) async fn enter_elections(
             }
         }
     }
-    candidacies.extend(election::enter_all(session, keys, shards, &others, node_id).await?);
+    candidacies.extend(election::enter_all(session, keys, &others, node_id).await?);
     Ok(candidacies)
 }
 
@@ -95,8 +95,8 @@ async fn settled_targets(
 
 /// The shards whose target is `me`, and the others. Shards without a target (no member of this
 /// shard count yet) are `me`'s: nobody else will lead them sooner.
-fn split_by_target(targets: &[Option<String>], shards: u32, me: &str) -> (Vec<u32>, Vec<u32>) {
-    (0..shards).partition(|shard| {
+fn split_by_target(targets: &[Option<String>], campaigns: &[u32], me: &str) -> (Vec<u32>, Vec<u32>) {
+    campaigns.iter().copied().partition(|shard| {
         targets
             .get(*shard as usize)
             .and_then(Option::as_deref)
@@ -132,8 +132,9 @@ mod tests {
             None,
             Some("a".to_string()),
         ];
-        assert_eq!(split_by_target(&targets, 4, "a"), (vec![0, 2, 3], vec![1]));
-        assert_eq!(split_by_target(&[], 2, "a"), (vec![0, 1], vec![]));
+        assert_eq!(split_by_target(&targets, &[0, 1, 2, 3], "a"), (vec![0, 2, 3], vec![1]));
+        assert_eq!(split_by_target(&targets, &[1, 2], "a"), (vec![2], vec![1]));
+        assert_eq!(split_by_target(&[], &[0, 1], "a"), (vec![0, 1], vec![]));
         let view = |campaigning: &[&[&str]]| FleetView {
             targets: Arc::new(targets.clone()),
             candidates: campaigning

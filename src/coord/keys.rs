@@ -2,17 +2,37 @@
 //!
 //! ```text
 //! /shardcron/<cluster>/shards/<k>/n<shards>/<lease-hex>   election candidates of shard k
+//! /shardcron/<cluster>/shards/<pool>:<k>/n<shards>/<lease> shard k of a pool (tags joined by +)
+//! /shardcron/<cluster>/shards/@<node>:0/n1/<lease>         a node's own election (fan_out = "all")
 //! /shardcron/<cluster>/jobs/<job>/last                     the job's last claimed tick
 //! /shardcron/<cluster>/jobs/<job>/result                   the job's last finished run
 //! /shardcron/<cluster>/jobs/<job>/manual                   the last run asked for by hand a leader took
 //! /shardcron/<cluster>/nodes/<node-id>                     live members
+//! /shardcron/<cluster>/unserved/<tags>                     a run_on set no live node has, since when
 //! /shardcron/<cluster>/pauses/<job>                        a job's pause (`*`: every job's)
 //! /shardcron/<cluster>/runs/<job>/<tick>                   the job's last runs (`history`)
 //! /shardcron/<cluster>/triggers/<job>/<id>                 a run asked for by hand, not yet taken
 //! /shardcron/<cluster>/triggered/<id>                      who took it, and how its run ended
 //! ```
 //! The shard count is part of the election prefix, so nodes whose configs disagree on `shards`
-//! never share an election: shard 3 of 16 and shard 3 of 32 hold different jobs.
+//! never share an election: shard 3 of 16 and shard 3 of 32 hold different jobs. A pool's and a
+//! node's own elections sit beside the fleet's under one prefix, which one watch follows; a
+//! version before pools reads their `<pool>:<k>` as no shard number and leaves them alone.
+
+use std::sync::Arc;
+
+use crate::rules::pools::{Election, Elections};
+
+/// Which family of elections a key belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Space<'a> {
+    /// The fleet's `shards`: jobs without `run_on`.
+    Fleet,
+    /// A pool, by its id.
+    Pool(&'a str),
+    /// A node's own election, by its node id.
+    Own(&'a str),
+}
 
 /// The records kept per job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,21 +60,38 @@ impl Keys {
         format!("{}shards/", self.root)
     }
 
+    /// Shard `shard` of the fleet's `shards`.
+    #[cfg(test)]
     pub(crate) fn election_prefix(&self, shards: u32, shard: u32) -> String {
-        format!("{}shards/{shard}/n{shards}/", self.root)
+        self.election_prefix_in(Space::Fleet, shards, shard)
     }
 
+    pub(crate) fn election_prefix_in(&self, space: Space, shards: u32, shard: u32) -> String {
+        match space {
+            Space::Fleet => format!("{}shards/{shard}/n{shards}/", self.root),
+            Space::Pool(pool) => format!("{}shards/{pool}:{shard}/n{shards}/", self.root),
+            Space::Own(node) => format!("{}shards/@{node}:{shard}/n{shards}/", self.root),
+        }
+    }
+
+    #[cfg(test)]
     pub(crate) fn candidate(&self, shards: u32, shard: u32, lease: i64) -> String {
         format!("{}{lease:x}", self.election_prefix(shards, shard))
     }
 
-    /// The (shard, shard count) an election key belongs to.
-    pub(crate) fn parse_candidate(&self, key: &str) -> Option<(u32, u32)> {
+    /// The (space, shard, shard count) an election key belongs to.
+    pub(crate) fn parse_candidate<'k>(&self, key: &'k str) -> Option<(Space<'k>, u32, u32)> {
         let rest = key.strip_prefix(&self.shards_prefix())?;
         let mut parts = rest.split('/');
-        let shard = parts.next()?.parse().ok()?;
+        let first = parts.next()?;
+        let (space, shard) = match first.rsplit_once(':') {
+            None => (Space::Fleet, first),
+            Some((own, shard)) if own.starts_with('@') => (Space::Own(&own[1..]), shard),
+            Some((pool, shard)) => (Space::Pool(pool), shard),
+        };
+        let shard = shard.parse().ok()?;
         let shards = parts.next()?.strip_prefix('n')?.parse().ok()?;
-        Some((shard, shards))
+        Some((space, shard, shards))
     }
 
     /// The node id of a member key.
@@ -70,6 +107,11 @@ impl Keys {
             (job, "result") => Some((job, JobRecord::Result)),
             _ => None,
         }
+    }
+
+    /// Every job's history.
+    pub(crate) fn runs_prefix(&self) -> String {
+        format!("{}runs/", self.root)
     }
 
     /// A job's history: its last runs, by tick.
@@ -94,6 +136,15 @@ impl Keys {
         format!("{}triggered/{id}", self.root)
     }
 
+    /// `run_on` sets (by id) that no live node has all the tags of, each with since when.
+    pub(crate) fn unserved_prefix(&self) -> String {
+        format!("{}unserved/", self.root)
+    }
+
+    pub(crate) fn unserved(&self, id: &str) -> String {
+        format!("{}unserved/{id}", self.root)
+    }
+
     pub(crate) fn pauses_prefix(&self) -> String {
         format!("{}pauses/", self.root)
     }
@@ -114,6 +165,11 @@ impl Keys {
     /// Every record of `job`: its claim, result and last success.
     pub(crate) fn job_records_prefix(&self, job: &str) -> String {
         format!("{}jobs/{job}/", self.root)
+    }
+
+    /// The records of every node's instance of a `fan_out = "all"` job: `<job>@<node>`.
+    pub(crate) fn job_instances_prefix(&self, job: &str) -> String {
+        format!("{}jobs/{job}@", self.root)
     }
 
     pub(crate) fn job_last(&self, job: &str) -> String {
@@ -155,15 +211,89 @@ impl Keys {
     }
 }
 
+/// The election keys of one node's config: each election by its number (see
+/// [`crate::rules::pools`]), and back.
+#[derive(Debug, Clone)]
+pub(crate) struct ElectionKeys {
+    pub(crate) keys: Keys,
+    pub(crate) elections: Arc<Elections>,
+    /// The node whose own election [`Election::Own`] is.
+    pub(crate) node: String,
+}
+
+impl ElectionKeys {
+    /// The keys of a config of `shards` shards without pools, for `node`.
+    #[cfg(test)]
+    pub(crate) fn fleet(keys: &Keys, shards: u32, node: &str) -> ElectionKeys {
+        ElectionKeys {
+            keys: keys.clone(),
+            elections: Arc::new(Elections::new(shards, 16, &Default::default(), false)),
+            node: node.to_string(),
+        }
+    }
+
+    fn space_of(&self, number: u32) -> Option<(Space<'_>, u32, u32)> {
+        Some(match self.elections.locate(number)? {
+            Election::Fleet { shard, shards } => (Space::Fleet, shard, shards),
+            Election::Pool { pool, shard, shards } => (Space::Pool(&pool.id), shard, shards),
+            Election::Own => (Space::Own(&self.node), 0, 1),
+        })
+    }
+
+    /// The prefix of election `number`; `None` past the last.
+    pub(crate) fn prefix(&self, number: u32) -> Option<String> {
+        let (space, shard, shards) = self.space_of(number)?;
+        Some(self.keys.election_prefix_in(space, shards, shard))
+    }
+
+    /// This node's candidate key in election `number`, named for its lease.
+    pub(crate) fn candidate(&self, number: u32, lease: i64) -> Option<String> {
+        Some(format!("{}{lease:x}", self.prefix(number)?))
+    }
+
+    /// The number of the election an election key is in, when it is one of this config's (and,
+    /// for a node's own election, this node's).
+    pub(crate) fn number(&self, key: &str) -> Option<u32> {
+        match self.keys.parse_candidate(key)? {
+            (Space::Fleet, shard, shards) => self.elections.number(None, shard, shards),
+            (Space::Pool(pool), shard, shards) => self.elections.number(Some(pool), shard, shards),
+            (Space::Own(node), 0, 1) if node == self.node => self.elections.own_number(),
+            (Space::Own(_), _, _) => None,
+        }
+    }
+
+    /// The election family whose leaders' debts a record names: the pool (a node's own election
+    /// as `@<node>`; `None` for the fleet's) and its shard count.
+    pub(crate) fn family(&self, number: u32) -> (Option<String>, u32) {
+        match self.elections.locate(number) {
+            Some(Election::Pool { pool, shards, .. }) => (Some(pool.id.clone()), shards),
+            Some(Election::Own) => (Some(format!("@{}", self.node)), 1),
+            Some(Election::Fleet { shards, .. }) => (None, shards),
+            None => (None, self.elections.shards),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{JobRecord, Keys};
+    use super::{ElectionKeys, JobRecord, Keys, Space};
 
     #[test]
     fn layout() {
         let keys = Keys::new("prod");
         assert_eq!(keys.candidate(16, 3, 0x1f), "/shardcron/prod/shards/3/n16/1f");
-        assert_eq!(keys.parse_candidate("/shardcron/prod/shards/3/n16/1f"), Some((3, 16)));
+        assert_eq!(
+            keys.parse_candidate("/shardcron/prod/shards/3/n16/1f"),
+            Some((Space::Fleet, 3, 16))
+        );
+        assert_eq!(
+            keys.parse_candidate("/shardcron/prod/shards/db+eu:2/n4/1f"),
+            Some((Space::Pool("db+eu"), 2, 4))
+        );
+        assert_eq!(
+            keys.parse_candidate("/shardcron/prod/shards/@web-1:0/n1/1f"),
+            Some((Space::Own("web-1"), 0, 1))
+        );
         assert_eq!(keys.job_last("backup"), "/shardcron/prod/jobs/backup/last");
         assert_eq!(keys.node("a"), "/shardcron/prod/nodes/a");
         assert_eq!(keys.parse_node("/shardcron/prod/nodes/a"), Some("a"));
@@ -177,5 +307,44 @@ mod tests {
             Some(("a/b", JobRecord::Last))
         );
         assert_eq!(keys.parse_job_record("/shardcron/prod/jobs/backup/other"), None);
+    }
+
+    #[test]
+    fn every_election_of_a_config_has_a_key_that_maps_back_to_it() {
+        use crate::rules::pools::{Elections, Tags};
+        let run_on = [
+            Tags::default(),
+            Tags::parse("web").unwrap(),
+            Tags::parse("db,eu").unwrap(),
+        ]
+        .into();
+        let elections = std::sync::Arc::new(Elections::new(4, 2, &run_on, true));
+        let ours = ElectionKeys {
+            keys: Keys::new("prod"),
+            elections: elections.clone(),
+            node: "a".into(),
+        };
+        let theirs = ElectionKeys {
+            node: "b".into(),
+            ..ours.clone()
+        };
+        assert_eq!(ours.prefix(4).unwrap(), "/shardcron/prod/shards/db+eu:0/n2/");
+        assert_eq!(ours.prefix(8).unwrap(), "/shardcron/prod/shards/@a:0/n1/");
+        for number in 0..elections.total() {
+            let key = ours.candidate(number, 0x1f).unwrap();
+            assert_eq!(ours.number(&key), Some(number), "{key}");
+            let seen_by_b = theirs.number(&key);
+            assert_eq!(
+                seen_by_b,
+                (number != 8).then_some(number),
+                "{key}: a's own election is not b's"
+            );
+        }
+        assert_eq!(ours.prefix(9), None);
+        assert_eq!(ours.number("/shardcron/prod/shards/gpu:0/n2/1f"), None);
+        assert_eq!(ours.number("/shardcron/prod/shards/web:0/n3/1f"), None);
+        assert_eq!(ours.family(6), (Some("web".into()), 2));
+        assert_eq!(ours.family(8), (Some("@a".into()), 1));
+        assert_eq!(ours.family(1), (None, 4));
     }
 }

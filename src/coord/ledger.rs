@@ -224,6 +224,7 @@ mod tests {
 
     use super::*;
     use crate::coord::election;
+    use crate::coord::keys::ElectionKeys;
     use crate::etcd_server::EtcdServer;
 
     fn step(what: &str) {
@@ -246,6 +247,9 @@ mod tests {
                     digest: "d".into(),
                     shards: 1,
                     started_at: Utc::now(),
+                    tags: Default::default(),
+                    pool_shards: 0,
+                    pools: Vec::new(),
                 };
                 crate::coord::fleet::register(&session, &keys, id, &member)
                     .await
@@ -258,11 +262,18 @@ mod tests {
             .await
             .expect("session a");
         register(session_a.clone(), "a").await;
-        let mut view_a = crate::coord::fleet::watch_view(&session_a, &keys, 1);
+        let mut view_a = crate::coord::fleet::watch_view(&session_a, &ElectionKeys::fleet(&keys, 1, "a"));
         let admission = election::Admission::new(1);
-        let leader_a = election::campaign(&session_a, &keys, 1, 0, "a", &mut view_a, &admission)
-            .await
-            .expect("a leads");
+        let leader_a = election::campaign(
+            &session_a,
+            &ElectionKeys::fleet(&keys, 1, "a"),
+            0,
+            "a",
+            &mut view_a,
+            &admission,
+        )
+        .await
+        .expect("a leads");
         step("node b campaigns behind a");
         let session_b = Session::open(&client, Duration::from_secs(5), &CancellationToken::new())
             .await
@@ -270,9 +281,19 @@ mod tests {
         register(session_b.clone(), "b").await;
         let campaign_b = {
             let (session_b, keys) = (session_b.clone(), keys.clone());
-            let mut view_b = crate::coord::fleet::watch_view(&session_b, &keys, 1);
+            let mut view_b = crate::coord::fleet::watch_view(&session_b, &ElectionKeys::fleet(&keys, 1, "b"));
             let admission = election::Admission::new(1);
-            tokio::spawn(async move { election::campaign(&session_b, &keys, 1, 0, "b", &mut view_b, &admission).await })
+            tokio::spawn(async move {
+                election::campaign(
+                    &session_b,
+                    &ElectionKeys::fleet(&keys, 1, "b"),
+                    0,
+                    "b",
+                    &mut view_b,
+                    &admission,
+                )
+                .await
+            })
         };
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert!(!campaign_b.is_finished(), "b waits while a leads");
@@ -287,6 +308,7 @@ mod tests {
                 node: node.into(),
                 pending: vec![tick],
                 shards: Some(1),
+                pool: None,
                 schedule: None,
                 others: Vec::new(),
                 released: false,

@@ -26,4 +26,5 @@ pub(crate) mod results;
 pub(crate) mod session;
 pub(crate) mod starts;
 pub mod triggers;
+pub(crate) mod unserved;
 pub(crate) mod view;

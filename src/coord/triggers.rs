@@ -32,7 +32,9 @@ use crate::coord::session::Session;
 use crate::rules::record::RunRecord;
 
 mod ask;
+mod each;
 pub use ask::{ask, forget, wait_for_run, Claimed, AFTER_THE_NODE_LEFT};
+pub use each::ask_each;
 
 /// The value of a request.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use crate::coord::keys::Keys;
+use crate::coord::keys::{ElectionKeys, Keys};
 use crate::rules::assignment::assign;
 use crate::rules::record::Member;
 
@@ -68,14 +68,28 @@ impl Members {
     }
 }
 
-/// Target owner of every shard, among the members that share `shards`.
-pub fn targets(members: &BTreeMap<String, Member>, shards: u32) -> Vec<Option<String>> {
-    let peers: Vec<&str> = members
-        .iter()
-        .filter(|(_, member)| member.shards == shards)
-        .map(|(id, _)| id.as_str())
-        .collect();
-    assign(shards, &peers)
+/// Target owner of every election: each family's shards spread among the members that campaign
+/// in it (for a pool, the members with its tags); the node's own election is its own.
+pub(crate) fn targets(members: &BTreeMap<String, Member>, keys: &ElectionKeys) -> Vec<Option<String>> {
+    let elections = &keys.elections;
+    let peers = |pool: Option<&str>, shards: u32| -> Vec<&str> {
+        members
+            .iter()
+            .filter(|(_, member)| member.runs(pool, shards))
+            .map(|(id, _)| id.as_str())
+            .collect()
+    };
+    let mut targets = assign(elections.shards, &peers(None, elections.shards));
+    for pool in &elections.pools {
+        targets.extend(assign(
+            elections.pool_shards,
+            &peers(Some(&pool.id), elections.pool_shards),
+        ));
+    }
+    if elections.own {
+        targets.push(Some(keys.node.clone()));
+    }
+    targets
 }
 
 impl FleetView {
@@ -94,17 +108,29 @@ impl FleetView {
         }
     }
 
-    /// Whether no live node runs `shards` shards, as far as this view knows: the elections of that
-    /// count have no leader now and never will again, so nothing of theirs is left to start.
-    /// False while the view knows no member or cannot read one.
-    pub fn shard_count_gone(&self, shards: u32) -> bool {
-        !self.members.is_empty() && !self.unread_members && self.members.values().all(|member| member.shards != shards)
+    /// Whether no live node runs the elections of `pool` (`None`: the fleet's) of `shards`, as
+    /// far as this view knows: they have no leader now and never will again, so nothing of
+    /// theirs is left to start. False while the view knows no member or cannot read one, and for
+    /// a node's own election (`@<node>`), whose leaders' debts are nobody else's.
+    pub fn family_gone(&self, pool: Option<&str>, shards: u32) -> bool {
+        !pool.is_some_and(|pool| pool.starts_with('@'))
+            && !self.members.is_empty()
+            && !self.unread_members
+            && self.members.values().all(|member| !member.runs(pool, shards))
     }
 
-    /// The shard counts the live nodes run; `None` when the view cannot tell.
-    pub fn shard_counts(&self) -> Option<BTreeSet<u32>> {
-        (!self.members.is_empty() && !self.unread_members)
-            .then(|| self.members.values().map(|member| member.shards).collect())
+    /// The election families the live nodes run (the fleet's by shard count, each pool's by id
+    /// and count); `None` when the view cannot tell.
+    pub fn families(&self) -> Option<BTreeSet<(Option<String>, u32)>> {
+        (!self.members.is_empty() && !self.unread_members).then(|| {
+            self.members
+                .values()
+                .flat_map(|member| {
+                    let pools = member.pools.iter().map(|pool| (Some(pool.clone()), member.pool_shards));
+                    std::iter::once((None, member.shards)).chain(pools)
+                })
+                .collect()
+        })
     }
 
     /// Whether the candidate of `node` with `term` leads `shard` in this view. The view is etcd's
@@ -176,20 +202,18 @@ impl Ballot {
         }
     }
 
-    /// Takes in a candidate key that was put or deleted (`None`), and returns the shard whose
-    /// election it is. Keys of elections with another shard count are not this ballot's and are
-    /// ignored.
-    pub fn apply(&mut self, keys: &Keys, key: &[u8], put: Option<Entered>) -> Option<u32> {
-        let (shard, of) = std::str::from_utf8(key)
-            .ok()
-            .and_then(|key| keys.parse_candidate(key))?;
-        if of as usize != self.shards.len() {
-            return None;
-        }
+    /// Takes in a candidate key that was put or deleted (`None`), and returns the number of the
+    /// election it is in. Keys of elections this config does not hold (another shard count, a
+    /// pool it has not, another node's own election) are not this ballot's and are ignored.
+    pub(crate) fn apply(&mut self, keys: &ElectionKeys, key: &[u8], put: Option<Entered>) -> Option<u32> {
+        let shard = std::str::from_utf8(key).ok().and_then(|key| keys.number(key))?;
         let candidates = self.shards.get_mut(shard as usize)?;
         candidates.retain(|candidate| candidate.key != key);
         if let Some(entered) = put {
-            let named_for_its_lease = entered.lease != 0 && keys.candidate(of, shard, entered.lease).as_bytes() == key;
+            let named_for_its_lease = entered.lease != 0
+                && keys
+                    .candidate(shard, entered.lease)
+                    .is_some_and(|own| own.as_bytes() == key);
             let at = candidates.partition_point(|candidate| candidate.term < entered.term);
             candidates.insert(
                 at,
@@ -244,11 +268,12 @@ mod tests {
         let key = |shard: u32, lease: i64| keys.candidate(4, shard, lease).into_bytes();
         let members = BTreeSet::from([0xa, 0xb, 0xc, 0xd]);
         let mut ballot = Ballot::new(4);
-        ballot.apply(&keys, &key(1, 0xb), entered(b"b", 20, 0xb));
-        ballot.apply(&keys, &key(1, 0xa), entered(b"a", 10, 0xa));
-        ballot.apply(&keys, &key(1, 0xc), entered(b"c", 30, 0xc));
-        ballot.apply(&keys, keys.candidate(8, 1, 0xd).as_bytes(), entered(b"d", 5, 0xd));
-        ballot.apply(&keys, b"/shardcron/c/nodes/x", entered(b"x", 1, 0xd));
+        let keys_of_4 = ElectionKeys::fleet(&keys, 4, "a");
+        ballot.apply(&keys_of_4, &key(1, 0xb), entered(b"b", 20, 0xb));
+        ballot.apply(&keys_of_4, &key(1, 0xa), entered(b"a", 10, 0xa));
+        ballot.apply(&keys_of_4, &key(1, 0xc), entered(b"c", 30, 0xc));
+        ballot.apply(&keys_of_4, keys.candidate(8, 1, 0xd).as_bytes(), entered(b"d", 5, 0xd));
+        ballot.apply(&keys_of_4, b"/shardcron/c/nodes/x", entered(b"x", 1, 0xd));
         let nodes = |ballot: &Ballot| -> Vec<String> { ballot.candidates(1).iter().map(|c| c.node.clone()).collect() };
         assert_eq!(
             nodes(&ballot),
@@ -256,7 +281,7 @@ mod tests {
             "another shard count's election is not this one"
         );
         assert_eq!(ballot.leader(1, &members).map(|c| c.term), Some(10));
-        ballot.apply(&keys, &key(1, 0xa), None);
+        ballot.apply(&keys_of_4, &key(1, 0xa), None);
         assert_eq!(ballot.leader(1, &members).map(|c| c.node.as_str()), Some("b"));
         assert!(ballot.leader(0, &members).is_none() && ballot.leader(9, &members).is_none());
     }
@@ -295,8 +320,9 @@ mod tests {
         ];
         for (case, key, lease, leader) in cases {
             let mut ballot = Ballot::new(2);
-            ballot.apply(&keys, &key, entered(b"a", 7, lease));
-            ballot.apply(&keys, keys.candidate(2, 0, 0xb).as_bytes(), entered(b"b", 9, 0xb));
+            let keys_of_2 = ElectionKeys::fleet(&keys, 2, "a");
+            ballot.apply(&keys_of_2, &key, entered(b"a", 7, lease));
+            ballot.apply(&keys_of_2, keys.candidate(2, 0, 0xb).as_bytes(), entered(b"b", 9, 0xb));
             let foreign = ballot.foreign(0, &members).count();
             assert_eq!(ballot.leader(0, &members).map(|c| c.node.as_str()), leader, "{case}");
             assert_eq!(foreign, usize::from(leader.is_none()), "{case}");

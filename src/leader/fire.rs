@@ -39,7 +39,7 @@ struct Firing {
     /// Where the jobs of `behind` stopped being missed: what is due after it, this leader owes.
     took_over: DateTime<Utc>,
     /// The shard counts the fleet runs: when one goes, its leaders' pending ticks are ours.
-    shard_counts: Option<BTreeSet<u32>>,
+    shard_counts: Option<BTreeSet<(Option<String>, u32)>>,
     /// When the last instant fired, and its tick.
     last_fired: Option<(DateTime<Utc>, DateTime<Utc>)>,
     /// The next instant once claimed, and the jobs whose tick it won with their fences.
@@ -113,7 +113,7 @@ impl Term {
             book.entries().iter().map(|entry| Arc::clone(&entry.job)).collect(),
         )));
         let mut requests = self.node.triggers.subscribe();
-        firing.shard_counts = fleet.borrow().shard_counts();
+        firing.shard_counts = fleet.borrow().families();
         loop {
             // Before any wait: what an instant found overdue after it is compared with.
             let before_wait = clock::Reading::take();
@@ -358,11 +358,11 @@ impl Term {
         if self.should_hand_over(fleet) {
             return Err(TermEnd::HandedOff);
         }
-        let counts = fleet.borrow().shard_counts();
+        let counts = fleet.borrow().families();
         if let (Some(before), Some(now)) = (&firing.shard_counts, &counts) {
             let gone = counts_gone(before, now);
             if !gone.is_empty() {
-                tracing::info!(gone = ?gone, "no node runs these shard counts any more: reading the records again for the ticks their leaders left pending");
+                tracing::info!(gone = ?gone, "no node runs these election families (pool, shard count) any more: reading the records again for the ticks their leaders left pending");
                 return Err(TermEnd::ShardCountGone(std::mem::take(book)));
             }
         }

@@ -130,8 +130,7 @@ async fn campaign(
             None => {
                 election::campaign(
                     session,
-                    &node.keys,
-                    node.shards,
+                    &node.election_keys,
                     shard,
                     &node.node_id,
                     view,

@@ -104,13 +104,14 @@ impl Term {
 
     /// The debts `record` lists that this leader settles ([`takeover::settleable`]).
     fn settleable(&self, record: Option<&Claim>, view: &FleetView) -> Vec<Debt> {
-        takeover::settleable(record, &self.leader(), |shards| view.shard_count_gone(shards))
+        takeover::settleable(record, &self.leader(), |pool, shards| view.family_gone(pool, shards))
     }
 
     fn leader(&self) -> Leader<'_> {
         Leader {
             term: self.leadership.term,
             node: &self.node.node_id,
+            pool: self.leadership.pool.as_deref(),
             shards: self.leadership.shards,
         }
     }
@@ -143,12 +144,12 @@ impl Term {
                     record: entry.record(),
                     owed: self.starts.owed(&job.name).len(),
                     started_here: &|tick| self.node.started_here.contains(&job.name, tick),
-                    gone: &|shards| view.shard_count_gone(shards),
+                    gone: &|pool, shards| view.family_gone(pool, shards),
                     took_over,
                     now,
                 },
             );
-            log_plan(job, &plan, self.leadership.shards);
+            log_plan(job, &plan, &self.leader());
             if plan.unfinished {
                 unfinished.push(index);
             }
@@ -209,7 +210,7 @@ impl Term {
                     }
                 }
                 for record in &records {
-                    crate::metrics::get().record_run(&job.name, record);
+                    crate::metrics::get().record_run(job.job_name(), record);
                 }
             }
             let never_started = never_started.remove(&won.index).unwrap_or_default();
@@ -277,7 +278,7 @@ fn lost_records(debt: &Debt, listed_at: i64, ticks: &[DateTime<Utc>]) -> Vec<Run
 }
 
 /// Logs what a takeover found for `job` beyond the ticks it claims.
-fn log_plan(job: &Job, plan: &Plan, shards: u32) {
+fn log_plan(job: &Job, plan: &Plan, leader: &Leader) {
     if let Some(was) = &plan.schedule_was {
         tracing::info!(job = %job.name, was, now = %job.schedule.label(), "the schedule changed since the last claim: the ticks the new one would have had before now never existed, none is caught up");
     }
@@ -289,8 +290,11 @@ fn log_plan(job: &Job, plan: &Plan, shards: u32) {
         if let Some(first) = settled.started_here.first() {
             tracing::info!(job = %job.name, ticks = settled.started_here.len(), first = %first, term = debt.term, "ticks this node started in an earlier leadership, whose start that one could not write: recorded now, not run again");
         }
-        if debt.shards.is_some_and(|owner| owner != shards) {
-            tracing::info!(job = %job.name, ticks = debt.pending.len(), node = %debt.node, term = debt.term, shards = ?debt.shards, "settling the pending ticks of a leader of a shard count no node runs any more");
+        if debt
+            .shards
+            .is_some_and(|owner| owner != leader.shards || debt.pool.as_deref() != leader.pool)
+        {
+            tracing::info!(job = %job.name, ticks = debt.pending.len(), node = %debt.node, term = debt.term, shards = ?debt.shards, pool = ?debt.pool, "settling the pending ticks of a leader of an election family (pool, shard count) no node runs any more");
         }
     }
 }

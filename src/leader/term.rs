@@ -215,7 +215,7 @@ impl Term {
                     tracing::info!(job = %job.name, request = %request.id, fence, "starting a run asked for by hand");
                     crate::metrics::get()
                         .triggered_runs
-                        .get_or_create(&crate::metrics::JobLabel::new(&job.name))
+                        .get_or_create(&crate::metrics::JobLabel::new(job.job_name()))
                         .inc();
                     self.node.runs.start(vec![Tick {
                         request: Some(request.id.clone()),

@@ -19,12 +19,13 @@ use crate::backoff::Backoff;
 use crate::context::NodeContext;
 use crate::coord::claims::ClaimLead;
 use crate::coord::election;
-use crate::coord::keys::Keys;
+use crate::coord::keys::{ElectionKeys, Keys};
 use crate::coord::pauses::Pauses;
 use crate::coord::results::{write_leftovers, ResultQueue};
 use crate::readiness::Readiness;
 use crate::rules::config::Config;
-use crate::rules::config::Loaded;
+use crate::rules::config::{Loaded, NodeSpec};
+use crate::rules::pools::Tags;
 use crate::running::runs::Runs;
 use crate::serving::http::{Exposed, Exposure};
 use sessions::Sessions;
@@ -36,6 +37,8 @@ const ELECTION_REQUESTS: usize = 8;
 #[derive(Debug, Clone)]
 pub struct NodeOptions {
     pub node_id: String,
+    /// `--tags`: which pools the node campaigns in.
+    pub tags: Tags,
     pub shutdown_grace: Duration,
     /// Cancelled by a second signal: running commands are killed at once instead of being given
     /// the rest of their grace.
@@ -70,7 +73,16 @@ pub async fn run(
     let job_count = config.jobs.len();
     let cluster = config.cluster.clone();
     let etcd = config.etcd.clone();
-    let (loaded_sender, loaded) = watch::channel(Arc::new(Loaded::new(config)));
+    let election_keys = ElectionKeys {
+        keys: keys.clone(),
+        elections: Arc::clone(&config.elections),
+        node: options.node_id.clone(),
+    };
+    let spec = NodeSpec {
+        id: options.node_id.clone(),
+        tags: options.tags.clone(),
+    };
+    let (loaded_sender, loaded) = watch::channel(Arc::new(Loaded::new(config, &spec)));
     options.exposure.fill(Exposed {
         client: client.clone(),
         jobs: loaded.clone(),
@@ -79,7 +91,8 @@ pub async fn run(
     let node = Arc::new(NodeContext {
         node_id: options.node_id.clone(),
         keys,
-        shards: cluster.shards,
+        tags: options.tags.clone(),
+        election_keys,
         jobs: loaded,
         runs: Runs::new(
             Arc::clone(&results),
@@ -99,6 +112,7 @@ pub async fn run(
         node = %node.node_id,
         cluster = %cluster.name,
         shards = cluster.shards,
+        tags = %options.tags.iter().collect::<Vec<_>>().join(","),
         jobs = job_count,
         lease_ttl = ?cluster.lease_ttl,
         "node starting"

@@ -16,8 +16,8 @@ use crate::coord::joining;
 use crate::coord::mirror;
 use crate::coord::session::Session;
 use crate::readiness::{Readiness, Stage};
-use crate::rules::config::Loaded;
 use crate::rules::config::{Cluster, Config, Etcd};
+use crate::rules::config::{Loaded, NodeSpec};
 use crate::rules::record::Member;
 
 /// What the session loop keeps from one session to the next.
@@ -100,7 +100,7 @@ impl Sessions {
             loop {
                 tokio::select! {
                     _ = session.ended().cancelled() => break,
-                    Some(config) = reloads.recv() => apply_reload(config, &self.cluster, &self.etcd, &loaded),
+                    Some(config) = reloads.recv() => apply_reload(config, &self.cluster, &self.etcd, &self.spec(), &loaded),
                 }
             }
             self.readiness.set(Stage::SessionLost);
@@ -133,6 +133,13 @@ impl Sessions {
         sleep_or_cancel(wait, &self.node.shutdown).await;
     }
 
+    fn spec(&self) -> NodeSpec {
+        NodeSpec {
+            id: self.node.node_id.clone(),
+            tags: self.node.tags.clone(),
+        }
+    }
+
     async fn revoke_unrevoked(&mut self) {
         let mut still_held = Vec::new();
         for lease in self.unrevoked.drain(..) {
@@ -151,12 +158,19 @@ impl Sessions {
     async fn prepare(&self, session: &Session) -> Result<Prepared, Unprepared> {
         let node = &self.node;
         let failed = |what: &'static str| move |err: CoordError| Unprepared { what, err };
+        let elections = &node.election_keys.elections;
         let member = Member {
             version: env!("CARGO_PKG_VERSION").to_string(),
             digest: node.jobs.borrow().digest.clone(),
             shards: self.cluster.shards,
             started_at: self.started_at,
+            tags: node.tags.clone(),
+            pool_shards: elections.pool_shards,
+            pools: elections.pools_of(&node.tags).map(|pool| pool.id.clone()).collect(),
         };
+        let campaigns: Vec<u32> = (0..elections.total())
+            .filter(|number| elections.eligible(*number, &node.tags))
+            .collect();
         // Before any claim: an etcd that takes fewer operations per transaction than a claim
         // writes would refuse every full one.
         crate::coord::etcd::learn_txn_limit(&self.client, &node.keys)
@@ -175,7 +189,7 @@ impl Sessions {
         let mut tasks = JoinSet::new();
         let view = tasks::watch_fleet(&mut tasks, node, session, member);
         let entered = tokio::select! {
-            entered = joining::enter_elections(session, &node.keys, self.cluster.shards, &node.node_id, view.clone()) => entered,
+            entered = joining::enter_elections(session, &node.election_keys, &campaigns, &node.node_id, view.clone()) => entered,
             _ = session.ended().cancelled() => Err(CoordError::Protocol("the session ended".into())),
         };
         let candidacies = entered.map_err(failed("cannot enter the shard elections"))?;
@@ -196,11 +210,16 @@ async fn close(session: &Session, unrevoked: &mut Vec<i64>) {
     }
 }
 
-/// Swaps in a reloaded config's jobs. A changed `[cluster]` (jobs sharded for another count) or
-/// `[etcd]` (the client is already connected) needs a restart; the old config keeps running.
-fn apply_reload(config: Config, cluster: &Cluster, etcd: &Etcd, loaded: &watch::Sender<Arc<Loaded>>) {
+/// Swaps in a reloaded config's jobs. A changed `[cluster]` (jobs sharded for another count),
+/// `[etcd]` (the client is already connected) or set of pools (the node's elections) needs a
+/// restart; the old config keeps running.
+fn apply_reload(config: Config, cluster: &Cluster, etcd: &Etcd, node: &NodeSpec, loaded: &watch::Sender<Arc<Loaded>>) {
     if config.cluster != *cluster || config.etcd != *etcd {
         tracing::error!(config = %config.path.display(), "reload refused: the [cluster] or [etcd] section changed; restart the node to apply it (the old jobs keep running)");
+        return;
+    }
+    if config.elections != loaded.borrow().elections {
+        tracing::error!(config = %config.path.display(), "reload refused: the pools changed (a run_on set added or removed, or the first or last fan_out = \"all\" job), which changes the node's elections; restart the node to apply it (the old jobs keep running)");
         return;
     }
     // The same file changes nothing: a reload would only end every term of the node between
@@ -210,5 +229,5 @@ fn apply_reload(config: Config, cluster: &Cluster, etcd: &Etcd, loaded: &watch::
         return;
     }
     tracing::info!(jobs = config.jobs.len(), digest = %config.digest, "reloaded jobs.toml: terms take the new jobs between ticks, keeping their shards");
-    loaded.send_replace(Arc::new(Loaded::new(config)));
+    loaded.send_replace(Arc::new(Loaded::new(config, node)));
 }

@@ -64,7 +64,7 @@ pub(super) fn watch_fleet(
     session: &Session,
     member: Member,
 ) -> watch::Receiver<FleetView> {
-    let view = fleet::spawn_tasks(tasks, session, &node.keys, node.shards);
+    let view = fleet::spawn_tasks(tasks, session, &node.election_keys);
     tasks.spawn(register_reloads(Arc::clone(node), session.clone(), member));
     tasks.spawn(warn_on_drift(Arc::clone(node), session.clone(), view.clone()));
     view
@@ -77,7 +77,8 @@ pub(super) struct Mirrored {
 }
 
 /// A session's tasks once it entered the elections: the mirrors of pauses and run requests,
-/// compaction if `[etcd] compaction` asks for it, and a task per shard it stands in.
+/// the marks of `run_on` sets no node has, compaction if `[etcd] compaction` asks for it, and a
+/// task per shard it stands in.
 pub(super) fn lead(
     tasks: &mut JoinSet<()>,
     node: &Arc<NodeContext>,
@@ -98,6 +99,13 @@ pub(super) fn lead(
         node.keys.clone(),
         Arc::clone(&node.triggers),
         mirrored.triggers,
+    ));
+    tasks.spawn(crate::coord::unserved::keep(
+        session.clone(),
+        node.keys.clone(),
+        node.node_id.clone(),
+        node.jobs.clone(),
+        view.clone(),
     ));
     if let Some(every) = compaction {
         tasks.spawn(crate::coord::etcd_space::compact(

@@ -23,7 +23,11 @@ pub struct PlannedFire<'a> {
     pub at: String,
     pub at_utc: String,
     pub job: &'a str,
+    /// The shard within the job's pool (or within the fleet's `shards`).
     pub shard: u32,
+    /// The job's pool: its `run_on` tags joined by `+`; absent for a job without `run_on`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
     pub zone: &'a str,
     pub note: Option<&'static str>,
 }
@@ -35,7 +39,8 @@ impl<'a> From<&Fire<'a>> for PlannedFire<'a> {
             at: fire.at.with_timezone(&zone).to_rfc3339_opts(SecondsFormat::Secs, false),
             at_utc: fire.at.to_rfc3339_opts(SecondsFormat::Secs, true),
             job: &fire.job.name,
-            shard: fire.job.shard,
+            shard: fire.job.pool_shard,
+            pool: (!fire.job.run_on.is_empty()).then(|| fire.job.run_on.id()),
             zone: zone.name(),
             note: fire.dst.map(DstRule::note),
         }

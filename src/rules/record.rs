@@ -6,6 +6,8 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+use crate::rules::pools::Tags;
+
 /// The value of `/jobs/<job>/last`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Claim {
@@ -28,6 +30,10 @@ pub struct Claim {
     /// count (a rolling change of `shards`) may still be about to start those ticks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shards: Option<u32>,
+    /// The pool of that election (tags joined by `+`; `@<node>` for a node's own election),
+    /// with `pending`; `None` for the fleet's elections.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
     /// The schedule that made `scheduled_at` a tick (expression and zone). A new leader catches
     /// up nothing for a job whose schedule changed since: the ticks the new schedule would have
     /// had before the change never existed. Records written before this field: `None`.
@@ -58,6 +64,9 @@ pub struct Debt {
     /// field, read as the reader's own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shards: Option<u32>,
+    /// The pool of the owner's election; `None` for the fleet's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
     pub pending: Vec<DateTime<Utc>>,
     /// As [`Claim::released`], for the owner's own last write.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -71,6 +80,7 @@ impl Claim {
             term: self.term,
             node: self.node.clone(),
             shards: self.shards,
+            pool: self.pool.clone(),
             pending: self.pending.clone(),
             released: self.released,
         });
@@ -223,6 +233,29 @@ pub struct Member {
     pub digest: String,
     pub shards: u32,
     pub started_at: DateTime<Utc>,
+    /// The node's tags (`--tags`): which pools it may campaign in.
+    #[serde(default, skip_serializing_if = "Tags::is_empty")]
+    pub tags: Tags,
+    /// The shard count of every pool the node campaigns in.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub pool_shards: u32,
+    /// The ids of the pools the node campaigns in: its config's pools whose tags it has.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pools: Vec<String>,
+}
+
+fn is_zero(value: &u32) -> bool {
+    *value == 0
+}
+
+impl Member {
+    /// Whether the node campaigns in the elections of `pool` (`None`: the fleet's) of `shards`.
+    pub fn runs(&self, pool: Option<&str>, shards: u32) -> bool {
+        match pool {
+            None => self.shards == shards,
+            Some(pool) => self.pool_shards == shards && self.pools.iter().any(|own| own == pool),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -276,11 +309,13 @@ mod tests {
             node: "a".into(),
             pending: vec![at],
             shards: Some(4),
+            pool: None,
             schedule: Some("*/5 * * * * *".into()),
             others: vec![Debt {
                 term: 5,
                 node: "b".into(),
                 shards: Some(2),
+                pool: None,
                 pending: vec![at],
                 released: true,
             }],

@@ -39,6 +39,7 @@ fn seed(world: &World, names: &[String]) -> usize {
                     node: node_of(index),
                     pending: Vec::new(),
                     shards: None,
+                    pool: None,
                     schedule: None,
                     others: Vec::new(),
                     released: false,

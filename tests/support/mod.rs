@@ -166,6 +166,7 @@ impl World {
             node: "gone".into(),
             pending: Vec::new(),
             shards: None,
+            pool: None,
             schedule: None,
             others: Vec::new(),
             released: false,

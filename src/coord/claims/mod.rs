@@ -216,6 +216,7 @@ impl Claimer<'_> {
                 let writer = Writer {
                     term: self.leadership.term,
                     node: self.node_id,
+                    pool: self.leadership.pool.as_deref(),
                     shards: self.leadership.shards,
                     releasing: self.releasing && self.starts.releasable(&entry.job.name),
                 };

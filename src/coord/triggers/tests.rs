@@ -116,6 +116,7 @@ async fn a_claim_tried_again_after_its_reply_was_lost_is_still_ours() {
     let leadership = Leadership {
         shard: 0,
         shards: 1,
+        pool: None,
         prefix: keys.election_prefix(1, 0),
         key,
         term,

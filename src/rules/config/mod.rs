@@ -18,7 +18,7 @@ mod raw;
 mod validate;
 mod validate_job;
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -27,11 +27,13 @@ use chrono_tz::Tz;
 pub use error::ConfigError;
 use error::Source;
 pub(crate) use loaded::Loaded;
+pub use loaded::NodeSpec;
 pub use model::*;
 use raw::{RawFile, RawJobs};
 use validate::{validate_cluster, validate_etcd};
 use validate_job::validate_job;
 
+use crate::rules::pools::{Elections, FanOut, Tags};
 use crate::rules::schedule::Schedule;
 
 /// Reads and validates the config file at `path`.
@@ -49,17 +51,54 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
 /// Validates `text` as the contents of the config file `path`.
 pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
     let source = Source { path, text };
-    let Parts { cluster, etcd, jobs } = match parse_in_pieces(&source, pieces::JOBS_PER_PIECE) {
+    let Parts {
+        cluster,
+        etcd,
+        mut jobs,
+    } = match parse_in_pieces(&source, pieces::JOBS_PER_PIECE) {
         Some(parts) => parts,
         None => parse_whole(&source)?,
     };
+    let elections = Arc::new(elections_of(&source, &cluster, &mut jobs)?);
     Ok(Config {
         path: path.to_path_buf(),
         cluster,
         etcd,
         jobs,
         digest: format!("{:016x}", seahash::hash(text.as_bytes())),
+        elections,
     })
+}
+
+/// Every election the jobs need, bounded as one fleet of [`MAX_SHARDS`] shards is, and each job
+/// numbered with its own.
+fn elections_of(source: &Source, cluster: &Cluster, jobs: &mut [Job]) -> Result<Elections, ConfigError> {
+    let run_on: BTreeSet<Tags> = jobs
+        .iter()
+        .filter(|job| job.fan_out == FanOut::One)
+        .map(|job| job.run_on.clone())
+        .collect();
+    let own = jobs.iter().any(|job| job.fan_out == FanOut::All);
+    let elections = Elections::new(cluster.shards, cluster.pool_shards, &run_on, own);
+    if elections.shared() > u64::from(MAX_SHARDS) {
+        return Err(source.error(
+            None,
+            None,
+            Some("cluster.pool_shards"),
+            format!(
+                "{} shards and {} pools of {} shards make {} elections; at most {MAX_SHARDS} (each is an etcd election): lower shards or pool_shards, or use fewer run_on sets",
+                cluster.shards,
+                elections.pools.len(),
+                cluster.pool_shards,
+                elections.shared()
+            ),
+        ));
+    }
+    for job in jobs {
+        job.shard = elections.number_of(&job.name, &job.run_on, job.fan_out);
+        job.pool_shard = elections.locate(job.shard).map_or(0, |election| election.shard());
+    }
+    Ok(elections)
 }
 
 /// What the file says, validated.

@@ -9,7 +9,16 @@ use std::time::Duration;
 use chrono_tz::Tz;
 use serde::Deserialize;
 
+use crate::rules::pools::{Elections, FanOut, Tags};
 use crate::rules::schedule::Schedule;
+
+/// One node's instance of a `fan_out = "all"` job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Instance {
+    /// The job's name as `jobs.toml` has it.
+    pub job: String,
+    pub node: String,
+}
 
 /// The most shards a cluster may have; each is an etcd election, so this bounds etcd load.
 pub const MAX_SHARDS: u32 = 4096;
@@ -26,6 +35,8 @@ pub struct Config {
     pub jobs: Vec<Job>,
     /// seahash of the file's bytes, hex: nodes compare it to spot config drift.
     pub digest: String,
+    /// Every election the jobs are in: the fleet's shards, each pool's, the node's own.
+    pub elections: Arc<Elections>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -36,6 +47,8 @@ pub struct Cluster {
     pub timezone: Tz,
     /// How many of each job's last runs etcd keeps for `shardcron history`; 0 keeps none.
     pub history: u32,
+    /// The shard count of every pool (jobs with one `run_on` set).
+    pub pool_shards: u32,
 }
 
 /// Default for `[cluster] history`.
@@ -74,7 +87,18 @@ pub struct EtcdTls {
 #[derive(Debug, Clone)]
 pub struct Job {
     pub name: String,
+    /// The number of the job's election (see [`crate::rules::pools`]): its shard of the fleet's
+    /// `shards` for a job without `run_on`.
     pub shard: u32,
+    /// The shard within its pool (or within the fleet's `shards`): `CRON_SHARD`. 0 for a
+    /// fanned-out job.
+    pub pool_shard: u32,
+    /// Only nodes with all of these tags run the job; none: any node.
+    pub run_on: Tags,
+    pub fan_out: FanOut,
+    /// For an instance of a `fan_out = "all"` job, the node it runs on; its `name` is then
+    /// `<job>@<node>`, which names its records.
+    pub instance_of: Option<Instance>,
     /// Shared between jobs with the same (expression, zone): parsed once.
     pub schedule: Arc<Schedule>,
     pub command: String,
@@ -143,6 +167,31 @@ pub const MAX_RETRY_BACKOFF: Duration = Duration::from_secs(300);
 /// At most this many retries per tick: a job that needs more is failing, not flaky.
 pub const MAX_RETRIES: i64 = 100;
 
+impl Job {
+    /// The job's name as `jobs.toml` has it: what `CRON_JOB`, pauses, metrics and the API say,
+    /// also for one node's instance of a fanned-out job.
+    pub fn job_name(&self) -> &str {
+        self.instance_of.as_ref().map_or(&self.name, |instance| &instance.job)
+    }
+
+    /// The name of a node's instance of `job`: what its records in etcd are named.
+    pub fn instance_name(job: &str, node: &str) -> String {
+        format!("{job}@{node}")
+    }
+
+    /// This job as run by `node` alone, with records of its own.
+    pub fn instance(&self, node: &str) -> Job {
+        Job {
+            name: Job::instance_name(&self.name, node),
+            instance_of: Some(Instance {
+                job: self.name.clone(),
+                node: node.to_string(),
+            }),
+            ..self.clone()
+        }
+    }
+}
+
 #[cfg(test)]
 impl Job {
     /// A job named `name` on `expression` in UTC with every other field at its default, for
@@ -151,6 +200,10 @@ impl Job {
         Job {
             name: name.into(),
             shard: 0,
+            pool_shard: 0,
+            run_on: Tags::default(),
+            fan_out: FanOut::One,
+            instance_of: None,
             schedule: Arc::new(Schedule::parse(expression, chrono_tz::UTC).expect("a valid test schedule")),
             command: "true".into(),
             timeout: None,

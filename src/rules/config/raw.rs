@@ -7,6 +7,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::model::{CatchUp, Delivery, Overlap};
+use crate::rules::pools::FanOut;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -32,6 +33,7 @@ pub(super) struct RawCluster {
     pub(super) lease_ttl: Option<Spanned<String>>,
     pub(super) timezone: Option<Spanned<String>>,
     pub(super) history: Option<Spanned<i64>>,
+    pub(super) pool_shards: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]
@@ -70,6 +72,8 @@ pub(super) struct RawJob {
     pub(super) working_dir: Option<Spanned<PathBuf>>,
     pub(super) env: Option<Spanned<BTreeMap<String, String>>>,
     pub(super) env_file: Option<Spanned<PathBuf>>,
+    pub(super) run_on: Option<Spanned<Vec<String>>>,
+    pub(super) fan_out: Option<Spanned<FanOut>>,
 }
 
 /// `schedule`: one expression, or an array of them that the job fires on together.

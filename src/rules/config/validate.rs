@@ -11,6 +11,7 @@ use super::error::{ConfigError, Source};
 use super::model::*;
 use super::raw::*;
 use crate::rules::bounds;
+use crate::rules::pools::DEFAULT_POOL_SHARDS;
 use crate::rules::schedule::parse_zone;
 
 /// A duration field of at most `max` ([`bounds::MAX_WINDOW`] for spans, [`bounds::MAX_WAIT`]
@@ -105,12 +106,28 @@ pub(super) fn validate_cluster(source: &Source, raw: Option<Spanned<RawCluster>>
         Some(value) => *value.get_ref() as u32,
         None => DEFAULT_HISTORY,
     };
+    let pool_shards = match &raw.pool_shards {
+        Some(value) if !(1..=i64::from(MAX_SHARDS)).contains(value.get_ref()) => {
+            return Err(source.error(
+                Some(value.span()),
+                None,
+                Some("cluster.pool_shards"),
+                format!(
+                    "pool_shards must be between 1 and {MAX_SHARDS}, found {}",
+                    value.get_ref()
+                ),
+            ));
+        }
+        Some(value) => *value.get_ref() as u32,
+        None => DEFAULT_POOL_SHARDS,
+    };
     Ok(Cluster {
         name: name.into_inner(),
         shards: *shards.get_ref() as u32,
         lease_ttl,
         timezone,
         history,
+        pool_shards,
     })
 }
 

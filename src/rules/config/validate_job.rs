@@ -13,6 +13,7 @@ use super::model::*;
 use super::raw::*;
 use super::validate::{parse_duration, secret_path, valid_name};
 use crate::rules::bounds;
+use crate::rules::pools::Tags;
 use crate::rules::schedule::{parse_zone, Schedule, ScheduleError};
 use crate::rules::shard::shard_of;
 use crate::rules::spread;
@@ -47,8 +48,18 @@ pub(super) fn validate_job(
     let command = job_command(source, job, &raw, &table_span)?;
     let timing = job_timing(source, job, &raw)?;
     validate_env(source, job, &raw)?;
+    let run_on = match &raw.run_on {
+        Some(value) => Tags::new(value.get_ref())
+            .map_err(|message| source.error(Some(value.span()), job, Some("run_on"), message))?,
+        None => Tags::default(),
+    };
     Ok(Job {
+        // The number of its election is known once every job's pool is: see `config::parse`.
         shard: shard_of(&name, cluster.shards),
+        pool_shard: shard_of(&name, cluster.shards),
+        run_on,
+        fan_out: raw.fan_out.map(Spanned::into_inner).unwrap_or_default(),
+        instance_of: None,
         name,
         schedule,
         command,

@@ -31,11 +31,12 @@ pub(crate) use outcome::{after_reread, Reread};
 pub(crate) use owed::Owed;
 pub(crate) use write::{next_record, Owner, Want, Won, Writer};
 
-/// The shard counts the fleet ran (`before`) that no live member runs now (`now`): their
-/// leaders' pending ticks have no successor in their own election, so every leader of a live
-/// count reads its records again (a new term of the same leadership) and settles them.
-pub(crate) fn counts_gone(before: &BTreeSet<u32>, now: &BTreeSet<u32>) -> Vec<u32> {
-    before.difference(now).copied().collect()
+/// The election families (shard counts, and pools with theirs) the fleet ran (`before`) that no
+/// live member runs now (`now`): their leaders' pending ticks have no successor in their own
+/// election, so every leader of a live family reads its records again (a new term of the same
+/// leadership) and settles them.
+pub(crate) fn counts_gone<T: Ord + Clone>(before: &BTreeSet<T>, now: &BTreeSet<T>) -> Vec<T> {
+    before.difference(now).cloned().collect()
 }
 
 /// What a claim transaction finds before it writes; it writes only if every guard holds.

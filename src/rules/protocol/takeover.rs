@@ -11,19 +11,25 @@ use crate::rules::catch_up::{backlog_part, missed_ticks, Missed};
 use crate::rules::config::{Delivery, Job};
 use crate::rules::record::{Claim, Debt};
 
-/// A leadership as the protocol sees it: its term, node and election's shard count.
+/// A leadership as the protocol sees it: its term, node and election's family (its pool, `None`
+/// for the fleet's, and shard count).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Leader<'a> {
     pub(crate) term: i64,
     pub(crate) node: &'a str,
+    pub(crate) pool: Option<&'a str>,
     pub(crate) shards: u32,
 }
 
 /// The debts `record` lists that `leader` settles: those of earlier leaders of its own election,
-/// deposed since it leads, and those of a shard count no live node runs any more (`gone`), whose
-/// elections have no successor. The debts of another live election's leaders stay listed for
-/// their successors.
-pub(crate) fn settleable(record: Option<&Claim>, leader: &Leader, gone: impl Fn(u32) -> bool) -> Vec<Debt> {
+/// deposed since it leads, and those of an election family (a pool and shard count) no live
+/// node runs any more (`gone`), whose elections have no successor. The debts of another live
+/// family's leaders stay listed for their successors.
+pub(crate) fn settleable(
+    record: Option<&Claim>,
+    leader: &Leader,
+    gone: impl Fn(Option<&str>, u32) -> bool,
+) -> Vec<Debt> {
     let Some(claim) = record else {
         return Vec::new();
     };
@@ -31,7 +37,10 @@ pub(crate) fn settleable(record: Option<&Claim>, leader: &Leader, gone: impl Fn(
         .debts()
         .filter(|debt| {
             !debt.owed_by(leader.term, leader.node)
-                && debt.shards.is_none_or(|shards| shards == leader.shards || gone(shards))
+                && debt.shards.is_none_or(|shards| {
+                    let pool = debt.pool.as_deref();
+                    (pool == leader.pool && shards == leader.shards) || gone(pool, shards)
+                })
         })
         .collect()
 }
@@ -67,8 +76,8 @@ pub(crate) struct Known<'a> {
     /// Whether this node started the tick itself, in an earlier leadership that could not write
     /// the start.
     pub(crate) started_here: &'a dyn Fn(DateTime<Utc>) -> bool,
-    /// Whether no live node runs a shard count any more.
-    pub(crate) gone: &'a dyn Fn(u32) -> bool,
+    /// Whether no live node runs an election family (a pool and shard count) any more.
+    pub(crate) gone: &'a dyn Fn(Option<&str>, u32) -> bool,
     /// Where the job stopped being missed: the takeover, or the end of a stall.
     pub(crate) took_over: DateTime<Utc>,
     pub(crate) now: DateTime<Utc>,

@@ -13,6 +13,7 @@ fn at(second: i64) -> DateTime<Utc> {
 fn claim(second: i64, term: i64, node: &str, pending: &[i64]) -> Claim {
     Claim {
         shards: (!pending.is_empty()).then_some(4),
+        pool: None,
         scheduled_at: at(second),
         term,
         node: node.into(),
@@ -30,6 +31,7 @@ fn owing(mut claim: Claim, term: i64, node: &str, shards: u32, pending: &[i64]) 
         term,
         node: node.into(),
         shards: Some(shards),
+        pool: None,
         pending: pending.iter().map(|second| at(*second)).collect(),
         released: false,
     });
@@ -174,6 +176,7 @@ fn the_next_record_lists_what_its_writer_owes_and_keeps_what_others_owe() {
             term: 5,
             node: "a",
             shards: 4,
+            pool: None,
             releasing: false,
         };
         assert_eq!(
@@ -190,6 +193,7 @@ fn a_released_record_says_its_pending_ticks_never_start_and_another_writer_keeps
         term: 5,
         node: "a",
         shards: 4,
+        pool: None,
         releasing: true,
     };
     let owed: BTreeSet<DateTime<Utc>> = [at(10)].into();
@@ -208,6 +212,7 @@ fn a_released_record_says_its_pending_ticks_never_start_and_another_writer_keeps
         term: 7,
         node: "b",
         shards: 7,
+        pool: None,
         releasing: false,
     };
     let over = next_record(Some(&written), &Want::tick(0, at(11)), &BTreeSet::new(), &other, "s").unwrap();
@@ -224,6 +229,7 @@ fn a_record_names_the_schedule_that_made_its_tick() {
         term: 5,
         node: "a",
         shards: 4,
+        pool: None,
         releasing: false,
     };
     let old = Claim {
@@ -296,6 +302,7 @@ fn writer(term: i64, node: &str, shards: u32) -> Writer<'_> {
         term,
         node,
         shards,
+        pool: None,
         releasing: false,
     }
 }

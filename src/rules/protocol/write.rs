@@ -151,6 +151,7 @@ pub(crate) fn next_record(
     let Writer {
         term,
         node,
+        pool,
         shards,
         releasing,
     } = *writer;
@@ -191,6 +192,7 @@ pub(crate) fn next_record(
         term,
         node: node.to_string(),
         shards: (!pending_is_empty).then_some(shards),
+        pool: pool.filter(|_| !pending_is_empty).map(str::to_string),
         pending: pending.into_iter().collect(),
         schedule,
         others,
@@ -203,6 +205,8 @@ pub(crate) fn next_record(
 pub(crate) struct Writer<'a> {
     pub(crate) term: i64,
     pub(crate) node: &'a str,
+    /// The pool of its election; `None` for the fleet's.
+    pub(crate) pool: Option<&'a str>,
     pub(crate) shards: u32,
     pub(crate) releasing: bool,
 }

@@ -121,7 +121,7 @@ pub async fn run(
         span.in_scope(|| tracing::warn!(retries = job.retries, retry_in = ?delay, "attempt failed; retrying"));
         crate::metrics::get()
             .retries
-            .get_or_create(&crate::metrics::JobLabel::new(&job.name))
+            .get_or_create(&crate::metrics::JobLabel::new(job.job_name()))
             .inc();
         tokio::select! {
             _ = tokio::time::sleep(delay) => {}

@@ -346,7 +346,10 @@ impl Runs {
 
     /// Whether a pause stops `tick`; if one does, the tick is recorded `paused`.
     fn paused(&self, tick: &Tick) -> bool {
-        let Some(pause) = self.pauses.stopping(&tick.job.name, tick.scheduled_at, clock::now()) else {
+        let Some(pause) = self
+            .pauses
+            .stopping(tick.job.job_name(), tick.scheduled_at, clock::now())
+        else {
             return false;
         };
         if self.settle(tick) {
@@ -357,7 +360,7 @@ impl Runs {
     }
 
     fn report(&self, tick: &Tick, record: RunRecord) {
-        crate::metrics::get().record_run(&tick.job.name, &record);
+        crate::metrics::get().record_run(tick.job.job_name(), &record);
         if let Some(request) = &tick.request {
             self.results.answer(request, record.clone());
         }

@@ -142,14 +142,14 @@ fn same_secret(given: &[u8], secret: &[u8]) -> bool {
 /// The node's jobs, by name.
 fn jobs_by_name(exposed: &Exposed) -> Vec<Arc<Job>> {
     let loaded = exposed.jobs.borrow().clone();
-    let mut jobs: Vec<Arc<Job>> = loaded.by_shard.iter().flatten().cloned().collect();
+    let mut jobs: Vec<Arc<Job>> = loaded.jobs().cloned().collect();
     jobs.sort_by(|a, b| a.name.cmp(&b.name));
     jobs
 }
 
 fn known_job(exposed: &Exposed, name: &str) -> Result<(), Failure> {
     let loaded = exposed.jobs.borrow();
-    if loaded.by_shard.iter().flatten().any(|job| job.name == name) {
+    if loaded.jobs().any(|job| job.name == name) {
         Ok(())
     } else {
         Err(Failure(

@@ -203,6 +203,7 @@ mod tests {
                 lease_ttl: std::time::Duration::from_secs(2),
                 timezone: chrono_tz::UTC,
                 history: 10,
+                pool_shards: 16,
             },
             readiness: Readiness::default(),
             exposure: Exposure::default(),

@@ -472,6 +472,7 @@ impl Step<'_> {
                 term: term.term,
                 node: &node_name,
                 shards: writer_shards,
+                pool: None,
                 releasing: write.releasing && (model.rules == Rules::ReleaseAdopted || term.owed.releasable(&job.name)),
             };
             let mut record = next_record(
@@ -502,6 +503,7 @@ impl Step<'_> {
             term: term.term,
             node: &node_name,
             shards: node.shards,
+            pool: None,
         };
         let now = at(node.now(self.state.time));
         let before_27 = self.model.rules == Rules::BeforeIssue27;
@@ -524,7 +526,7 @@ impl Step<'_> {
                         record,
                         owed: term.owed.count(&spec.name),
                         started_here: &|tick| node.started_here.contains(&(*job, second(tick))),
-                        gone: &|count| before_27 || !live.contains(&count),
+                        gone: &|_pool, count| before_27 || !live.contains(&count),
                         took_over: now,
                         now,
                     },

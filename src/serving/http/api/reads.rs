@@ -37,10 +37,14 @@ pub(in crate::serving::http) async fn status(
         .reads
         .status(with_jobs, async {
             let jobs = if with_jobs { jobs_by_name(exposed) } else { Vec::new() };
-            let digest = exposed.jobs.borrow().digest.clone();
-            let status = crate::serving::status::read_document(&app.cluster, &digest, jobs, &exposed.client)
-                .await
-                .map_err(etcd_failed)?;
+            let (digest, elections) = {
+                let loaded = exposed.jobs.borrow();
+                (loaded.digest.clone(), Arc::clone(&loaded.elections))
+            };
+            let status =
+                crate::serving::status::read_document(&app.cluster, &elections, &digest, jobs, &exposed.client)
+                    .await
+                    .map_err(etcd_failed)?;
             // Tens of megabytes at 100,000 jobs: not on a runtime thread that fires ticks.
             tokio::task::spawn_blocking(move || serde_json::to_vec(&status))
                 .await
@@ -119,7 +123,8 @@ pub(in crate::serving::http) async fn jobs(
     .await
     .map_err(|err| Failure(StatusCode::INTERNAL_SERVER_ERROR, err.to_string()))?;
     let shown: Vec<&Job> = shown.iter().map(Arc::as_ref).collect();
-    let statuses = crate::serving::status::read_jobs(&app.cluster, &shown, &exposed.client, &pauses, now)
+    let elections = Arc::clone(&exposed.jobs.borrow().elections);
+    let statuses = crate::serving::status::read_jobs(&app.cluster, &elections, &shown, &exposed.client, pauses, now)
         .await
         .map_err(etcd_failed)?;
     Ok(Json(json!({
@@ -167,9 +172,13 @@ pub(in crate::serving::http) async fn history(
         ));
     }
     let count = query.count.unwrap_or(20).min(served.cluster.history as usize);
-    let records = crate::coord::history::read(&exposed.client, &served.keys(), &name, count)
-        .await
-        .map_err(etcd_failed)?;
+    let fans_out = exposed.jobs.borrow().fanned_out.iter().any(|job| job.name == name);
+    let records = if fans_out {
+        crate::coord::history::read_each(&exposed.client, &served.keys(), &name, count).await
+    } else {
+        crate::coord::history::read(&exposed.client, &served.keys(), &name, count).await
+    }
+    .map_err(etcd_failed)?;
     if records.is_empty() {
         known_job(exposed, &name)?;
     }

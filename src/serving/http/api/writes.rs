@@ -89,6 +89,16 @@ pub(in crate::serving::http) async fn trigger(
         None => Duration::from_secs(10),
     };
     let keys = served.keys();
+    let fanned_out = exposed
+        .jobs
+        .borrow()
+        .fanned_out
+        .iter()
+        .find(|job| job.name == name)
+        .cloned();
+    if let Some(job) = fanned_out {
+        return trigger_each(exposed, &keys, &job, timeout, asked.wait).await;
+    }
     let claimed = crate::coord::triggers::ask(&exposed.client, &keys, &name, timeout)
         .await
         .map_err(etcd_failed)?
@@ -122,6 +132,53 @@ pub(in crate::serving::http) async fn trigger(
         Json(json!({ "job": name, "node": claimed.node, "fence": claimed.fence, "id": claimed.id, "run": run }))
             .into_response(),
     )
+}
+
+/// A trigger of a `fan_out = "all"` job: a run on every live node with its tags. 202 with each
+/// node's claim (`runs`) and the nodes that took none in time (`not_taken`); with `"wait":
+/// true`, 200 once every claimed run ended, each with its record.
+async fn trigger_each(
+    exposed: &crate::serving::http::Exposed,
+    keys: &crate::coord::keys::Keys,
+    job: &crate::rules::config::Job,
+    timeout: Duration,
+    wait: bool,
+) -> Answer {
+    let asked = crate::coord::triggers::ask_each(&exposed.client, keys, &job.name, &job.run_on, timeout)
+        .await
+        .map_err(etcd_failed)?;
+    if asked.is_empty() {
+        return Err(Failure(
+            StatusCode::CONFLICT,
+            format!(
+                "{} fans out to every node with its run_on tags, and no live node has them all",
+                job.name
+            ),
+        ));
+    }
+    let mut runs = Vec::new();
+    let mut not_taken = Vec::new();
+    for (node, claimed) in asked {
+        let Some(claimed) = claimed else {
+            not_taken.push(node);
+            continue;
+        };
+        let run = if wait {
+            crate::coord::triggers::wait_for_run(&exposed.client, keys, &claimed)
+                .await
+                .map_err(etcd_failed)?
+        } else {
+            crate::coord::triggers::forget(&exposed.client, keys, &claimed.id)
+                .await
+                .map_err(etcd_failed)?;
+            None
+        };
+        runs.push(json!({ "node": claimed.node, "fence": claimed.fence, "id": claimed.id, "run": run }));
+    }
+    tracing::info!(job = %job.name, runs = runs.len(), not_taken = ?not_taken, "runs on every eligible node asked for through the API");
+    let status = if wait { StatusCode::OK } else { StatusCode::ACCEPTED };
+    let body = json!({ "job": job.name, "fan_out": "all", "runs": runs, "not_taken": not_taken });
+    Ok((status, Json(body)).into_response())
 }
 
 #[derive(Deserialize, Default)]

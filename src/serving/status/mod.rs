@@ -1,0 +1,403 @@
+//! `shardcron status`: who leads each shard, which nodes are live, and each job's last and next
+//! run, read straight from etcd.
+//!
+//! - `fleet`: the nodes, every election's leader, the `run_on` sets no node has.
+//! - `render`: the text tables.
+
+mod fleet;
+mod render;
+
+pub use render::render;
+
+use std::borrow::Borrow;
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use etcd_client::{GetOptions, Txn, TxnOp, TxnOpResponse};
+use serde::{Deserialize, Serialize};
+
+use crate::clock;
+use crate::coord::etcd::{self, CoordError};
+use crate::coord::keys::{JobRecord, Keys};
+use crate::coord::pauses::{self, Pause};
+use crate::rules::config::{Cluster, Job};
+use crate::rules::pools::{Elections, FanOut, Tags};
+use crate::rules::record::{Claim, RunRecord};
+
+/// The JSON document of `status --json`; its keys are documented in docs/http-api.md.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Status {
+    pub cluster: String,
+    pub shard_count: u32,
+    /// This config's digest; members with another one run a different jobs.toml.
+    pub digest: String,
+    pub nodes: Vec<NodeStatus>,
+    pub shards: Vec<ShardStatus>,
+    pub jobs: Vec<JobStatus>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct NodeStatus {
+    pub id: String,
+    pub version: String,
+    pub digest: String,
+    /// The node's config differs from the one `status` was given.
+    pub drift: bool,
+    pub shards: u32,
+    pub started_at: DateTime<Utc>,
+    /// Shards of this config's elections (the fleet's and the pools') that the node leads.
+    pub leads: usize,
+    /// The node's tags (`--tags`).
+    #[serde(default)]
+    pub tags: Vec<String>,
+    /// The pools the node campaigns in, by id (their tags joined by `+`).
+    #[serde(default)]
+    pub pools: Vec<String>,
+}
+
+/// A pool shard or a job that no live node may lead or run: none has all its `run_on` tags.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NoEligibleNode {
+    /// When the last node with those tags left, as the first node to see it go wrote down;
+    /// `None` when no node saw it (the whole fleet was down, or no node ever had them).
+    pub since: Option<DateTime<Utc>>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ShardStatus {
+    /// The shard within its pool (or within the fleet's `shards`).
+    pub shard: u32,
+    /// The pool (its tags joined by `+`); absent for the fleet's shards.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
+    /// Node id of the leader; `null` while the shard has none.
+    pub leader: Option<String>,
+    /// The leadership's term: its election key's create revision, the runs' `CRON_TERM`.
+    #[serde(default)]
+    pub term: Option<i64>,
+    /// The same as `term`, under the name it had before runs got a fence per claim.
+    pub fence: Option<i64>,
+    /// Candidates waiting behind the leader.
+    pub standby: usize,
+    /// Set when no live node has the pool's tags: nobody leads the shard.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub no_eligible_node: Option<NoEligibleNode>,
+}
+
+/// One node's instance of a `fan_out = "all"` job: its own claims and runs.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct InstanceStatus {
+    pub node: String,
+    pub last_claim: Option<Claim>,
+    pub last_run: Option<RunRecord>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct JobStatus {
+    pub name: String,
+    /// The shard within its pool (or within the fleet's `shards`); 0 for a fanned-out job.
+    pub shard: u32,
+    /// The job's pool: its `run_on` tags joined by `+`; absent for a job without `run_on`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
+    #[serde(default)]
+    pub fan_out: FanOut,
+    /// Set when no live node has all the job's `run_on` tags: nobody runs it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub no_eligible_node: Option<NoEligibleNode>,
+    /// A `fan_out = "all"` job's instance on each node that ever claimed a tick of it, live or
+    /// gone, by node id; `last_claim` and `last_run` are then absent.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub instances: Vec<InstanceStatus>,
+    pub timezone: String,
+    /// The schedule as it fires: `H` items expanded, a list joined by `" | "`.
+    pub schedule: String,
+    /// The last claimed tick: who claimed it and in which term.
+    pub last_claim: Option<Claim>,
+    /// The last finished run and how it ended.
+    pub last_run: Option<RunRecord>,
+    pub next: Option<DateTime<Utc>>,
+    /// The pause in force (the job's own, or `pause --all`), or `None`.
+    pub paused: Option<Pause>,
+}
+
+/// Job records per page of a status read: a record is a few hundred bytes, so a page stays
+/// below etcd-client's 4 MiB answer limit (a page that does not is read again in halves). Few
+/// large pages: at 100,000 jobs the read is mostly waiting for etcd, once per page.
+const RECORDS_PAGE: i64 = 5000;
+
+/// Reads the cluster's state for the elections of `cluster` and `elections`, and for `jobs`,
+/// which came from a file with `digest`.
+pub async fn read<J: Borrow<Job>>(
+    cluster: &Cluster,
+    elections: &Arc<Elections>,
+    digest: &str,
+    jobs: Vec<J>,
+    client: &etcd_client::Client,
+) -> Result<Status, CoordError> {
+    let document = read_document(cluster, elections, digest, jobs, client).await?;
+    let jobs = document.jobs.collect();
+    Ok(Status {
+        cluster: document.cluster,
+        shard_count: document.shard_count,
+        digest: document.digest,
+        nodes: document.nodes,
+        shards: document.shards,
+        jobs,
+    })
+}
+
+/// What [`Status`] holds, read, with each job's entry built only as it is written: the JSON of
+/// 100,000 jobs is written without a second copy of them all in memory.
+///
+/// `J` is how the caller holds its jobs: `&Job` borrowed from a config, `Arc<Job>` to send the
+/// document to another thread. Wrapping a config's 100,000 jobs in new `Arc`s would hold them
+/// twice for a moment.
+#[derive(Serialize)]
+#[serde(bound = "")]
+pub struct Document<J: Borrow<Job>> {
+    cluster: String,
+    shard_count: u32,
+    digest: String,
+    nodes: Vec<NodeStatus>,
+    shards: Vec<ShardStatus>,
+    jobs: LazyJobs<J>,
+}
+
+/// The jobs of a [`Document`] and what their entries are made of.
+struct LazyJobs<J> {
+    jobs: Vec<J>,
+    /// Taken out as each job's entry is made.
+    records: RefCell<Records>,
+    seen: Seen,
+}
+
+/// What every job's entry is read against.
+struct Seen {
+    pauses: HashMap<String, Pause>,
+    now: DateTime<Utc>,
+    elections: Arc<Elections>,
+    /// By `run_on` id: the sets no live node has (see [`fleet::Fleet::unserved`]).
+    unserved: HashMap<String, Option<DateTime<Utc>>>,
+}
+
+impl<J: Borrow<Job>> LazyJobs<J> {
+    fn collect(self) -> Vec<JobStatus> {
+        let mut records = self.records.into_inner();
+        self.jobs
+            .iter()
+            .map(|job| job_status(job.borrow(), &mut records, &self.seen))
+            .collect()
+    }
+}
+
+impl<J: Borrow<Job>> Serialize for LazyJobs<J> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(
+            self.jobs
+                .iter()
+                .map(|job| job_status(job.borrow(), &mut self.records.borrow_mut(), &self.seen)),
+        )
+    }
+}
+
+/// The `run_on` sets of `jobs`.
+fn run_on_sets<'j>(jobs: impl Iterator<Item = &'j Job>) -> Vec<Tags> {
+    let sets: BTreeSet<&Tags> = jobs.map(|job| &job.run_on).filter(|tags| !tags.is_empty()).collect();
+    sets.into_iter().cloned().collect()
+}
+
+/// Reads what `status` shows, for `jobs` of a file with `digest`, to be written as JSON.
+pub async fn read_document<J: Borrow<Job>>(
+    cluster: &Cluster,
+    elections: &Arc<Elections>,
+    digest: &str,
+    jobs: Vec<J>,
+    client: &etcd_client::Client,
+) -> Result<Document<J>, CoordError> {
+    let keys = Keys::new(&cluster.name);
+    let run_on = run_on_sets(jobs.iter().map(Borrow::borrow));
+    let fleet = fleet::read(cluster, elections, &run_on, digest, client).await?;
+    // In pages, keeping only the parsed records: one unpaged read fails past 4 MiB (about
+    // 5,700 jobs that have run).
+    // Sized once: growing a table of 100,000 records holds the old one and the new at once.
+    let mut records = Records {
+        claims: HashMap::with_capacity(jobs.len()),
+        results: HashMap::with_capacity(jobs.len()),
+        instances: HashMap::new(),
+    };
+    if !jobs.is_empty() {
+        etcd::scan_prefix(client, &keys.jobs_prefix(), RECORDS_PAGE, |page| {
+            for kv in &page {
+                if let Ok(key) = kv.key_str() {
+                    records.take(&keys, key, kv.value());
+                }
+            }
+        })
+        .await?;
+    }
+    let now = clock::now();
+    let pauses = pauses::in_force(client, &keys, now).await?;
+    Ok(Document {
+        cluster: cluster.name.clone(),
+        shard_count: cluster.shards,
+        digest: digest.to_string(),
+        nodes: fleet.nodes,
+        shards: fleet.shards,
+        jobs: LazyJobs {
+            jobs,
+            records: RefCell::new(records),
+            seen: Seen {
+                pauses,
+                now,
+                elections: Arc::clone(elections),
+                unserved: fleet.unserved,
+            },
+        },
+    })
+}
+
+/// Range reads per transaction of [`read_jobs`]: etcd refuses more than 128 operations in one.
+const READS_PER_TXN: usize = 100;
+
+/// The status of just `jobs` (a page of them), with `pauses` in force at `now` (from
+/// [`pauses::in_force`]): only their own records are read, with their instances' for a
+/// fanned-out job.
+pub(crate) async fn read_jobs(
+    cluster: &Cluster,
+    elections: &Arc<Elections>,
+    jobs: &[&Job],
+    client: &etcd_client::Client,
+    pauses: HashMap<String, Pause>,
+    now: DateTime<Utc>,
+) -> Result<Vec<JobStatus>, CoordError> {
+    let keys = Keys::new(&cluster.name);
+    let mut records = Records::default();
+    let prefixes: Vec<String> = jobs
+        .iter()
+        .flat_map(|job| {
+            let instances = (job.fan_out == FanOut::All).then(|| keys.job_instances_prefix(&job.name));
+            std::iter::once(keys.job_records_prefix(&job.name)).chain(instances)
+        })
+        .collect();
+    for chunk in prefixes.chunks(READS_PER_TXN) {
+        let reads: Vec<TxnOp> = chunk
+            .iter()
+            .map(|prefix| TxnOp::get(prefix.as_str(), Some(GetOptions::new().with_prefix())))
+            .collect();
+        let response = etcd::call(client.clone().txn(Txn::new().and_then(reads))).await?;
+        for answer in response.op_responses() {
+            if let TxnOpResponse::Get(read) = answer {
+                for kv in read.kvs() {
+                    if let Ok(key) = kv.key_str() {
+                        records.take(&keys, key, kv.value());
+                    }
+                }
+            }
+        }
+    }
+    let run_on = run_on_sets(jobs.iter().copied());
+    let unserved = if run_on.is_empty() {
+        HashMap::new()
+    } else {
+        let (members, _) = crate::coord::fleet::read_members(client, &keys).await?;
+        let marks = crate::coord::unserved::read(client, &keys).await?;
+        run_on
+            .iter()
+            .filter(|tags| !members.nodes.values().any(|member| member.tags.has_all(tags)))
+            .map(|tags| (tags.id(), marks.get(&tags.id()).copied()))
+            .collect()
+    };
+    let seen = Seen {
+        pauses,
+        now,
+        elections: Arc::clone(elections),
+        unserved,
+    };
+    Ok(jobs.iter().map(|job| job_status(job, &mut records, &seen)).collect())
+}
+
+/// The parsed records of some jobs, by job name, and of fanned-out jobs' instances.
+#[derive(Default)]
+struct Records {
+    claims: HashMap<String, Claim>,
+    results: HashMap<String, RunRecord>,
+    /// By job, then node.
+    instances: HashMap<String, BTreeMap<String, InstanceStatus>>,
+}
+
+impl Records {
+    /// Keeps the record at `key`, if it is a claim or a result that parses. A record named
+    /// `<job>@<node>` is an instance's: job names have no `@`.
+    fn take(&mut self, keys: &Keys, key: &str, value: &[u8]) {
+        let Some((name, kind)) = keys.parse_job_record(key) else {
+            return;
+        };
+        if let Some((job, node)) = name.split_once('@') {
+            let instance = self
+                .instances
+                .entry(job.to_string())
+                .or_default()
+                .entry(node.to_string())
+                .or_insert_with(|| InstanceStatus {
+                    node: node.to_string(),
+                    last_claim: None,
+                    last_run: None,
+                });
+            match kind {
+                JobRecord::Last => instance.last_claim = serde_json::from_slice(value).ok(),
+                JobRecord::Result => instance.last_run = serde_json::from_slice(value).ok(),
+            }
+            return;
+        }
+        match kind {
+            JobRecord::Last => {
+                if let Ok(claim) = serde_json::from_slice(value) {
+                    self.claims.insert(name.to_string(), claim);
+                }
+            }
+            JobRecord::Result => {
+                if let Ok(result) = serde_json::from_slice(value) {
+                    self.results.insert(name.to_string(), result);
+                }
+            }
+        }
+    }
+}
+
+fn job_status(job: &Job, records: &mut Records, seen: &Seen) -> JobStatus {
+    let election = seen.elections.locate(job.shard);
+    let pool = (!job.run_on.is_empty()).then(|| job.run_on.id());
+    let no_eligible_node = pool
+        .as_ref()
+        .and_then(|id| seen.unserved.get(id))
+        .map(|since| NoEligibleNode { since: *since });
+    let instances = match job.fan_out {
+        FanOut::All => records
+            .instances
+            .remove(&job.name)
+            .map(|by_node| by_node.into_values().collect())
+            .unwrap_or_default(),
+        FanOut::One => Vec::new(),
+    };
+    JobStatus {
+        name: job.name.clone(),
+        shard: election.map_or(job.shard, |election| election.shard()),
+        pool,
+        fan_out: job.fan_out,
+        no_eligible_node,
+        instances,
+        timezone: job.schedule.zone().to_string(),
+        schedule: job.schedule.expanded().to_string(),
+        last_claim: records.claims.remove(&job.name),
+        last_run: records.results.remove(&job.name),
+        next: job.schedule.next_after(seen.now),
+        paused: seen
+            .pauses
+            .get(&job.name)
+            .or_else(|| seen.pauses.get(pauses::EVERY_JOB))
+            .cloned(),
+    }
+}
