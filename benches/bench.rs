@@ -21,6 +21,7 @@
 //! cargo bench --bench bench -- timeline     # a chaos run drawn as benches/timeline.svg
 //! cargo bench --bench bench -- clients      # 1,000 idle and slow-header clients for 30 s beside 20 per-second jobs
 //! cargo bench --bench bench -- plan-memory  # 100 concurrent plan?for=100y: the node's memory growth
+//! cargo bench --bench bench -- pools        # 16 pools × 64 shards over 10 tagged nodes; fan_out = "all" over 10 nodes
 //! cargo bench --bench bench -- read-path    # status, the API and the dashboard at 100,000 jobs that have run
 //! ```
 
@@ -49,6 +50,8 @@ mod kills;
 mod lateness;
 #[path = "sections/plan_memory.rs"]
 mod plan_memory;
+#[path = "sections/pools.rs"]
+mod pools;
 #[path = "sections/read_path.rs"]
 mod read_path;
 #[path = "sections/scale.rs"]
@@ -104,6 +107,11 @@ fn main() {
     }
     if wants("plan-memory") {
         plan_memory::bench_plan_memory(100);
+    }
+    if wants("pools") {
+        pools::bench_pools(16, 64, 10);
+        let jobs = number_from_env("SHARDCRON_BENCH_FAN_OUT_JOBS", 100);
+        pools::bench_fan_out(10, jobs);
     }
     if wants("read-path") {
         read_path::bench_read_path(100_000);

@@ -65,7 +65,8 @@ function render() {
   document.title = `shardcron — ${cluster}`;
   $('#cluster').textContent = `— ${cluster}`;
 
-  const leaderless = shards.filter((s) => s.leader == null).length;
+  const leaderless = shards.filter((s) => s.leader == null && !s.no_eligible_node).length;
+  const unserved = shards.filter((s) => s.no_eligible_node).length;
   const total = jobsPage ? jobsPage.total : 0;
   const paused = jobsPage ? jobsPage.paused : 0;
   const drifting = nodes.filter((n) => n.drift).length;
@@ -77,6 +78,7 @@ function render() {
     [`${paused} paused`, paused ? 'warn' : ''],
   ];
   if (drifting) chips.push([`${drifting} with config drift`, 'bad']);
+  if (unserved) chips.push([`${unserved} without an eligible node`, 'bad']);
   $('#summary').replaceChildren(...chips.map(([text, cls]) => el('li', { class: cls || null, text })));
 
   $('#nodes tbody').replaceChildren(...nodes.map((n) => el('tr', null,
@@ -87,17 +89,25 @@ function render() {
         el('span', { class: 'bad', text: 'differs' }))
       : el('td', { 'data-label': 'config', class: 'muted', text: 'same' }),
     el('td', { 'data-label': 'leads', class: 'num', text: String(n.leads) }),
-    el('td', { 'data-label': 'started' }, when(n.started_at), rel(n.started_at)))));
+    el('td', { 'data-label': 'started' }, when(n.started_at), rel(n.started_at)),
+    el('td', { 'data-label': 'tags', class: 'tags' },
+      ...((n.tags || []).length ? n.tags.map((t) => el('code', { text: t })) : [el('span', { class: 'muted', text: '—' })])))));
 
   $('#shards tbody').replaceChildren(...shards.map((s) => el('tr', null,
     el('td', { class: 'num', text: String(s.shard) }),
     s.leader == null
-      ? el('td', { class: 'none' }, el('span', { class: 'bad', text: 'none' }))
+      ? el('td', { class: 'none' }, el('span', { class: 'bad', text: s.no_eligible_node ? unservedText(s.no_eligible_node) : 'none' }))
       : el('td', null, el('code', { text: s.leader })),
     el('td', { class: 'num', text: s.term == null ? '—' : String(s.term) }),
-    el('td', { class: 'num', text: String(s.standby) }))));
+    el('td', { class: 'num', text: String(s.standby) }),
+    el('td', { 'data-label': 'pool' }, s.pool ? el('code', { text: s.pool }) : el('span', { class: 'muted', text: '—' })))));
 
   renderJobs();
+}
+
+// A pool shard or job that no live node has the tags to run: said, with since when.
+function unservedText(unserved) {
+  return unserved.since ? `no eligible node since ${when(unserved.since)}` : 'no eligible node';
 }
 
 // Job rows are kept and updated in place, so a button found by a click (or a WebDriver test)
@@ -127,13 +137,21 @@ function outcome(run) {
 function fillRow(tr, job) {
   // One wrapper per cell: on phones the cell is a grid of its label and this.
   const set = (i, ...nodes) => tr.cells[i].replaceChildren(el('div', null, ...nodes));
-  set(0, job.name, el('span', { class: 'sub', text: `shard ${job.shard}` }));
+  const where = [job.pool ? `pool ${job.pool} · shard ${job.shard}` : `shard ${job.shard}`];
+  if (job.fan_out === 'all') where.push('every eligible node');
+  set(0, job.name, el('span', { class: 'sub', text: where.join(' · ') }),
+    ...(job.no_eligible_node ? [el('span', { class: 'bad', text: unservedText(job.no_eligible_node) })] : []));
   set(1, el('code', { text: job.schedule }), el('span', { class: 'sub', text: job.timezone }));
   set(2, ...(job.next ? [when(job.next), rel(job.next)] : [el('span', { class: 'muted', text: '—' })]));
 
-  const run = job.last_run;
-  const claim = job.last_claim;
+  // A fanned-out job: the newest run of any node's instance, with how many nodes ran it.
+  const instances = job.instances || [];
+  const newest = (key) => instances.map((i) => i[key]).filter(Boolean)
+    .sort((a, b) => (a.fence < b.fence ? 1 : -1))[0];
+  const run = instances.length ? newest('last_run') : job.last_run;
+  const claim = instances.length ? null : job.last_claim;
   const last = [];
+  if (instances.length) last.push(el('span', { class: 'sub', text: `on ${instances.map((i) => i.node).join(', ')}` }));
   if (claim && (!run || claim.fence > run.fence)) {
     last.push(el('span', { class: 'warn', text: `running on ${claim.node}` }),
       el('span', { class: 'sub', text: `since ${when(claim.scheduled_at)}` }));
