@@ -8,7 +8,7 @@ use crate::common::*;
 /// The tags of node `index`: pool `p`'s tag `t<p>` on about two nodes in three.
 fn tags_of(index: usize, pools: usize) -> String {
     (0..pools)
-        .filter(|pool| (index + pool) % 3 != 0)
+        .filter(|pool| !(index + pool).is_multiple_of(3))
         .map(|pool| format!("t{pool}"))
         .collect::<Vec<_>>()
         .join(",")
