@@ -37,19 +37,34 @@ fn the_dashboard_shows_the_fleet_and_its_trigger_button_runs_a_job() {
             ("hourly-report", "H * * * *", ""),
             // Only ever runs when asked: its last run is the one the button asked for.
             ("yearly-cleanup", "0 0 1 1 *", ""),
+            // No node has the gpu tag: nobody may run it.
+            ("train-model", "0 3 * * *", "run_on = [\"gpu\"]"),
         ],
     );
+    let text = std::fs::read_to_string(&config).expect("config");
+    std::fs::write(&config, text.replacen("\n\n[etcd]", "\npool_shards = 1\n\n[etcd]", 1)).expect("config");
     let port = shardcron::etcd_server::free_port().expect("port");
     world
         .node("node-a", &config)
-        .args(&["--http-addr", &port.to_string(), "--api-token-env", TOKEN_VAR])
+        .args(&[
+            "--http-addr",
+            &port.to_string(),
+            "--api-token-env",
+            TOKEN_VAR,
+            "--tags",
+            "web,eu-west",
+        ])
         .env(&[(TOKEN_VAR, TOKEN)])
         .start();
     world.node("node-b", &config).start();
     wait_ready_within(port, Duration::from_secs(30));
-    wait_for(Duration::from_secs(30), "both nodes lead shards", || {
+    wait_for(Duration::from_secs(30), "both nodes lead the fleet's shards", || {
         let status = world.status(&config);
-        status.nodes.len() == 2 && status.shards.iter().all(|shard| shard.leader.is_some())
+        status.nodes.len() == 2
+            && status
+                .shards
+                .iter()
+                .all(|shard| shard.leader.is_some() || shard.pool.is_some())
     });
 
     let browser = Browser::start(1400, 1000);
@@ -78,6 +93,19 @@ fn the_dashboard_shows_the_fleet_and_its_trigger_button_runs_a_job() {
     );
     let shards = browser.text("#shards");
     assert!(shards.contains("node-a") || shards.contains("node-b"), "{shards}");
+    assert!(nodes.contains("eu-west"), "node-a's tags not shown:\n{nodes}");
+    browser.wait_for_text(
+        "#shards",
+        "the gpu pool's shard shown without an eligible node",
+        Duration::from_secs(10),
+        |text| text.contains("gpu") && text.contains("no eligible node"),
+    );
+    browser.wait_for_text(
+        "[data-job=\"train-model\"] .name",
+        "train-model shown without an eligible node",
+        Duration::from_secs(10),
+        |text| text.contains("pool gpu") && text.contains("no eligible node"),
+    );
 
     browser.click("[data-job=\"yearly-cleanup\"] button[data-action=\"trigger\"]");
     // The token is asked for once, in the page's own dialog.

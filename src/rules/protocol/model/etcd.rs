@@ -12,7 +12,8 @@ use crate::rules::record::Claim;
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct Lease {
     pub(crate) node: usize,
-    pub(crate) shards: u32,
+    /// The election families its node runs (a shard count, and the pool's if it is in it).
+    pub(crate) families: Vec<(Option<String>, u32)>,
     pub(crate) expires: u8,
 }
 
@@ -38,10 +39,17 @@ pub(crate) struct Etcd {
 }
 
 impl Etcd {
-    pub(crate) fn grant(&mut self, node: usize, shards: u32, expires: u8) -> u8 {
+    pub(crate) fn grant(&mut self, node: usize, families: Vec<(Option<String>, u32)>, expires: u8) -> u8 {
         let id = self.next_lease;
         self.next_lease += 1;
-        self.leases.insert(id, Lease { node, shards, expires });
+        self.leases.insert(
+            id,
+            Lease {
+                node,
+                families,
+                expires,
+            },
+        );
         id
     }
 
@@ -99,9 +107,12 @@ impl Etcd {
         }
     }
 
-    /// The shard counts of the fleet's live members.
-    pub(crate) fn live_counts(&self) -> BTreeSet<u32> {
-        self.leases.values().map(|lease| lease.shards).collect()
+    /// The election families the fleet's live members run.
+    pub(crate) fn live_families(&self) -> BTreeSet<(Option<String>, u32)> {
+        self.leases
+            .values()
+            .flat_map(|lease| lease.families.iter().cloned())
+            .collect()
     }
 
     pub(crate) fn seen(&self, job: usize) -> Seen {

@@ -11,6 +11,7 @@
 
 mod etcd;
 mod node;
+mod placement;
 mod properties;
 #[cfg(test)]
 mod tests;
@@ -58,6 +59,11 @@ pub(crate) enum Rules {
     /// Before #29: an on-time claim that finds the record moved by another leader claims only
     /// its own tick, not the ticks between.
     SkipGap,
+    /// A node without the pool's tags campaigns in its election all the same.
+    AnyNodeInPool,
+    /// A record names a pool leader's debts by shard count alone, as if the leader were one of
+    /// the fleet's single shard.
+    FamilyByCount,
 }
 
 /// What the checker explores: the fleet, its jobs, and the faults it may meet.
@@ -81,6 +87,11 @@ pub(crate) struct Protocol {
     /// A node's starts interleave with its writes (a start between a write's preparation and
     /// its reply), as its runs do beside its claims; otherwise it starts between writes.
     pub(crate) concurrent_starts: bool,
+    /// Which nodes have the pool's tags (see [`placement`]); missing: every node.
+    pub(crate) tagged: Vec<bool>,
+    /// A restart may also bring the config in which the pool's jobs have no `run_on` yet, so
+    /// they are the fleet's: a rollout of a `run_on` change.
+    pub(crate) rollout: bool,
 }
 
 impl Protocol {
@@ -105,7 +116,40 @@ impl Protocol {
             faults,
             rules: Rules::Sound,
             concurrent_starts: false,
+            tagged: Vec::new(),
+            rollout: false,
         }
+    }
+
+    /// Puts the jobs named in `pooled` in the pool (`run_on`), which only the nodes `tagged`
+    /// says have the tags of.
+    pub(crate) fn with_pool(mut self, pooled: &[&str], tagged: &[bool]) -> Protocol {
+        let tags = crate::rules::pools::Tags::parse("p").unwrap_or_default();
+        for job in &mut self.jobs {
+            if pooled.contains(&job.name.as_str()) {
+                *job = Arc::new(Job {
+                    run_on: tags.clone(),
+                    ..(**job).clone()
+                });
+            }
+        }
+        self.tagged = tagged.to_vec();
+        self
+    }
+
+    /// Adds a `fan_out = "all"` job `name`: one instance per node, each in the node's own
+    /// election.
+    pub(crate) fn with_fan_out(mut self, name: &str, delivery: Delivery) -> Protocol {
+        let job = Job {
+            delivery,
+            catch_up: CatchUp::All,
+            fan_out: crate::rules::pools::FanOut::All,
+            ..Job::for_tests(name, "* * * * * *")
+        };
+        for node in 0..self.nodes {
+            self.jobs.push(Arc::new(job.instance(&node.to_string())));
+        }
+        self
     }
 
     /// The last second: every dead node's lease has expired by then, and every clock has
@@ -150,8 +194,11 @@ pub(crate) struct Start {
     pub(crate) fence: i64,
     /// Its `CRON_REDELIVERED`.
     pub(crate) redelivered: bool,
-    /// The shard count of the election whose leader started it.
+    /// The election family whose leader started it (see [`Protocol::family_code`]).
     pub(crate) shards: u32,
+    /// It ran where its config lets it: a pool's job on a node with the tags, an instance on
+    /// its own node.
+    pub(crate) placed: bool,
 }
 
 /// What may happen next: time passes, a node takes its next step or starts a tick it owes, or
@@ -173,8 +220,9 @@ pub(crate) enum Action {
     Stop(usize),
     /// A node hands a shard over: writes its last starts, then resigns.
     Resign(usize, u32),
-    /// A node that crashed or stopped comes back with a shard count.
-    Restart(usize, u32),
+    /// A node that crashed or stopped comes back with a shard count, and with the pool in its
+    /// config or not (see [`Protocol::rollout`]).
+    Restart(usize, u32, bool),
     /// With [`Protocol::concurrent_starts`]: the node starts a tick it owes, whatever write is
     /// in flight (node, shard, job, tick).
     Fire(usize, u32, usize, i64),

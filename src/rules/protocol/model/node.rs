@@ -8,12 +8,13 @@ use super::{at, second, Action, Protocol, Rules, Start, State};
 use crate::rules::protocol::takeover::{self, Known, Leader};
 use crate::rules::protocol::{after_reread, counts_gone, guards, next_record, Owed, Owner, Reread, Want, Writer};
 use crate::rules::record::{Claim, Debt};
-use crate::rules::shard::shard_of;
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct Node {
     pub(crate) alive: bool,
     pub(crate) shards: u32,
+    /// Its config puts the jobs with `run_on` in the pool; without, in the fleet's shards.
+    pub(crate) pooled: bool,
     /// How far its wall clock is ahead of true time.
     pub(crate) skew: i8,
     pub(crate) lease: Option<u8>,
@@ -32,6 +33,7 @@ impl Node {
         Node {
             alive: true,
             shards,
+            pooled: true,
             skew,
             lease: None,
             valid_until: 0,
@@ -62,7 +64,8 @@ pub(crate) struct Term {
     pub(crate) unrecorded: BTreeSet<usize>,
     /// Jobs whose earlier leaders' ticks are not settled yet.
     pub(crate) behind: BTreeSet<usize>,
-    pub(crate) counts_seen: BTreeSet<u32>,
+    /// The election families the fleet ran when the term last looked.
+    pub(crate) counts_seen: BTreeSet<(Option<String>, u32)>,
     pub(crate) write: Option<Write>,
 }
 
@@ -132,7 +135,10 @@ impl Step<'_> {
         for (n, node) in state.nodes.iter().enumerate() {
             if !node.alive {
                 if faults_left {
-                    actions.extend(model.counts.iter().map(|count| Action::Restart(n, *count)));
+                    let configs: &[bool] = if model.rollout { &[true, false] } else { &[true] };
+                    for count in &model.counts {
+                        actions.extend(configs.iter().map(|pooled| Action::Restart(n, *count, *pooled)));
+                    }
                 }
                 continue;
             }
@@ -186,8 +192,8 @@ impl Step<'_> {
         if !state.etcd.leases.contains_key(&lease) || time >= node.valid_until {
             return Some(Inner::SessionLost);
         }
-        for shard in 0..node.shards {
-            let election = (node.shards, shard);
+        for shard in model.slots(n, node) {
+            let election = model.election(n, node, shard);
             let Some(term) = node.terms.get(&shard) else {
                 let own = state.etcd.candidate(election, lease);
                 if own.is_some() && state.etcd.leader(election) == own {
@@ -201,7 +207,7 @@ impl Step<'_> {
                     ..
                 }) => Some(Inner::Reread(shard)),
                 Some(_) => Some(Inner::Prepare(shard)),
-                None if term.counts_seen != state.etcd.live_counts() => Some(Inner::FleetChange(shard)),
+                None if term.counts_seen != state.etcd.live_families() => Some(Inner::FleetChange(shard)),
                 None if term.book.values().any(Option::is_none) => Some(Inner::Read(shard)),
                 None if !model.concurrent_starts && Self::due(model, node, time, term).is_some() => {
                     Self::due(model, node, time, term).map(|(job, tick)| Inner::Fire(shard, job, tick))
@@ -296,10 +302,11 @@ impl Step<'_> {
                 self.last_write(n, shard);
                 let node = &mut self.state.nodes[n];
                 node.terms.remove(&shard);
+                let election = self.model.election(n, node, shard);
                 if let Some(lease) = node.lease {
-                    self.state.etcd.resign((node.shards, shard), lease);
+                    self.state.etcd.resign(election, lease);
                     // It enters the election again at once, behind the candidates there.
-                    self.state.etcd.campaign((node.shards, shard), lease, n);
+                    self.state.etcd.campaign(election, lease, n);
                 }
             }
             Action::Crash(n) => {
@@ -307,6 +314,7 @@ impl Step<'_> {
                 let node = &mut self.state.nodes[n];
                 *node = Node {
                     alive: false,
+                    pooled: node.pooled,
                     ..Node::new(node.shards, node.skew)
                 };
             }
@@ -322,13 +330,17 @@ impl Step<'_> {
                 }
                 *node = Node {
                     alive: false,
+                    pooled: node.pooled,
                     ..Node::new(node.shards, node.skew)
                 };
             }
-            Action::Restart(n, shards) => {
+            Action::Restart(n, shards, pooled) => {
                 self.state.faults += 1;
                 let node = &mut self.state.nodes[n];
-                *node = Node::new(shards, node.skew);
+                *node = Node {
+                    pooled,
+                    ..Node::new(shards, node.skew)
+                };
             }
         }
     }
@@ -342,10 +354,17 @@ impl Step<'_> {
             }
             Inner::Join => {
                 let expires = time + self.model.ttl;
-                let shards = self.state.nodes[n].shards;
-                let lease = self.state.etcd.grant(n, shards, expires);
-                for shard in 0..shards {
-                    self.state.etcd.campaign((shards, shard), lease, n);
+                let model = self.model;
+                let node = &self.state.nodes[n];
+                let families = model.member_families(node.shards, model.in_pool(n, node));
+                let elections: Vec<_> = model
+                    .slots(n, node)
+                    .into_iter()
+                    .map(|slot| model.election(n, node, slot))
+                    .collect();
+                let lease = self.state.etcd.grant(n, families, expires);
+                for election in elections {
+                    self.state.etcd.campaign(election, lease, n);
                 }
                 let node = &mut self.state.nodes[n];
                 node.lease = Some(lease);
@@ -371,11 +390,13 @@ impl Step<'_> {
     fn lead(&mut self, n: usize, shard: u32) {
         let node = &self.state.nodes[n];
         let Some(lease) = node.lease else { return };
-        let Some(own) = self.state.etcd.candidate((node.shards, shard), lease) else {
+        let Some(own) = self.state.etcd.candidate(self.model.election(n, node, shard), lease) else {
             return;
         };
-        let book = (0..self.model.jobs.len())
-            .filter(|job| shard_of(&self.model.jobs[*job].name, node.shards) == shard)
+        let book = self
+            .model
+            .jobs_in(n, node, shard)
+            .into_iter()
             .map(|job| (job, None))
             .collect::<BTreeMap<_, _>>();
         let term = Term {
@@ -384,7 +405,7 @@ impl Step<'_> {
             book,
             owed: Owed::default(),
             unrecorded: BTreeSet::new(),
-            counts_seen: self.state.etcd.live_counts(),
+            counts_seen: self.state.etcd.live_families(),
             write: None,
         };
         self.state.nodes[n].terms.insert(shard, term);
@@ -401,7 +422,7 @@ impl Step<'_> {
     }
 
     fn fleet_change(&mut self, n: usize, shard: u32) {
-        let live = self.state.etcd.live_counts();
+        let live = self.state.etcd.live_families();
         let reset = self.model.rules == Rules::ResetOwed;
         let Some(term) = self.term(n, shard) else { return };
         if !counts_gone(&term.counts_seen, &live).is_empty() {
@@ -425,7 +446,7 @@ impl Step<'_> {
         if !self.state.nodes[n].live(time) {
             return;
         }
-        let live = self.state.etcd.live_counts();
+        let live = self.state.etcd.live_families();
         let model = self.model;
         let node = &self.state.nodes[n];
         let Some(term) = node.terms.get(&shard) else { return };
@@ -460,7 +481,7 @@ impl Step<'_> {
         if write.wants.is_empty() {
             return;
         }
-        let writer_shards = self.state.nodes[n].shards;
+        let (writer_pool, writer_shards) = model.family(n, &self.state.nodes[n], shard);
         let node_name = n.to_string();
         let term = &self.state.nodes[n].terms[&shard];
         let mut intended = Vec::new();
@@ -472,7 +493,7 @@ impl Step<'_> {
                 term: term.term,
                 node: &node_name,
                 shards: writer_shards,
-                pool: None,
+                pool: writer_pool.as_deref(),
                 releasing: write.releasing && (model.rules == Rules::ReleaseAdopted || term.owed.releasable(&job.name)),
             };
             let mut record = next_record(
@@ -495,15 +516,16 @@ impl Step<'_> {
     }
 
     /// A new write: the takeover of the jobs behind, or each job's next tick.
-    fn plan_write(&self, n: usize, shard: u32, live: &BTreeSet<u32>) -> Write {
+    fn plan_write(&self, n: usize, shard: u32, live: &BTreeSet<(Option<String>, u32)>) -> Write {
         let node = &self.state.nodes[n];
         let term = &node.terms[&shard];
         let node_name = n.to_string();
+        let (pool, shards) = self.model.family(n, node, shard);
         let leader = Leader {
             term: term.term,
             node: &node_name,
-            shards: node.shards,
-            pool: None,
+            shards,
+            pool: pool.as_deref(),
         };
         let now = at(node.now(self.state.time));
         let before_27 = self.model.rules == Rules::BeforeIssue27;
@@ -526,7 +548,12 @@ impl Step<'_> {
                         record,
                         owed: term.owed.count(&spec.name),
                         started_here: &|tick| node.started_here.contains(&(*job, second(tick))),
-                        gone: &|_pool, count| before_27 || !live.contains(&count),
+                        gone: &|pool, count| {
+                            // A node's own election is never gone to another node.
+                            before_27
+                                || (!pool.is_some_and(|pool| pool.starts_with('@'))
+                                    && !live.contains(&(pool.map(str::to_string), count)))
+                        },
                         took_over: now,
                         now,
                     },
@@ -556,7 +583,7 @@ impl Step<'_> {
         let model = self.model;
         let names: Vec<String> = model.jobs.iter().map(|job| job.name.clone()).collect();
         let node = &self.state.nodes[n];
-        let election: Election = (node.shards, shard);
+        let election: Election = model.election(n, node, shard);
         let Some(term) = node.terms.get(&shard) else { return };
         let Some(write) = term.write.clone() else { return };
         let Phase::Ready(intended, expected) = write.phase.clone() else {
@@ -708,8 +735,9 @@ impl Step<'_> {
     fn fire(&mut self, n: usize, shard: u32, job: usize, tick: i64) {
         let time = self.state.time;
         let name = self.model.jobs[job].name.clone();
+        let shards = self.model.family_code(n, &self.state.nodes[n], shard);
+        let placed = self.model.may_run(n, job, shard);
         let node = &mut self.state.nodes[n];
-        let shards = node.shards;
         if !node.live(time) || node.now(time) < tick {
             return;
         }
@@ -727,6 +755,7 @@ impl Step<'_> {
             fence,
             redelivered,
             shards,
+            placed,
         };
         super::properties::on_start(self.model, &mut self.state.log, start);
     }

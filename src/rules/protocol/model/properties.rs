@@ -14,7 +14,12 @@ pub(crate) const REPEATS_FLAGGED: &str =
 pub(crate) const NO_SILENT_LOSS: &str =
     "no claimed tick leaves the records without having started or been recorded lost";
 pub(crate) const DELIVERED: &str =
-    "while some node lives, every due tick of an at-least-once job is started or recorded";
+    "while some node that may run it lives, every due tick of an at-least-once job is started or recorded";
+/// A tick recorded lost may have started on the leader that died owing it (that is why an
+/// at-most-once successor records it rather than runs it); it never starts after.
+pub(crate) const LOST_NEVER_STARTS: &str = "no tick starts after it was recorded lost";
+pub(crate) const PLACED: &str =
+    "a tick starts only where its config lets it run: a pool's job on a node with the pool's tags, a node's instance of a fanned-out job on that node";
 
 pub(crate) fn all() -> Vec<Property<Protocol>> {
     vec![
@@ -23,11 +28,19 @@ pub(crate) fn all() -> Vec<Property<Protocol>> {
         Property::always(REPEATS_FLAGGED, repeats_flagged),
         Property::always(NO_SILENT_LOSS, no_silent_loss),
         Property::eventually(DELIVERED, delivered),
+        Property::always(PLACED, placed),
+        Property::always(LOST_NEVER_STARTS, lost_never_starts),
     ]
 }
 
 /// Logs `start`, with the properties it breaks.
 pub(crate) fn on_start(model: &Protocol, log: &mut Log, start: Start) {
+    if !start.placed {
+        log.broken.insert(PLACED);
+    }
+    if log.recorded.contains(&(start.job, start.tick)) {
+        log.broken.insert(LOST_NEVER_STARTS);
+    }
     let earlier = log.started.get(&(start.job, start.tick)).copied();
     if let Some((_, fence)) = earlier {
         if model.jobs[start.job].delivery == Delivery::AtMostOnce {
@@ -59,6 +72,14 @@ fn repeats_flagged(_: &Protocol, state: &State) -> bool {
     !state.log.broken.contains(REPEATS_FLAGGED)
 }
 
+fn lost_never_starts(_: &Protocol, state: &State) -> bool {
+    !state.log.broken.contains(LOST_NEVER_STARTS)
+}
+
+fn placed(_: &Protocol, state: &State) -> bool {
+    !state.log.broken.contains(PLACED)
+}
+
 fn no_silent_loss(_: &Protocol, state: &State) -> bool {
     state.log.claimed.iter().all(|(job, tick)| {
         state.log.started.contains_key(&(*job, *tick))
@@ -72,27 +93,40 @@ fn no_silent_loss(_: &Protocol, state: &State) -> bool {
 }
 
 /// Holds once time has run past every dead node's lease, with every tick up to the horizon
-/// started or recorded, or no node alive.
+/// started or recorded, for each job some live node may run: a pool's job waits for a node
+/// with the pool's tags, a node's instance for that node.
 fn delivered(model: &Protocol, state: &State) -> bool {
     if state.time < model.end() {
         return false;
     }
-    if !state.nodes.iter().any(|node| node.alive) {
-        return true;
-    }
-    model.jobs.iter().enumerate().all(|(job, spec)| {
-        let Some(first) = state
-            .log
-            .claimed
-            .iter()
-            .filter(|(claimed, _)| *claimed == job)
-            .map(|(_, tick)| *tick)
-            .min()
-        else {
-            return true;
-        };
-        spec.delivery != Delivery::AtLeastOnce
-            || (first..=i64::from(model.horizon))
-                .all(|tick| state.log.started.contains_key(&(job, tick)) || state.log.recorded.contains(&(job, tick)))
-    })
+    let served = |job: usize| {
+        state.nodes.iter().enumerate().any(|(n, node)| {
+            node.alive
+                && model
+                    .slots(n, node)
+                    .into_iter()
+                    .any(|slot| model.jobs_in(n, node, slot).contains(&job))
+        })
+    };
+    model
+        .jobs
+        .iter()
+        .enumerate()
+        .filter(|(job, _)| served(*job))
+        .all(|(job, spec)| {
+            let Some(first) = state
+                .log
+                .claimed
+                .iter()
+                .filter(|(claimed, _)| *claimed == job)
+                .map(|(_, tick)| *tick)
+                .min()
+            else {
+                return true;
+            };
+            spec.delivery != Delivery::AtLeastOnce
+                || (first..=i64::from(model.horizon)).all(|tick| {
+                    state.log.started.contains_key(&(job, tick)) || state.log.recorded.contains(&(job, tick))
+                })
+        })
 }

@@ -5,11 +5,21 @@ use std::time::Instant;
 
 use stateright::{Checker, HasDiscoveries, Model};
 
-use super::properties::{AT_MOST_ONCE, DELIVERED, FENCES_GROW, NO_SILENT_LOSS, REPEATS_FLAGGED};
+use super::properties::{
+    AT_MOST_ONCE, DELIVERED, FENCES_GROW, LOST_NEVER_STARTS, NO_SILENT_LOSS, PLACED, REPEATS_FLAGGED,
+};
 use super::{Protocol, Rules};
 use crate::rules::config::Delivery;
 
-const PROPERTIES: [&str; 5] = [AT_MOST_ONCE, FENCES_GROW, REPEATS_FLAGGED, NO_SILENT_LOSS, DELIVERED];
+const PROPERTIES: [&str; 7] = [
+    AT_MOST_ONCE,
+    FENCES_GROW,
+    REPEATS_FLAGGED,
+    NO_SILENT_LOSS,
+    DELIVERED,
+    PLACED,
+    LOST_NEVER_STARTS,
+];
 
 /// Runs the checker on `model` and prints what it explored.
 fn check(name: &str, model: Protocol) -> impl Checker<Protocol> {
@@ -79,6 +89,30 @@ fn fleet(jobs: usize, faults: u8, horizon: u8) -> Protocol {
     model
 }
 
+/// 3 nodes, the first two with the pool's tags; job `a` (at-least-once) in the pool.
+fn pool(faults: u8, horizon: u8) -> Protocol {
+    let mut model =
+        Protocol::new(3, &[("a", Delivery::AtLeastOnce)], &[1], faults).with_pool(&["a"], &[true, true, false]);
+    model.horizon = horizon;
+    model
+}
+
+/// 2 nodes, each running its instance of `c` (`fan_out = "all"`, as `delivery` says).
+fn fan_out(delivery: Delivery, faults: u8, horizon: u8) -> Protocol {
+    let mut model = Protocol::new(2, &[], &[1], faults).with_fan_out("c", delivery);
+    model.horizon = horizon;
+    model
+}
+
+/// 2 nodes with the pool's tags; job `a` (as `delivery` says) in the pool, and a restart may
+/// bring the config without `run_on`, which puts `a` in the fleet's single shard.
+fn rollout(delivery: Delivery, faults: u8, horizon: u8) -> Protocol {
+    let mut model = Protocol::new(2, &[("a", delivery)], &[1], faults).with_pool(&["a"], &[true, true]);
+    model.rollout = true;
+    model.horizon = horizon;
+    model
+}
+
 #[test]
 fn the_claim_protocol_keeps_every_property_in_every_reachable_state() {
     for model in [fleet(2, 1, 3), fleet(1, 2, 2)] {
@@ -89,6 +123,39 @@ fn the_claim_protocol_keeps_every_property_in_every_reachable_state() {
             }
         }
     }
+}
+
+#[test]
+fn pools_fanned_out_instances_and_a_run_on_rollout_keep_every_property() {
+    let models = [
+        ("pool", pool(1, 2)),
+        ("fan-out at-least-once", fan_out(Delivery::AtLeastOnce, 1, 2)),
+        ("fan-out at-most-once", fan_out(Delivery::AtMostOnce, 1, 2)),
+        ("rollout at-least-once", rollout(Delivery::AtLeastOnce, 2, 2)),
+        ("rollout at-most-once", rollout(Delivery::AtMostOnce, 2, 2)),
+    ];
+    for (name, model) in models {
+        let checker = check(name, model);
+        for property in PROPERTIES {
+            if let Some(path) = checker.discovery(property) {
+                panic!("{name}: {property}:\n{}", super::trace(&path));
+            }
+        }
+    }
+}
+
+#[test]
+fn the_checker_catches_a_node_without_the_tags_in_a_pools_election() {
+    assert_caught(Rules::AnyNodeInPool, pool(1, 2), &[PLACED]);
+}
+
+#[test]
+fn the_checker_catches_a_pool_leaders_debts_named_by_shard_count_alone() {
+    assert_caught(
+        Rules::FamilyByCount,
+        rollout(Delivery::AtLeastOnce, 2, 2),
+        &[AT_MOST_ONCE, REPEATS_FLAGGED, LOST_NEVER_STARTS],
+    );
 }
 
 #[test]
@@ -157,6 +224,12 @@ fn every_rule_broken_on_purpose_is_caught() {
         (Rules::DropSettlesOnChange, fleet(1, 2, 2), &[DELIVERED][..]),
         (Rules::ReleaseAdopted, fleet(2, 2, 3), &[REPEATS_FLAGGED][..]),
         (Rules::SkipGap, fleet(1, 2, 3), &[DELIVERED][..]),
+        (Rules::AnyNodeInPool, pool(1, 2), &[PLACED][..]),
+        (
+            Rules::FamilyByCount,
+            rollout(Delivery::AtLeastOnce, 2, 2),
+            &[AT_MOST_ONCE, REPEATS_FLAGGED, LOST_NEVER_STARTS][..],
+        ),
     ];
     for (rules, model, expected) in cases {
         assert_caught(rules, model, expected);
