@@ -21,7 +21,8 @@
 //! cargo bench --bench bench -- timeline     # a chaos run drawn as benches/timeline.svg
 //! cargo bench --bench bench -- clients      # 1,000 idle and slow-header clients for 30 s beside 20 per-second jobs
 //! cargo bench --bench bench -- plan-memory  # 100 concurrent plan?for=100y: the node's memory growth
-//! cargo bench --bench bench -- pools        # 16 pools × 64 shards over 10 tagged nodes; fan_out = "all" over 10 nodes
+//! cargo bench --bench bench -- pools        # 16 pools × 64 shards over 10 tagged nodes
+//! cargo bench --bench bench -- fan-out      # fan_out = "all": 100 and 10 per-second jobs on each of 10 nodes
 //! cargo bench --bench bench -- read-path    # status, the API and the dashboard at 100,000 jobs that have run
 //! ```
 
@@ -110,6 +111,8 @@ fn main() {
     }
     if wants("pools") {
         pools::bench_pools(16, 64, 10);
+    }
+    if wants("fan-out") {
         // The size asked for, then one this 2-core machine keeps up with.
         for jobs in [100, 10] {
             pools::bench_fan_out(10, jobs);

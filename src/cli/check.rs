@@ -176,8 +176,12 @@ pub fn check(args: &CheckArgs) -> Result<()> {
         writeln!(out, "{}]", if config.jobs.is_empty() { "" } else { "\n" })?;
     }
     out.flush()?;
+    let pools = match config.elections.pools.len() {
+        0 => String::new(),
+        count => format!(" and {count} pools of {} shards", config.cluster.pool_shards),
+    };
     eprintln!(
-        "{}: ok: {} jobs in {} shards, cluster {:?}",
+        "{}: ok: {} jobs in {} shards{pools}, cluster {:?}",
         config.path.display(),
         config.jobs.len(),
         config.cluster.shards,

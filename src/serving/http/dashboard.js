@@ -91,7 +91,9 @@ function render() {
     el('td', { 'data-label': 'leads', class: 'num', text: String(n.leads) }),
     el('td', { 'data-label': 'started' }, when(n.started_at), rel(n.started_at)),
     el('td', { 'data-label': 'tags', class: 'tags' },
-      ...((n.tags || []).length ? n.tags.map((t) => el('code', { text: t })) : [el('span', { class: 'muted', text: '—' })])))));
+      ...((n.tags || []).length
+        ? n.tags.flatMap((t, i) => (i ? [', ', el('code', { text: t })] : [el('code', { text: t })]))
+        : [el('span', { class: 'muted', text: '—' })])))));
 
   $('#shards tbody').replaceChildren(...shards.map((s) => el('tr', null,
     el('td', { class: 'num', text: String(s.shard) }),
