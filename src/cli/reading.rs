@@ -37,16 +37,16 @@ pub fn status(args: &StatusArgs) -> Result<()> {
         let cluster = args.cluster.connect(&config).await?;
         let jobs: Vec<&crate::rules::config::Job> = config.jobs.iter().collect();
         let context = || format!("cannot read the cluster state from etcd at {:?}", cluster.endpoints);
+        let document = status::read_document(
+            &config.cluster,
+            &config.elections,
+            &config.digest,
+            jobs,
+            &cluster.client,
+        )
+        .await
+        .with_context(context)?;
         if args.json {
-            let document = status::read_document(
-                &config.cluster,
-                &config.elections,
-                &config.digest,
-                jobs,
-                &cluster.client,
-            )
-            .await
-            .with_context(context)?;
             // Straight to stdout, each job's entry made as it is written: at 100,000 jobs the
             // document is tens of megabytes.
             let mut out = std::io::BufWriter::new(std::io::stdout().lock());
@@ -54,16 +54,7 @@ pub fn status(args: &StatusArgs) -> Result<()> {
             writeln!(out)?;
             out.flush()?;
         } else {
-            let status = status::read(
-                &config.cluster,
-                &config.elections,
-                &config.digest,
-                jobs,
-                &cluster.client,
-            )
-            .await
-            .with_context(context)?;
-            print(format_args!("{}", status::render(&status)))?;
+            print(format_args!("{}", status::render(&document.into_status())))?;
         }
         Ok(())
     })

@@ -365,6 +365,35 @@ fn a_fanned_out_job_runs_each_tick_once_on_every_web_node_and_a_killed_nodes_tic
     for node in ["w1", "w2", "w3"] {
         assert!(out.contains(&format!("triggered rotate node={node} fence=")), "{out}");
     }
+
+    step("a pause of the job holds on every node");
+    let paused = std::process::Command::new(SHARDCRON)
+        .args(["pause", "rotate", "--config"])
+        .arg(&config)
+        .output()
+        .expect("pause");
+    assert!(paused.status.success(), "{}", String::from_utf8_lossy(&paused.stderr));
+    // A tick claimed before the pause was seen may still start.
+    let from = now_secs() + 2.0;
+    wait_for(
+        Duration::from_secs(15),
+        "warm ran 3 ticks on every node after the pause",
+        || {
+            let runs = world.runs();
+            ["w1", "w2", "w3"].iter().all(|node| {
+                runs.iter()
+                    .filter(|run| run.job == "warm" && run.node == *node && run.tick.timestamp() as f64 > from)
+                    .count()
+                    >= 3
+            })
+        },
+    );
+    let after: Vec<Run> = world
+        .runs()
+        .into_iter()
+        .filter(|run| run.job == "rotate" && run.tick.timestamp() as f64 > from)
+        .collect();
+    assert!(after.is_empty(), "rotate ran while paused: {after:#?}");
 }
 
 #[test]

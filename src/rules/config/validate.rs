@@ -40,6 +40,30 @@ pub(super) fn valid_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
+/// `[cluster] <name>`, a count within `range` (`unit` follows the bounds in the error).
+fn count_within(
+    source: &Source,
+    value: &Spanned<i64>,
+    name: &str,
+    range: std::ops::RangeInclusive<i64>,
+    unit: &str,
+) -> Result<u32, ConfigError> {
+    if range.contains(value.get_ref()) {
+        return Ok(*value.get_ref() as u32);
+    }
+    Err(source.error(
+        Some(value.span()),
+        None,
+        Some(&format!("cluster.{name}")),
+        format!(
+            "{name} must be between {} and {}{unit}, found {}",
+            range.start(),
+            range.end(),
+            value.get_ref()
+        ),
+    ))
+}
+
 pub(super) fn validate_cluster(source: &Source, raw: Option<Spanned<RawCluster>>) -> Result<Cluster, ConfigError> {
     let Some(raw) = raw else {
         return Err(source.error(None, None, Some("cluster"), "missing [cluster] section"));
@@ -65,14 +89,7 @@ pub(super) fn validate_cluster(source: &Source, raw: Option<Spanned<RawCluster>>
     let shards = raw
         .shards
         .ok_or_else(|| field("cluster.shards", "missing shard count".into()))?;
-    if !(1..=i64::from(MAX_SHARDS)).contains(shards.get_ref()) {
-        return Err(source.error(
-            Some(shards.span()),
-            None,
-            Some("cluster.shards"),
-            format!("shards must be between 1 and {MAX_SHARDS}, found {}", shards.get_ref()),
-        ));
-    }
+    let shards = count_within(source, &shards, "shards", 1..=i64::from(MAX_SHARDS), "")?;
     let lease_ttl = match &raw.lease_ttl {
         Some(value) => parse_duration(source, value, None, "cluster.lease_ttl", bounds::MAX_WAIT)?,
         None => Duration::from_secs(10),
@@ -92,38 +109,16 @@ pub(super) fn validate_cluster(source: &Source, raw: Option<Spanned<RawCluster>>
         None => Tz::UTC,
     };
     let history = match &raw.history {
-        Some(value) if !(0..=MAX_HISTORY).contains(value.get_ref()) => {
-            return Err(source.error(
-                Some(value.span()),
-                None,
-                Some("cluster.history"),
-                format!(
-                    "history must be between 0 and {MAX_HISTORY} runs per job, found {}",
-                    value.get_ref()
-                ),
-            ));
-        }
-        Some(value) => *value.get_ref() as u32,
+        Some(value) => count_within(source, value, "history", 0..=MAX_HISTORY, " runs per job")?,
         None => DEFAULT_HISTORY,
     };
     let pool_shards = match &raw.pool_shards {
-        Some(value) if !(1..=i64::from(MAX_SHARDS)).contains(value.get_ref()) => {
-            return Err(source.error(
-                Some(value.span()),
-                None,
-                Some("cluster.pool_shards"),
-                format!(
-                    "pool_shards must be between 1 and {MAX_SHARDS}, found {}",
-                    value.get_ref()
-                ),
-            ));
-        }
-        Some(value) => *value.get_ref() as u32,
+        Some(value) => count_within(source, value, "pool_shards", 1..=i64::from(MAX_SHARDS), "")?,
         None => DEFAULT_POOL_SHARDS,
     };
     Ok(Cluster {
         name: name.into_inner(),
-        shards: *shards.get_ref() as u32,
+        shards,
         lease_ttl,
         timezone,
         history,

@@ -128,27 +128,6 @@ pub struct JobStatus {
 /// large pages: at 100,000 jobs the read is mostly waiting for etcd, once per page.
 const RECORDS_PAGE: i64 = 5000;
 
-/// Reads the cluster's state for the elections of `cluster` and `elections`, and for `jobs`,
-/// which came from a file with `digest`.
-pub async fn read<J: Borrow<Job>>(
-    cluster: &Cluster,
-    elections: &Arc<Elections>,
-    digest: &str,
-    jobs: Vec<J>,
-    client: &etcd_client::Client,
-) -> Result<Status, CoordError> {
-    let document = read_document(cluster, elections, digest, jobs, client).await?;
-    let jobs = document.jobs.collect();
-    Ok(Status {
-        cluster: document.cluster,
-        shard_count: document.shard_count,
-        digest: document.digest,
-        nodes: document.nodes,
-        shards: document.shards,
-        jobs,
-    })
-}
-
 /// What [`Status`] holds, read, with each job's entry built only as it is written: the JSON of
 /// 100,000 jobs is written without a second copy of them all in memory.
 ///
@@ -164,6 +143,21 @@ pub struct Document<J: Borrow<Job>> {
     nodes: Vec<NodeStatus>,
     shards: Vec<ShardStatus>,
     jobs: LazyJobs<J>,
+}
+
+impl<J: Borrow<Job>> Document<J> {
+    /// Every job's entry made at once: what the text tables print from.
+    pub fn into_status(self) -> Status {
+        let jobs = self.jobs.collect();
+        Status {
+            cluster: self.cluster,
+            shard_count: self.shard_count,
+            digest: self.digest,
+            nodes: self.nodes,
+            shards: self.shards,
+            jobs,
+        }
+    }
 }
 
 /// The jobs of a [`Document`] and what their entries are made of.

@@ -213,6 +213,32 @@ fn the_deeper_check_before_a_release() {
     }
 }
 
+/// Where jobs run, with 2 faults: the pool, each delivery mode fanned out and in a rollout.
+/// `SHARDCRON_MODEL_WHERE` picks some of them by name (comma-separated); all by default.
+#[test]
+#[ignore = "minutes: run before a release (docs/benchmarks.md)"]
+fn the_deeper_checks_of_where_jobs_run() {
+    let wanted = std::env::var("SHARDCRON_MODEL_WHERE").unwrap_or_default();
+    let models = [
+        ("pool", pool(2, 2)),
+        ("fan-out-at-least-once", fan_out(Delivery::AtLeastOnce, 2, 2)),
+        ("fan-out-at-most-once", fan_out(Delivery::AtMostOnce, 2, 2)),
+        ("rollout-at-least-once", rollout(Delivery::AtLeastOnce, 2, 3)),
+        ("rollout-at-most-once", rollout(Delivery::AtMostOnce, 2, 3)),
+    ];
+    for (name, model) in models {
+        if !wanted.is_empty() && !wanted.split(',').any(|one| one == name) {
+            continue;
+        }
+        let checker = check(name, model);
+        for property in PROPERTIES {
+            if let Some(path) = checker.discovery(property) {
+                panic!("{name}: {property}:\n{}", super::trace(&path));
+            }
+        }
+    }
+}
+
 #[test]
 #[ignore = "minutes: run before a release (docs/benchmarks.md)"]
 fn every_rule_broken_on_purpose_is_caught() {
