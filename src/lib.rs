@@ -4,7 +4,7 @@
 //! # Layout
 //! The folders are the layers; each may import the ones listed before it, never one after.
 //! `../shared/tools/rs_cycles.py src` finds no import circle between the files.
-//! - [`rules`]: the pure rules: config, schedules and plans, shards and their assignment,
+//! - [`rules`]: the pure rules: config, schedules and plans, shards, pools and their assignment,
 //!   catch-up, bounds. No I/O and no clock.
 //! - [`coord`]: coordination through etcd: connection, session, elections and the fleet view,
 //!   the claim protocol and its records, starts owed, results and history, pauses and run

@@ -4,7 +4,8 @@
 //! what a leadership owes (`starts`), results and history on their way to etcd (`results`,
 //! [`history`]); pauses, run requests and the watched prefixes mirroring them ([`pauses`],
 //! [`triggers`], `mirror`); etcd's space; every key ([`keys`]);
-//! the per-job gauges a leader exports (`job_gauges`).
+//! the per-job gauges a leader exports (`job_gauges`); the `run_on` sets no live node has, and
+//! since when (`unserved`).
 //!
 //! May import: `rules`, and the shared leaves at the top (`backoff`, `clock`, `repeats`,
 //! `metrics`, `readiness`, `secrets`, `text_table`). Never `running`, `serving`, the leader or

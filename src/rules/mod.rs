@@ -1,6 +1,6 @@
 //! The pure rules: what `jobs.toml` may say and the validated [`config::Config`] made from it,
 //! when a schedule fires ([`schedule`], [`plan`], `spread` for `H`), which shard a job is in
-//! ([`shard`]) and which node should lead it ([`assignment`]), which missed ticks a new leader
+//! ([`shard`]), which pool and election ([`pools`]) and which node should lead it ([`assignment`]), which missed ticks a new leader
 //! runs (`catch_up`), the bounds on every duration ([`bounds`]), and the values stored in etcd
 //! ([`record`]: claims, run records and their outcomes, members) as plain data.
 //!

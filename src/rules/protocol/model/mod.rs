@@ -10,11 +10,13 @@
 //! stall may reach etcd after its lease expired, where the guards decide.
 
 mod etcd;
+mod next;
 mod node;
 mod placement;
 mod properties;
 #[cfg(test)]
 mod tests;
+mod write;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
