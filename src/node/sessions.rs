@@ -231,3 +231,45 @@ fn apply_reload(config: Config, cluster: &Cluster, etcd: &Etcd, node: &NodeSpec,
     tracing::info!(jobs = config.jobs.len(), digest = %config.digest, "reloaded jobs.toml: terms take the new jobs between ticks, keeping their shards");
     loaded.send_replace(Arc::new(Loaded::new(config, node)));
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(jobs: &str) -> Config {
+        let text =
+            format!("[cluster]\nname = \"c\"\nshards = 4\n\n[etcd]\nendpoints = [\"http://127.0.0.1:2379\"]\n\n{jobs}");
+        crate::rules::config::parse(std::path::Path::new("jobs.toml"), &text).expect("a valid config")
+    }
+
+    const PLAIN: &str = "[jobs.a]\nschedule = \"* * * * *\"\ncommand = \"true\"\n";
+
+    #[test]
+    fn a_reload_that_changes_the_pools_is_refused_and_one_within_them_is_taken() {
+        let node = NodeSpec {
+            id: "n".into(),
+            tags: crate::rules::pools::Tags::parse("db").unwrap_or_default(),
+        };
+        let first = config(PLAIN);
+        let (cluster, etcd) = (first.cluster.clone(), first.etcd.clone());
+        let (loaded, _) = watch::channel(Arc::new(Loaded::new(first, &node)));
+        let digest = || loaded.borrow().digest.clone();
+        let before = digest();
+
+        let pooled = format!("{PLAIN}[jobs.b]\nschedule = \"* * * * *\"\ncommand = \"true\"\nrun_on = [\"db\"]\n");
+        apply_reload(config(&pooled), &cluster, &etcd, &node, &loaded);
+        assert_eq!(digest(), before, "a new pool changes the node's elections: refused");
+
+        let fanned = format!("{PLAIN}[jobs.b]\nschedule = \"* * * * *\"\ncommand = \"true\"\nfan_out = \"all\"\n");
+        apply_reload(config(&fanned), &cluster, &etcd, &node, &loaded);
+        assert_eq!(
+            digest(),
+            before,
+            "the first fanned-out job adds the node's own election: refused"
+        );
+
+        let more = format!("{PLAIN}[jobs.c]\nschedule = \"@daily\"\ncommand = \"true\"\n");
+        apply_reload(config(&more), &cluster, &etcd, &node, &loaded);
+        assert_ne!(digest(), before, "a new job in the same elections is taken");
+    }
+}
