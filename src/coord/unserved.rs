@@ -42,6 +42,11 @@ pub(crate) async fn read(
         .collect())
 }
 
+/// Whether no member has all of `tags`, which are some jobs' `run_on`: nobody may run them.
+fn nobody_has(tags: &Tags, members: &BTreeMap<String, Member>) -> bool {
+    !tags.is_empty() && !members.values().any(|member| member.tags.has_all(tags))
+}
+
 /// The sets of `run_on` (with how many jobs run on each) that no member has all the tags of.
 pub(crate) fn unserved<'a>(
     run_on: &'a BTreeMap<Tags, usize>,
@@ -49,9 +54,22 @@ pub(crate) fn unserved<'a>(
 ) -> impl Iterator<Item = (&'a Tags, usize)> + 'a {
     run_on
         .iter()
-        .filter(|(tags, _)| !tags.is_empty())
-        .filter(|(tags, _)| !members.values().any(|member| member.tags.has_all(tags)))
+        .filter(|(tags, _)| nobody_has(tags, members))
         .map(|(tags, jobs)| (tags, *jobs))
+}
+
+/// Of `run_on`, the sets no member has, by id, each with since when as `marks` (from [`read`])
+/// say it: what `status` shows.
+pub(crate) fn since<'a>(
+    run_on: impl IntoIterator<Item = &'a Tags>,
+    members: &BTreeMap<String, Member>,
+    marks: &HashMap<String, DateTime<Utc>>,
+) -> HashMap<String, Option<DateTime<Utc>>> {
+    run_on
+        .into_iter()
+        .filter(|tags| nobody_has(tags, members))
+        .map(|tags| (tags.id(), marks.get(&tags.id()).copied()))
+        .collect()
 }
 
 /// Keeps the marks and the gauge current from this session's view of the members until the

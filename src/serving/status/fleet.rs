@@ -74,12 +74,7 @@ pub(crate) async fn read(
             })
         })
         .collect();
-    let unserved = run_on
-        .iter()
-        .filter(|tags| !tags.is_empty())
-        .filter(|tags| !members.nodes.values().any(|member| member.tags.has_all(tags)))
-        .map(|tags| (tags.id(), marks.get(&tags.id()).copied()))
-        .collect();
+    let unserved = unserved::since(run_on, &members.nodes, &marks);
     let nodes = members
         .nodes
         .into_iter()

@@ -298,11 +298,7 @@ pub(crate) async fn read_jobs(
     } else {
         let (members, _) = crate::coord::fleet::read_members(client, &keys).await?;
         let marks = crate::coord::unserved::read(client, &keys).await?;
-        run_on
-            .iter()
-            .filter(|tags| !members.nodes.values().any(|member| member.tags.has_all(tags)))
-            .map(|tags| (tags.id(), marks.get(&tags.id()).copied()))
-            .collect()
+        crate::coord::unserved::since(&run_on, &members.nodes, &marks)
     };
     let seen = Seen {
         pauses,
