@@ -129,9 +129,16 @@ async fn serve(config: Config, args: &NodeArgs, endpoints: Vec<String>) -> Resul
     // Before connecting, which may wait for etcd: SIGHUP's default action would end the node.
     let (reloads, reloaded) = tokio::sync::mpsc::unbounded_channel();
     tokio::spawn(reload_on_hangup(config.path.clone(), reloads));
-    let Some(client) = connect(&endpoints, options, &probe_key, &readiness, &shutdown).await? else {
+    let Some(client) = connect(&endpoints, options.clone(), &probe_key, &readiness, &shutdown).await? else {
         return Ok(());
     };
+    tokio::spawn(crate::coord::endpoints::follow(
+        client.clone(),
+        endpoints.clone(),
+        options,
+        config.etcd.tls.is_some(),
+        shutdown.clone(),
+    ));
     let options = NodeOptions {
         node_id,
         tags: args.tags.clone(),

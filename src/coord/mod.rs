@@ -1,4 +1,5 @@
-//! Coordination through etcd: the connection and its limits ([`etcd`]), the session and its
+//! Coordination through etcd: the connection and its limits ([`etcd`]), the endpoints its
+//! calls go to (`endpoints`), the session and its
 //! lease, elections and the fleet as a pure view (`view`) kept current by `fleet` and entered
 //! in order by `joining`; the claim protocol (`claims`, on the raw transactions of `ledger`),
 //! what a leadership owes (`starts`), results and history on their way to etcd (`results`,
@@ -13,6 +14,7 @@
 
 pub(crate) mod claims;
 pub(crate) mod election;
+pub(crate) mod endpoints;
 pub mod etcd;
 pub(crate) mod etcd_space;
 pub(crate) mod fleet;
