@@ -28,6 +28,8 @@ pub(crate) struct NodeContext {
     pub(crate) runs: Runs,
     /// The pauses every node sees, kept current by a watch while the node has a session.
     pub(crate) pauses: Arc<crate::coord::pauses::Pauses>,
+    /// The concurrency groups' slots and lines, mirrored from etcd, and this node's part in them.
+    pub(crate) groups: Arc<crate::coord::groups::Groups>,
     /// Runs asked for by hand that no leader took yet, mirrored from etcd.
     pub(crate) triggers: Arc<crate::coord::triggers::Triggers>,
     /// Finished runs' results waiting to be written, for claims of their shard to carry.

@@ -28,7 +28,8 @@ impl JobLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct RunLabels {
     pub job: String,
-    /// `success`, `failure`, `timeout`, `replaced`, `killed`, `spawn_failed`, `skipped` or `lost`.
+    /// `success`, `failure`, `timeout`, `replaced`, `killed`, `spawn_failed`, `skipped`, `lost`,
+    /// `paused` or `group_full`.
     pub result: String,
 }
 
@@ -277,7 +278,7 @@ impl Metrics {
                 result: result.to_string(),
             })
             .inc();
-        if !matches!(record.outcome, Outcome::Skipped | Outcome::Paused) {
+        if !matches!(record.outcome, Outcome::Skipped | Outcome::Paused | Outcome::GroupFull) {
             self.run_duration.observe(record.duration_ms as f64 / 1000.0);
         }
     }

@@ -25,6 +25,7 @@ mod scenarios {
     mod etcd_faults;
     mod etcd_space;
     mod fleet;
+    mod groups;
     mod hostile_clients;
     mod http;
     mod lease_stall;

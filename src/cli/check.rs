@@ -108,6 +108,9 @@ struct CheckedJob<'a> {
     /// The job's pool: its `run_on` tags joined by `+`; `null` for a job that runs anywhere.
     pool: Option<String>,
     fan_out: FanOut,
+    /// The job's concurrency group; left out for a job in none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    group: Option<&'a str>,
     zone: &'a str,
     /// As it fires: `H` items expanded, a list joined by `" | "`.
     schedule: &'a str,
@@ -120,12 +123,17 @@ fn pool_of(job: &Job) -> Option<String> {
     (!job.run_on.is_empty()).then(|| job.run_on.id())
 }
 
-/// What `check` and `plan` print after a job's shard when it has a pool or fans out: nothing
-/// for a job that runs anywhere, so their lines read as before pools.
+/// What `check` and `plan` print after a job's shard when it has a pool, fans out or is in a
+/// group: nothing for a job that runs anywhere in no group, so their lines read as before.
 fn placement(job: &Job) -> String {
     let pool = pool_of(job).map(|pool| format!(" pool={pool}")).unwrap_or_default();
     let fan_out = if job.fan_out == FanOut::All { " fan_out=all" } else { "" };
-    format!("{pool}{fan_out}")
+    let group = job
+        .group
+        .as_ref()
+        .map(|group| format!(" group={}", group.name))
+        .unwrap_or_default();
+    format!("{pool}{fan_out}{group}")
 }
 
 pub fn check(args: &CheckArgs) -> Result<()> {
@@ -154,6 +162,7 @@ pub fn check(args: &CheckArgs) -> Result<()> {
                     shard: job.pool_shard,
                     pool: pool_of(job),
                     fan_out: job.fan_out,
+                    group: job.group.as_ref().map(|group| group.name.as_str()),
                     zone: zone.name(),
                     schedule: job.schedule.expanded(),
                     next,
@@ -180,8 +189,13 @@ pub fn check(args: &CheckArgs) -> Result<()> {
         0 => String::new(),
         count => format!(" and {count} pools of {} shards", config.cluster.pool_shards),
     };
+    let groups = match config.groups.len() {
+        0 => String::new(),
+        1 => ", 1 concurrency group".to_string(),
+        count => format!(", {count} concurrency groups"),
+    };
     eprintln!(
-        "{}: ok: {} jobs in {} shards{pools}, cluster {:?}",
+        "{}: ok: {} jobs in {} shards{pools}{groups}, cluster {:?}",
         config.path.display(),
         config.jobs.len(),
         config.cluster.shards,

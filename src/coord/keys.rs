@@ -13,6 +13,8 @@
 //! /shardcron/<cluster>/runs/<job>/<tick>                   the job's last runs (`history`)
 //! /shardcron/<cluster>/triggers/<job>/<id>                 a run asked for by hand, not yet taken
 //! /shardcron/<cluster>/triggered/<id>                      who took it, and how its run ended
+//! /shardcron/<cluster>/groups/<group>/slots/<n>            a slot of a concurrency group, held
+//! /shardcron/<cluster>/groups/<group>/waiting/<place>      an attempt in the group's line
 //! ```
 //! The shard count is part of the election prefix, so nodes whose configs disagree on `shards`
 //! never share an election: shard 3 of 16 and shard 3 of 32 hold different jobs. A pool's and a
@@ -41,6 +43,15 @@ pub(crate) enum JobRecord {
     Last,
     /// `/jobs/<job>/result`: the last finished run.
     Result,
+}
+
+/// A key of a concurrency group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GroupKey<'a> {
+    /// A slot, by number.
+    Slot(u32),
+    /// An attempt in line, by its place's key segment.
+    Waiting(&'a str),
 }
 
 /// Builds the keys of one cluster.
@@ -143,6 +154,40 @@ impl Keys {
 
     pub(crate) fn unserved(&self, id: &str) -> String {
         format!("{}unserved/{id}", self.root)
+    }
+
+    pub(crate) fn groups_prefix(&self) -> String {
+        format!("{}groups/", self.root)
+    }
+
+    pub(crate) fn group_slots_prefix(&self, group: &str) -> String {
+        format!("{}groups/{group}/slots/", self.root)
+    }
+
+    /// Slot `slot` of `group`, its number at a fixed width so slots list in order.
+    pub(crate) fn group_slot(&self, group: &str, slot: u32) -> String {
+        format!("{}groups/{group}/slots/{slot:05}", self.root)
+    }
+
+    pub(crate) fn group_waiting_prefix(&self, group: &str) -> String {
+        format!("{}groups/{group}/waiting/", self.root)
+    }
+
+    /// The key of an attempt waiting in `group`'s line at `place` (a [`Place::segment`]).
+    ///
+    /// [`Place::segment`]: crate::rules::groups::Place::segment
+    pub(crate) fn group_waiting(&self, group: &str, place: &str) -> String {
+        format!("{}groups/{group}/waiting/{place}", self.root)
+    }
+
+    /// What a key under [`Keys::groups_prefix`] is: its group, and a slot's number or a
+    /// waiting attempt's place segment.
+    pub(crate) fn parse_group_key<'k>(&self, key: &'k str) -> Option<(&'k str, GroupKey<'k>)> {
+        let (group, rest) = key.strip_prefix(&self.groups_prefix())?.split_once('/')?;
+        if let Some(slot) = rest.strip_prefix("slots/") {
+            return Some((group, GroupKey::Slot(slot.parse().ok()?)));
+        }
+        Some((group, GroupKey::Waiting(rest.strip_prefix("waiting/")?)))
     }
 
     pub(crate) fn pauses_prefix(&self) -> String {

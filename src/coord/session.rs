@@ -23,6 +23,7 @@ pub struct Session {
 struct Inner {
     client: Client,
     lease: i64,
+    purpose: Purpose,
     ttl: Duration,
     valid_until: Mutex<Instant>,
     /// A child of the node's shutdown token, cancelled too when the lease is lost or the session
@@ -34,10 +35,29 @@ struct Inner {
     released: CancellationToken,
 }
 
+/// What a lease is for: its loss is told as such.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Purpose {
+    /// The node's campaigns and terms.
+    Elections,
+    /// The slots of concurrency groups this node's runs hold, and their places in line.
+    Slots,
+}
+
 impl Session {
     /// Grants a lease and starts keeping it alive until the lease is lost, the session closed or
     /// `shutdown` cancelled.
     pub async fn open(client: &Client, ttl: Duration, shutdown: &CancellationToken) -> Result<Session, CoordError> {
+        Session::open_for(client, ttl, shutdown, Purpose::Elections).await
+    }
+
+    /// [`Session::open`], for `purpose`.
+    pub(crate) async fn open_for(
+        client: &Client,
+        ttl: Duration,
+        shutdown: &CancellationToken,
+        purpose: Purpose,
+    ) -> Result<Session, CoordError> {
         let started = Instant::now();
         let granted = etcd::call(client.clone().lease_grant(ttl.as_secs() as i64, None)).await?;
         let ttl = Duration::from_secs(granted.ttl().max(1) as u64);
@@ -45,6 +65,7 @@ impl Session {
             inner: Arc::new(Inner {
                 client: client.clone(),
                 lease: granted.id(),
+                purpose,
                 ttl,
                 valid_until: Mutex::new(started + ttl),
                 ended: shutdown.child_token(),
@@ -116,14 +137,17 @@ impl Session {
 
     fn lose(&self, why: &str) {
         if !self.inner.released.is_cancelled() {
-            crate::metrics::get().session_losses.inc();
+            let lease = format!("{:x}", self.inner.lease);
             // The whole node's, whichever run or term noticed it first: outside their spans.
-            tracing::warn!(
-                parent: None,
-                lease = format!("{:x}", self.inner.lease),
-                reason = why,
-                "session lost: every shard term of this node ends"
-            );
+            match self.inner.purpose {
+                Purpose::Elections => {
+                    crate::metrics::get().session_losses.inc();
+                    tracing::warn!(parent: None, lease, reason = why, "session lost: every shard term of this node ends");
+                }
+                Purpose::Slots => {
+                    tracing::warn!(parent: None, lease, reason = why, "the lease of this node's group slots is lost: the runs holding them are stopped");
+                }
+            }
             self.inner.released.cancel();
             self.inner.ended.cancel();
         }

@@ -19,6 +19,7 @@ use crate::backoff::Backoff;
 use crate::context::NodeContext;
 use crate::coord::claims::ClaimLead;
 use crate::coord::election;
+use crate::coord::groups::Groups;
 use crate::coord::keys::{ElectionKeys, Keys};
 use crate::coord::pauses::Pauses;
 use crate::coord::results::{write_leftovers, ResultQueue};
@@ -88,6 +89,7 @@ pub async fn run(
         jobs: loaded.clone(),
     });
     let pauses = Arc::new(Pauses::default());
+    let groups = Arc::new(Groups::new(client.clone(), keys.clone(), cluster.lease_ttl));
     let node = Arc::new(NodeContext {
         node_id: options.node_id.clone(),
         keys,
@@ -97,9 +99,11 @@ pub async fn run(
         runs: Runs::new(
             Arc::clone(&results),
             Arc::clone(&pauses),
+            Arc::clone(&groups),
             Arc::clone(&options.child_env),
         ),
         pauses,
+        groups,
         triggers: Arc::default(),
         results,
         claim_lead: ClaimLead::new(),
@@ -131,6 +135,7 @@ pub async fn run(
 
     tracing::info!("shutting down: shards resigned; waiting for running commands");
     node.runs.drain(options.shutdown_grace, &options.hurry).await;
+    node.groups.close().await;
     results_closed.cancel();
     if let Err(err) = result_writer.await {
         tracing::warn!(error = %err, "result writer ended abnormally");

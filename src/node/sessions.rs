@@ -181,11 +181,12 @@ impl Sessions {
             .map_err(failed("cannot register this node in etcd"))?;
         // Read before any shard is led: a node that starts, or campaigns again, while a job is
         // paused must not run one tick of it.
-        let (pauses, triggers) = tokio::try_join!(
+        let (pauses, triggers, groups) = tokio::try_join!(
             mirror::load(&self.client, &node.keys, node.pauses.as_ref()),
             mirror::load(&self.client, &node.keys, node.triggers.as_ref()),
+            mirror::load(&self.client, &node.keys, node.groups.as_ref()),
         )
-        .map_err(failed("cannot read the pauses and run requests"))?;
+        .map_err(failed("cannot read the pauses, run requests and concurrency groups"))?;
         let mut tasks = JoinSet::new();
         let view = tasks::watch_fleet(&mut tasks, node, session, member);
         let entered = tokio::select! {
@@ -196,7 +197,11 @@ impl Sessions {
         Ok(Prepared {
             tasks,
             view,
-            mirrored: Mirrored { pauses, triggers },
+            mirrored: Mirrored {
+                pauses,
+                triggers,
+                groups,
+            },
             candidacies,
         })
     }

@@ -45,6 +45,7 @@ pub(super) fn spawn_node_tasks(
     let pauses = Arc::clone(&node.pauses);
     crate::metrics::get().count_pauses(move || pauses.in_force(crate::clock::now()));
     crate::coord::job_gauges::export();
+    crate::coord::group_gauges::export(Arc::clone(&node.groups), node.jobs.clone());
     let killer = {
         let (runs, hurry) = (node.runs.clone(), options.hurry.clone());
         async move {
@@ -74,9 +75,11 @@ pub(super) fn watch_fleet(
 pub(super) struct Mirrored {
     pub(super) pauses: i64,
     pub(super) triggers: i64,
+    pub(super) groups: i64,
 }
 
-/// A session's tasks once it entered the elections: the mirrors of pauses and run requests,
+/// A session's tasks once it entered the elections: the mirrors of pauses, run requests and
+/// concurrency groups,
 /// the marks of `run_on` sets no node has, compaction if `[etcd] compaction` asks for it, and a
 /// task per shard it stands in.
 pub(super) fn lead(
@@ -99,6 +102,12 @@ pub(super) fn lead(
         node.keys.clone(),
         Arc::clone(&node.triggers),
         mirrored.triggers,
+    ));
+    tasks.spawn(mirror::keep(
+        session.clone(),
+        node.keys.clone(),
+        Arc::clone(&node.groups),
+        mirrored.groups,
     ));
     tasks.spawn(crate::coord::unserved::keep(
         session.clone(),

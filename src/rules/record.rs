@@ -201,6 +201,9 @@ pub enum Outcome {
     Lost,
     /// Not run: the job was paused (`shardcron pause`) at the tick or when it was due to start.
     Paused,
+    /// Not run: the job's concurrency group stayed full for as long as the tick could wait
+    /// (the group's `wait`, by default until the job's next tick).
+    GroupFull,
 }
 
 impl Outcome {
@@ -215,6 +218,7 @@ impl Outcome {
             Outcome::Skipped => "skipped",
             Outcome::Lost => "lost",
             Outcome::Paused => "paused",
+            Outcome::GroupFull => "group_full",
         }
     }
 }

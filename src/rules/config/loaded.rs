@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::{Config, Job};
+use super::{Config, GroupsByName, Job};
 use crate::rules::pools::{Elections, FanOut, Tags};
 
 /// Who a node is, as far as which jobs it runs goes.
@@ -26,6 +26,8 @@ pub(crate) struct Loaded {
     pub(crate) fanned_out: Vec<Arc<Job>>,
     /// How many jobs run on each `run_on` set (the empty set: jobs without `run_on`).
     pub(crate) run_on: BTreeMap<Tags, usize>,
+    /// `[groups.<name>]`.
+    pub(crate) groups: GroupsByName,
 }
 
 impl Loaded {
@@ -58,6 +60,7 @@ impl Loaded {
             by_shard,
             fanned_out,
             run_on,
+            groups: config.groups,
         }
     }
 

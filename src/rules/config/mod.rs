@@ -30,7 +30,7 @@ pub(crate) use loaded::Loaded;
 pub use loaded::NodeSpec;
 pub use model::*;
 use raw::{RawFile, RawJobs};
-use validate::{validate_cluster, validate_etcd};
+use validate::{validate_cluster, validate_etcd, validate_groups};
 use validate_job::validate_job;
 
 use crate::rules::pools::{Elections, FanOut, Tags};
@@ -54,6 +54,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
     let Parts {
         cluster,
         etcd,
+        groups,
         mut jobs,
     } = match parse_in_pieces(&source, pieces::JOBS_PER_PIECE) {
         Some(parts) => parts,
@@ -67,6 +68,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         jobs,
         digest: format!("{:016x}", seahash::hash(text.as_bytes())),
         elections,
+        groups,
     })
 }
 
@@ -105,6 +107,7 @@ fn elections_of(source: &Source, cluster: &Cluster, jobs: &mut [Job]) -> Result<
 struct Parts {
     cluster: Cluster,
     etcd: Etcd,
+    groups: GroupsByName,
     jobs: Vec<Job>,
 }
 
@@ -112,13 +115,19 @@ fn parse_whole(source: &Source) -> Result<Parts, ConfigError> {
     let raw: RawFile = toml::from_str(source.text).map_err(|err| source.toml_error(&err))?;
     let cluster = validate_cluster(source, raw.cluster)?;
     let etcd = validate_etcd(source, raw.etcd)?;
+    let groups = validate_groups(source, raw.groups)?;
 
     let mut schedules: HashMap<(String, Tz), Arc<Schedule>> = HashMap::new();
     let mut jobs = Vec::with_capacity(raw.jobs.len());
     for (name, job) in raw.jobs {
-        jobs.push(validate_job(source, &cluster, name, job, &mut schedules)?);
+        jobs.push(validate_job(source, &cluster, name, job, &groups, &mut schedules)?);
     }
-    Ok(Parts { cluster, etcd, jobs })
+    Ok(Parts {
+        cluster,
+        etcd,
+        groups,
+        jobs,
+    })
 }
 
 /// What [`parse_whole`] makes, read in pieces, so that no tree of the whole document is ever
@@ -132,6 +141,7 @@ fn parse_in_pieces(source: &Source, jobs_per_piece: usize) -> Option<Parts> {
     }
     let cluster = validate_cluster(source, rest.cluster).ok()?;
     let etcd = validate_etcd(source, rest.etcd).ok()?;
+    let groups = validate_groups(source, rest.groups).ok()?;
     drop(pieces.rest);
 
     let mut schedules: HashMap<(String, Tz), Arc<Schedule>> = HashMap::new();
@@ -139,12 +149,17 @@ fn parse_in_pieces(source: &Source, jobs_per_piece: usize) -> Option<Parts> {
     for piece in pieces.jobs {
         let raw: RawJobs = toml::from_str(&source.text[piece]).ok()?;
         for (name, job) in raw.jobs {
-            jobs.push(validate_job(source, &cluster, name, job, &mut schedules).ok()?);
+            jobs.push(validate_job(source, &cluster, name, job, &groups, &mut schedules).ok()?);
         }
     }
     // In name order, as the whole-document reader's map gives them.
     jobs.sort_unstable_by(|a, b| a.name.cmp(&b.name));
-    Some(Parts { cluster, etcd, jobs })
+    Some(Parts {
+        cluster,
+        etcd,
+        groups,
+        jobs,
+    })
 }
 
 #[cfg(test)]

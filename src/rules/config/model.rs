@@ -9,6 +9,7 @@ use std::time::Duration;
 use chrono_tz::Tz;
 use serde::Deserialize;
 
+use crate::rules::groups::Group;
 use crate::rules::pools::{Elections, FanOut, Tags};
 use crate::rules::schedule::Schedule;
 
@@ -37,7 +38,12 @@ pub struct Config {
     pub digest: String,
     /// Every election the jobs are in: the fleet's shards, each pool's, the node's own.
     pub elections: Arc<Elections>,
+    /// `[groups.<name>]`, by name.
+    pub groups: GroupsByName,
 }
+
+/// The concurrency groups of a config, by name.
+pub type GroupsByName = BTreeMap<String, Arc<Group>>;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Cluster {
@@ -117,6 +123,8 @@ pub struct Job {
     pub env: BTreeMap<String, String>,
     /// `KEY=VALUE` lines read at each run (the job's secrets): see `env_file` for the format.
     pub env_file: Option<PathBuf>,
+    /// The concurrency group whose slots the job's attempts take, if any.
+    pub group: Option<Arc<Group>>,
 }
 
 /// What a new leader does with a tick that was claimed and never started: its leader died,
@@ -217,6 +225,7 @@ impl Job {
             working_dir: None,
             env: BTreeMap::new(),
             env_file: None,
+            group: None,
         }
     }
 }

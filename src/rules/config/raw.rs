@@ -15,7 +15,16 @@ pub(super) struct RawFile {
     pub(super) cluster: Option<Spanned<RawCluster>>,
     pub(super) etcd: Option<Spanned<RawEtcd>>,
     #[serde(default)]
+    pub(super) groups: BTreeMap<Spanned<String>, Spanned<RawGroup>>,
+    #[serde(default)]
     pub(super) jobs: BTreeMap<Spanned<String>, Spanned<RawJob>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawGroup {
+    pub(super) limit: Option<Spanned<i64>>,
+    pub(super) wait: Option<Spanned<String>>,
 }
 
 /// A piece of the file holding only jobs' tables.
@@ -74,6 +83,7 @@ pub(super) struct RawJob {
     pub(super) env_file: Option<Spanned<PathBuf>>,
     pub(super) run_on: Option<Spanned<Vec<String>>>,
     pub(super) fan_out: Option<Spanned<FanOut>>,
+    pub(super) group: Option<Spanned<String>>,
 }
 
 /// `schedule`: one expression, or an array of them that the job fires on together.

@@ -4,6 +4,7 @@ use std::time::Duration;
 use super::*;
 
 mod errors;
+mod groups;
 mod pools;
 
 const HEAD: &str = r#"[cluster]

@@ -11,6 +11,7 @@ use super::error::{ConfigError, Source};
 use super::model::*;
 use super::raw::*;
 use crate::rules::bounds;
+use crate::rules::groups::{Group, MAX_GROUPS, MAX_GROUP_NAME, MAX_LIMIT};
 use crate::rules::pools::DEFAULT_POOL_SHARDS;
 use crate::rules::schedule::parse_zone;
 
@@ -124,6 +125,58 @@ pub(super) fn validate_cluster(source: &Source, raw: Option<Spanned<RawCluster>>
         history,
         pool_shards,
     })
+}
+
+/// `[groups.<name>]`: each a name fit for a key and a label, a `limit` and an optional `wait`.
+pub(super) fn validate_groups(
+    source: &Source,
+    raw: std::collections::BTreeMap<Spanned<String>, Spanned<RawGroup>>,
+) -> Result<GroupsByName, ConfigError> {
+    if raw.len() > MAX_GROUPS {
+        return Err(source.error(
+            raw.keys().nth(MAX_GROUPS).map(Spanned::span),
+            None,
+            Some("groups"),
+            format!("{} groups; at most {MAX_GROUPS}", raw.len()),
+        ));
+    }
+    let mut groups = GroupsByName::new();
+    for (name, group) in raw {
+        let (name_span, name) = (name.span(), name.into_inner());
+        let field = |what: &str| format!("groups.{name}.{what}");
+        if !valid_name(&name) || name.len() > MAX_GROUP_NAME {
+            return Err(source.error(
+                Some(name_span),
+                None,
+                Some(&format!("groups.{name}")),
+                format!("invalid group name: use at most {MAX_GROUP_NAME} letters, digits, '.', '_' and '-'"),
+            ));
+        }
+        let (table_span, group) = (group.span(), group.into_inner());
+        let limit = group.limit.ok_or_else(|| {
+            source.error(
+                Some(table_span),
+                None,
+                Some(&field("limit")),
+                "missing limit: how many of the group's runs may go at once",
+            )
+        })?;
+        if !(1..=i64::from(MAX_LIMIT)).contains(limit.get_ref()) {
+            return Err(source.error(
+                Some(limit.span()),
+                None,
+                Some(&field("limit")),
+                format!("limit must be between 1 and {MAX_LIMIT}, found {}", limit.get_ref()),
+            ));
+        }
+        let wait = match &group.wait {
+            Some(value) => Some(parse_duration(source, value, None, &field("wait"), bounds::MAX_WAIT)?),
+            None => None,
+        };
+        let limit = *limit.get_ref() as u32;
+        groups.insert(name.clone(), std::sync::Arc::new(Group { name, limit, wait }));
+    }
+    Ok(groups)
 }
 
 pub(super) fn validate_etcd(source: &Source, raw: Option<Spanned<RawEtcd>>) -> Result<Etcd, ConfigError> {

@@ -13,6 +13,7 @@ use super::model::*;
 use super::raw::*;
 use super::validate::{parse_duration, secret_path, valid_name};
 use crate::rules::bounds;
+use crate::rules::groups::Group;
 use crate::rules::pools::Tags;
 use crate::rules::schedule::{parse_zone, Schedule, ScheduleError};
 use crate::rules::shard::shard_of;
@@ -23,6 +24,7 @@ pub(super) fn validate_job(
     cluster: &Cluster,
     name: Spanned<String>,
     raw: Spanned<RawJob>,
+    groups: &GroupsByName,
     schedules: &mut HashMap<(String, Tz), Arc<Schedule>>,
 ) -> Result<Job, ConfigError> {
     let name_span = name.span();
@@ -53,6 +55,10 @@ pub(super) fn validate_job(
             .map_err(|message| source.error(Some(value.span()), job, Some("run_on"), message))?,
         None => Tags::default(),
     };
+    let group = match &raw.group {
+        Some(value) => Some(job_group(source, job, value, groups)?),
+        None => None,
+    };
     Ok(Job {
         // The number of its election is known once every job's pool is: see `config::parse`.
         shard: shard_of(&name, cluster.shards),
@@ -74,6 +80,29 @@ pub(super) fn validate_job(
         working_dir: raw.working_dir.map(Spanned::into_inner),
         env: raw.env.map(Spanned::into_inner).unwrap_or_default(),
         env_file: raw.env_file.map(Spanned::into_inner),
+        group,
+    })
+}
+
+/// The `[groups.<name>]` a job's `group` names.
+fn job_group(
+    source: &Source,
+    job: Option<&str>,
+    name: &Spanned<String>,
+    groups: &GroupsByName,
+) -> Result<Arc<Group>, ConfigError> {
+    groups.get(name.get_ref()).cloned().ok_or_else(|| {
+        let known: Vec<&str> = groups.keys().map(String::as_str).take(10).collect();
+        let known = match known.is_empty() {
+            true => "the file defines no [groups.<name>]".to_string(),
+            false => format!("groups defined: {}", known.join(", ")),
+        };
+        source.error(
+            Some(name.span()),
+            job,
+            Some("group"),
+            format!("unknown group {:?}: {known}", name.get_ref()),
+        )
     })
 }
 

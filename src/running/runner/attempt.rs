@@ -276,6 +276,11 @@ async fn supervise(child: &mut Child, job: &Job, stops: &Stops<'_>) -> (Outcome,
             child.signal_group(Signal::KILL);
             (Outcome::Killed, child.wait().await)
         }
+        _ = stops.lapsed.cancelled() => {
+            tracing::warn!("the lease of its group slot is lost, so another run may hold the slot now: SIGKILL to the process group");
+            child.signal_group(Signal::KILL);
+            (Outcome::Killed, child.wait().await)
+        }
     };
     if outcome == Outcome::Exited && child.group_alive() {
         // A run ends with its command: what the shell left running in the background would

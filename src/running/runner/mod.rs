@@ -14,6 +14,7 @@
 mod attempt;
 mod child;
 mod output;
+pub mod slot;
 
 use std::sync::Arc;
 
@@ -22,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::backoff::Backoff;
+use crate::coord::groups::{Groups, Slot};
 use crate::coord::starts::{StartTicket, Starts};
 use crate::rules::config::{Job, MAX_RETRY_BACKOFF};
 use crate::rules::record::{Outcome, RunRecord, Trigger};
@@ -78,16 +80,29 @@ pub struct Stops<'a> {
     /// A newer tick replaces this run (`overlap = "replace"`): SIGTERM, SIGKILL after
     /// `kill_grace`.
     pub replace: &'a CancellationToken,
+    /// The lease of the attempt's group slot is lost, and the slot may be another's: SIGKILL at
+    /// once.
+    pub lapsed: &'a CancellationToken,
+}
+
+/// What a run needs of the job's concurrency group: the slot its first attempt took, and the
+/// node's groups, where each retry takes one again.
+pub struct Slots<'a> {
+    pub first: Option<Slot>,
+    pub groups: &'a Arc<Groups>,
 }
 
 /// Runs `tick` to completion, retrying a failed attempt as the job allows while this node still
 /// leads the shard, and says how the last attempt ended; `None` when the first attempt could
-/// not start because the leadership or its lease ended since `ticket` was given.
+/// not start because the leadership or its lease ended since `ticket` was given. An attempt of
+/// a grouped job holds a slot of its group from its start to the end of its process group: a
+/// retry's backoff holds none.
 pub async fn run(
     tick: &Tick,
     stops: &Stops<'_>,
     mut ticket: Option<StartTicket>,
     child_env: &ChildEnv,
+    mut slots: Slots<'_>,
 ) -> Option<RunRecord> {
     let job = &tick.job;
     let mut attempt = 1;
@@ -97,8 +112,27 @@ pub async fn run(
         // Inside the run's span (job, tick, fence): the attempt's number is a span of its own,
         // since a span's fields cannot be replaced, only added to.
         let span = tracing::error_span!("attempt", attempt);
-        let run_once = attempt::run_once(tick, attempt, stops, ticket.take(), child_env);
-        let Some(mut record) = run_once.instrument(span.clone()).await else {
+        let mut slot = slots.first.take();
+        if let (Some(group), None) = (&job.group, &slot) {
+            match slot::take(tick, group, slots.groups, stops, std::future::pending()).await {
+                Ok(taken) => slot = Some(taken),
+                Err(why) => {
+                    span.in_scope(|| tracing::warn!(group = %group.name, limit = group.limit, reason = ?why, "no retry: no slot of the job's group came free in time"));
+                    return last;
+                }
+            }
+        }
+        let lapsed = slot.as_ref().map_or_else(CancellationToken::new, Slot::lapsed);
+        let attempt_stops = Stops {
+            lapsed: &lapsed,
+            ..*stops
+        };
+        let run_once = attempt::run_once(tick, attempt, &attempt_stops, ticket.take(), child_env);
+        let ran = run_once.instrument(span.clone()).await;
+        if let Some(slot) = slot {
+            slot.release().await;
+        }
+        let Some(mut record) = ran else {
             if attempt > 1 {
                 span.in_scope(|| {
                     tracing::warn!(
@@ -112,7 +146,12 @@ pub async fn run(
         let retryable = match record.outcome {
             Outcome::Exited => record.exit_code != Some(0),
             Outcome::Timeout | Outcome::SpawnFailed => true,
-            Outcome::Killed | Outcome::Replaced | Outcome::Skipped | Outcome::Lost | Outcome::Paused => false,
+            Outcome::Killed
+            | Outcome::Replaced
+            | Outcome::Skipped
+            | Outcome::Lost
+            | Outcome::Paused
+            | Outcome::GroupFull => false,
         };
         if !retryable || attempt > job.retries {
             return Some(record);

@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::clock;
+use crate::coord::groups::Groups;
 use crate::coord::pauses::Pauses;
 use crate::coord::results::ResultQueue;
 use crate::rules::config::{Delivery, Overlap};
@@ -55,6 +56,8 @@ pub struct Runs {
     kill: CancellationToken,
     results: Arc<ResultQueue>,
     pauses: Arc<Pauses>,
+    /// The node's part in the concurrency groups: grouped attempts take their slots there.
+    groups: Arc<Groups>,
     /// What every command's environment starts from, made once for the node.
     child_env: Arc<ChildEnv>,
 }
@@ -99,7 +102,12 @@ struct JobRuns {
 
 impl Runs {
     /// Runs whose results go to `results`, and which `pauses` may stop.
-    pub(crate) fn new(results: Arc<ResultQueue>, pauses: Arc<Pauses>, child_env: Arc<ChildEnv>) -> Runs {
+    pub(crate) fn new(
+        results: Arc<ResultQueue>,
+        pauses: Arc<Pauses>,
+        groups: Arc<Groups>,
+        child_env: Arc<ChildEnv>,
+    ) -> Runs {
         let cores = std::thread::available_parallelism().map_or(2, usize::from);
         Runs {
             tracker: TaskTracker::new(),
@@ -110,6 +118,7 @@ impl Runs {
             kill: CancellationToken::new(),
             results,
             pauses,
+            groups,
             child_env,
         }
     }

@@ -12,8 +12,14 @@ use tracing::Instrument;
 use super::overlap::{outrun, Running, Skip};
 use super::{not_run, Entry, Runs, LATE_PERMIT_HOLD};
 use crate::clock;
+use crate::coord::groups::Slot;
+use crate::rules::groups::Group;
 use crate::rules::record::{Outcome, RunRecord};
+use crate::running::runner::slot::{self, NoSlot};
 use crate::running::runner::{self, Tick};
+
+/// How often a tick waiting for a group slot looks for a pause of its job.
+const PAUSE_LOOK: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// The job's turn, held by a sequence while it runs its ticks.
 struct Turn {
@@ -133,6 +139,13 @@ impl Runs {
             self.skip(&tick, Skip::Outrun);
             return;
         }
+        let first_slot = match &job.group {
+            Some(group) => match self.take_slot(&tick, group, turn).await {
+                Some(slot) => Some(slot),
+                None => return,
+            },
+            None => None,
+        };
         // A requested run needs no ticket: no record lists it as owed. Its first attempt checks
         // the leadership and the lease right before the spawn, as retries do.
         let ticket = match tick.request {
@@ -152,17 +165,65 @@ impl Runs {
             caught_up: tick.caught_up,
         };
         self.mark_running(&job.name, Some(running));
+        let never = CancellationToken::new();
         let stops = runner::Stops {
             kill: &self.kill,
             replace: &turn.replace,
+            lapsed: &never,
         };
-        let run = runner::run(&tick, &stops, ticket, &self.child_env);
+        let slots = runner::Slots {
+            first: first_slot,
+            groups: &self.groups,
+        };
+        let run = runner::run(&tick, &stops, ticket, &self.child_env, slots);
         let record = holding_permit(run, late).await;
         self.took(&job.name, clock::now() - since);
         match record {
             Some(record) => self.report(&tick, record),
             None => self.not_starting(&tick),
         }
+    }
+
+    /// A slot of the job's group for the tick's first attempt, waited for in the group's line;
+    /// `None` if the tick is settled or given back meanwhile: recorded `group_full` when the
+    /// group stayed full as long as it could wait, `paused` or `replaced` when that came first,
+    /// left owed when the leadership ended.
+    async fn take_slot(&self, tick: &Tick, group: &Group, turn: &Turn) -> Option<Slot> {
+        let stops = runner::Stops {
+            kill: &self.kill,
+            replace: &turn.replace,
+            lapsed: &CancellationToken::new(),
+        };
+        let paused = async {
+            while self
+                .pauses
+                .stopping(tick.job.job_name(), tick.scheduled_at, clock::now())
+                .is_none()
+            {
+                tokio::time::sleep(PAUSE_LOOK).await;
+            }
+        };
+        let why = match slot::take(tick, group, &self.groups, &stops, paused).await {
+            Ok(slot) => return Some(slot),
+            Err(why) => why,
+        };
+        match why {
+            NoSlot::Full => {
+                if self.settle(tick) {
+                    let view = self.groups.view(&group.name);
+                    tracing::warn!(group = %group.name, limit = group.limit, running = view.slots.len(), waiting = view.waiting.len(), holders = %view.holders(10), "group full: not run; the group's slots stayed held as long as the tick could wait");
+                    self.report(tick, not_run(tick, Outcome::GroupFull));
+                }
+            }
+            NoSlot::Replaced => {
+                if self.settle(tick) {
+                    self.report(tick, not_run(tick, Outcome::Replaced));
+                }
+            }
+            NoSlot::Other if self.paused(tick) => {}
+            NoSlot::Other | NoSlot::NotLeading => self.not_starting(tick),
+        }
+        None
     }
 
     /// A late tick's permit, held for its run (at most [`LATE_PERMIT_HOLD`]); the semaphore is

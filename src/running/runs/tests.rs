@@ -8,10 +8,19 @@ fn at(millis: i64) -> DateTime<Utc> {
     DateTime::<Utc>::from_timestamp_millis(1_800_000_000_000 + millis).unwrap()
 }
 
-#[test]
-fn shards_taking_over_together_share_the_nodes_room_for_late_ticks() {
+#[tokio::test]
+async fn shards_taking_over_together_share_the_nodes_room_for_late_ticks() {
     let child_env = Arc::new(ChildEnv::of_node(std::env::vars_os(), &[]));
-    let runs = Runs::new(Arc::default(), Arc::default(), child_env);
+    // Connects on first use, which this test never makes.
+    let client = etcd_client::Client::connect(["http://127.0.0.1:9"], None)
+        .await
+        .expect("a client");
+    let groups = Arc::new(Groups::new(
+        client,
+        crate::coord::keys::Keys::new("c"),
+        Duration::from_secs(3),
+    ));
+    let runs = Runs::new(Arc::default(), Arc::default(), groups, child_env);
     let first = runs.reserve_late(LATE_ROOM - 1_000).expect("room");
     // One claim may pass the room by its own size, never a second one after it.
     let second = runs.reserve_late(5_000).expect("room left before it");

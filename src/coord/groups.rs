@@ -1,0 +1,461 @@
+//! Concurrency groups in etcd: the slots a node's attempts hold and their places in line, by
+//! the rules of [`crate::rules::groups`].
+//!
+//! Slots and places live on a lease of the node's own, not its elections' session: a graceful
+//! stop revokes that session at once so other nodes take its shards over, while its runs go on
+//! through the shutdown grace, still holding their slots. This lease is kept alive until the
+//! node's runs have ended. A node that dies frees its slots within the TTL. A node that loses
+//! this lease (etcd out of reach past the TTL by its own clock, or etcd saying it expired)
+//! stops the runs holding its slots at once: another node may hold those slots by then.
+//!
+//! Every node mirrors the groups' keys; an attempt waiting in line wakes on each change.
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::coord::etcd::{self, CoordError};
+use crate::coord::keys::{GroupKey, Keys};
+use crate::coord::mirror::{Mirror, Put};
+use crate::coord::session::{Purpose, Session};
+use crate::rules::groups::{admit, Admission, Group, Holder, Line, Place};
+
+/// How often a waiting attempt looks at its group again without a change seen: a watch that
+/// failed and is being restarted delivers nothing meanwhile.
+const LOOK_AGAIN: Duration = Duration::from_secs(1);
+
+/// How often a failed etcd call of a waiting or ending attempt is tried again.
+const RETRY: Duration = Duration::from_millis(200);
+
+/// The slots held and the attempts in line of every group, as the node's mirror shows them.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct GroupView {
+    pub(crate) slots: BTreeMap<u32, Kept>,
+    pub(crate) waiting: BTreeMap<Place, Kept>,
+}
+
+/// A slot's or a place's value, and the lease it lives on.
+#[derive(Debug, Clone)]
+pub(crate) struct Kept {
+    pub(crate) holder: Holder,
+    pub(crate) lease: i64,
+}
+
+impl GroupView {
+    fn line(&self) -> Line {
+        Line {
+            held: self.slots.keys().copied().collect(),
+            waiting: self.waiting.keys().cloned().collect(),
+        }
+    }
+
+    /// Who holds the slots, for a log line: `job@node` each, at most `max` of them.
+    pub(crate) fn holders(&self, max: usize) -> String {
+        let mut named: Vec<String> = self
+            .slots
+            .values()
+            .take(max)
+            .map(|kept| format!("{}@{}", kept.holder.job, kept.holder.node))
+            .collect();
+        if self.slots.len() > max {
+            named.push(format!("and {} more", self.slots.len() - max));
+        }
+        named.join(", ")
+    }
+}
+
+/// The node's part in every concurrency group.
+pub(crate) struct Groups {
+    client: Client,
+    keys: Keys,
+    ttl: Duration,
+    views: Mutex<HashMap<String, GroupView>>,
+    changed: Notify,
+    lease: tokio::sync::Mutex<Option<Session>>,
+    /// Cancelled once the node's runs have ended: the lease of its slots ends with it.
+    drained: CancellationToken,
+}
+
+impl Mirror for Groups {
+    const WHAT: &'static str = "concurrency groups";
+
+    fn prefix(keys: &Keys) -> String {
+        keys.groups_prefix()
+    }
+
+    fn clear(&self) {
+        self.lock().clear();
+    }
+
+    fn apply(&self, keys: &Keys, key: &[u8], put: Option<Put>) {
+        let Some((group, what)) = std::str::from_utf8(key).ok().and_then(|key| keys.parse_group_key(key)) else {
+            return;
+        };
+        let kept = put.and_then(|put| {
+            let holder = serde_json::from_slice::<Holder>(put.value).ok()?;
+            Some(Kept {
+                holder,
+                lease: put.lease,
+            })
+        });
+        {
+            let mut views = self.lock();
+            let view = views.entry(group.to_string()).or_default();
+            match (what, kept) {
+                (GroupKey::Slot(slot), Some(kept)) => {
+                    view.slots.insert(slot, kept);
+                }
+                (GroupKey::Slot(slot), None) => {
+                    view.slots.remove(&slot);
+                }
+                (GroupKey::Waiting(segment), kept) => {
+                    if let Some(place) = Place::parse(segment) {
+                        match kept {
+                            Some(kept) => view.waiting.insert(place, kept),
+                            None => view.waiting.remove(&place),
+                        };
+                    }
+                }
+            }
+            if view.slots.is_empty() && view.waiting.is_empty() {
+                views.remove(group);
+            }
+        }
+        self.changed.notify_waiters();
+    }
+}
+
+/// Why an attempt stopped waiting for a slot, as its caller said.
+pub(crate) struct GaveUp<W>(pub(crate) W);
+
+impl Groups {
+    pub(crate) fn new(client: Client, keys: Keys, ttl: Duration) -> Groups {
+        Groups {
+            client,
+            keys,
+            ttl,
+            views: Mutex::default(),
+            changed: Notify::new(),
+            lease: tokio::sync::Mutex::new(None),
+            drained: CancellationToken::new(),
+        }
+    }
+
+    /// `group` as the mirror shows it now.
+    pub(crate) fn view(&self, group: &str) -> GroupView {
+        self.lock().get(group).cloned().unwrap_or_default()
+    }
+
+    /// Every group the mirror shows, by name.
+    pub(crate) fn views(&self) -> HashMap<String, GroupView> {
+        self.lock().clone()
+    }
+
+    /// Takes a slot of `group` for the attempt `holder` at `place` in line, waiting in line as
+    /// long as it must, or until `give_up` resolves; what it resolved to is then returned.
+    pub(crate) async fn acquire<W>(
+        self: &Arc<Self>,
+        group: &Group,
+        holder: Holder,
+        place: Place,
+        give_up: impl Future<Output = W>,
+    ) -> Result<Slot, GaveUp<W>> {
+        tokio::pin!(give_up);
+        let mut waiting: Option<(Session, String)> = None;
+        let mut told = false;
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let lease = match self.lease().await {
+                Ok(lease) => lease,
+                Err(err) => {
+                    tracing::debug!(error = %err, "cannot get a lease for a group slot; trying again");
+                    tokio::select! {
+                        biased;
+                        why = &mut give_up => return Err(GaveUp(why)),
+                        _ = tokio::time::sleep(RETRY) => continue,
+                    }
+                }
+            };
+            if waiting
+                .as_ref()
+                .is_some_and(|(held_on, _)| held_on.lease() != lease.lease())
+            {
+                // The place was on a lease since lost, and went with it.
+                waiting = None;
+            }
+            match self.try_take(group, &holder, &place, &lease, waiting.as_ref()).await {
+                Ok(Some(slot)) => return Ok(slot),
+                Ok(None) => {}
+                Err(err) => tracing::debug!(error = %err, group = %group.name, "cannot take a slot now; trying again"),
+            }
+            if waiting.is_none() {
+                match self.stand_in_line(group, &holder, &place, &lease).await {
+                    Ok(key) => waiting = Some((lease.clone(), key)),
+                    Err(err) => {
+                        tracing::debug!(error = %err, group = %group.name, "cannot wait in the group's line now; trying again")
+                    }
+                }
+            }
+            if waiting.is_some() && !told {
+                told = true;
+                let view = self.view(&group.name);
+                tracing::info!(group = %group.name, limit = group.limit, running = view.slots.len(), waiting = view.waiting.len(), holders = %view.holders(10), "the group is full: waiting for a slot");
+            }
+            tokio::select! {
+                biased;
+                why = &mut give_up => {
+                    if let Some((lease, key)) = waiting {
+                        self.leave_line(group, &holder, &lease, &key).await;
+                    }
+                    return Err(GaveUp(why));
+                }
+                _ = &mut changed => {}
+                _ = tokio::time::sleep(LOOK_AGAIN) => {}
+                _ = lease.ended().cancelled() => {}
+            }
+        }
+    }
+
+    /// The slot handed to `holder`, or one it may take by the line's order; `None` if neither.
+    async fn try_take(
+        self: &Arc<Self>,
+        group: &Group,
+        holder: &Holder,
+        place: &Place,
+        lease: &Session,
+        waiting: Option<&(Session, String)>,
+    ) -> Result<Option<Slot>, CoordError> {
+        let view = self.view(&group.name);
+        if let Some((slot, _)) = view
+            .slots
+            .iter()
+            .find(|(_, kept)| kept.holder == *holder && kept.lease == lease.lease())
+        {
+            return Ok(Some(self.slot(group, *slot, holder, lease)?));
+        }
+        let Admission::Take(slot) = admit(&view.line(), place, group.limit) else {
+            return Ok(None);
+        };
+        let key = self.keys.group_slot(&group.name, slot);
+        let value = serde_json::to_vec(holder).map_err(|err| CoordError::Protocol(err.to_string()))?;
+        let mut when = vec![Compare::create_revision(key.as_str(), CompareOp::Equal, 0)];
+        let mut then = vec![TxnOp::put(
+            key.as_str(),
+            value,
+            Some(PutOptions::new().with_lease(lease.lease())),
+        )];
+        if let Some((_, place_key)) = waiting {
+            when.push(Compare::version(place_key.as_str(), CompareOp::Greater, 0));
+            then.push(TxnOp::delete(place_key.as_str(), None));
+        }
+        let txn = Txn::new().when(when).and_then(then);
+        let response = etcd::call(self.client.clone().txn(txn)).await?;
+        if !response.succeeded() {
+            return Ok(None);
+        }
+        Ok(Some(self.slot(group, slot, holder, lease)?))
+    }
+
+    /// Puts `holder`'s place in `group`'s line; returns its key.
+    async fn stand_in_line(
+        &self,
+        group: &Group,
+        holder: &Holder,
+        place: &Place,
+        lease: &Session,
+    ) -> Result<String, CoordError> {
+        let key = self.keys.group_waiting(&group.name, &place.segment());
+        let value = serde_json::to_vec(holder).map_err(|err| CoordError::Protocol(err.to_string()))?;
+        let options = PutOptions::new().with_lease(lease.lease());
+        etcd::call(self.client.clone().put(key.as_str(), value, Some(options))).await?;
+        Ok(key)
+    }
+
+    /// Takes `holder`'s place out of the line. A slot handed to it meanwhile is handed on.
+    async fn leave_line(self: &Arc<Self>, group: &Group, holder: &Holder, lease: &Session, key: &str) {
+        let txn = Txn::new()
+            .when([Compare::version(key, CompareOp::Greater, 0)])
+            .and_then([TxnOp::delete(key, None)]);
+        match etcd::call(self.client.clone().txn(txn)).await {
+            Ok(response) if response.succeeded() => return,
+            Ok(_) => {}
+            // Left in line, the place goes with the lease, or is handed a slot the holder of
+            // which then never starts: both end within the TTL.
+            Err(err) => {
+                tracing::debug!(error = %err, group = %group.name, "cannot leave the group's line; its place ends with the lease");
+                return;
+            }
+        }
+        // Gone from the line without this node taking it out: a slot was handed to it.
+        let read = etcd::call(self.client.clone().get(
+            self.keys.group_slots_prefix(&group.name),
+            Some(GetOptions::new().with_prefix()),
+        ))
+        .await;
+        let Ok(read) = read else { return };
+        for kv in read.kvs() {
+            let handed = serde_json::from_slice::<Holder>(kv.value()).is_ok_and(|held| held == *holder);
+            let slot = std::str::from_utf8(kv.key())
+                .ok()
+                .and_then(|key| self.keys.parse_group_key(key))
+                .and_then(|(_, what)| match what {
+                    GroupKey::Slot(slot) => Some(slot),
+                    GroupKey::Waiting(_) => None,
+                });
+            if let (true, Some(slot)) = (handed, slot) {
+                if let Ok(slot) = self.slot(group, slot, holder, lease) {
+                    slot.release().await;
+                }
+            }
+        }
+    }
+
+    fn slot(self: &Arc<Self>, group: &Group, slot: u32, holder: &Holder, lease: &Session) -> Result<Slot, CoordError> {
+        let value = serde_json::to_vec(holder).map_err(|err| CoordError::Protocol(err.to_string()))?;
+        Ok(Slot {
+            held: Some(Held {
+                groups: Arc::clone(self),
+                group: group.name.clone(),
+                slot,
+                value,
+                lease: lease.clone(),
+            }),
+        })
+    }
+
+    /// The lease slots and places live on: the current one while it holds by this node's
+    /// clock, else a new one.
+    async fn lease(&self) -> Result<Session, CoordError> {
+        let mut current = self.lease.lock().await;
+        if let Some(session) = current.as_ref().filter(|session| session.is_live()) {
+            return Ok(session.clone());
+        }
+        let session = Session::open_for(&self.client, self.ttl, &self.drained, Purpose::Slots).await?;
+        *current = Some(session.clone());
+        Ok(session)
+    }
+
+    /// The node's runs have ended: the lease of its slots is revoked.
+    pub(crate) async fn close(&self) {
+        self.drained.cancel();
+        if let Some(session) = self.lease.lock().await.take() {
+            session.close().await;
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, GroupView>> {
+        self.views.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// A slot held by one attempt. Released when the attempt's process group has ended; dropped
+/// unreleased (a run cancelled from outside), it is released by a task of its own.
+pub(crate) struct Slot {
+    held: Option<Held>,
+}
+
+struct Held {
+    groups: Arc<Groups>,
+    group: String,
+    slot: u32,
+    /// The slot key's value as this attempt holds it: a release changes the key only while it
+    /// still holds this, so a slot that lapsed and went to another attempt is left alone.
+    value: Vec<u8>,
+    lease: Session,
+}
+
+impl Slot {
+    /// Cancelled when the lease the slot lives on is lost: the attempt must stop, since the
+    /// slot may be another's by now.
+    pub(crate) fn lapsed(&self) -> CancellationToken {
+        self.held
+            .as_ref()
+            .map_or_else(CancellationToken::new, |held| held.lease.ended().clone())
+    }
+
+    /// Hands the slot to the first attempt in line, or frees it if none waits.
+    pub(crate) async fn release(mut self) {
+        if let Some(held) = self.held.take() {
+            held.release().await;
+        }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let Some(held) = self.held.take() {
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(held.release());
+            }
+        }
+    }
+}
+
+impl Held {
+    async fn release(self) {
+        let groups = &self.groups;
+        let key = groups.keys.group_slot(&self.group, self.slot);
+        let mine = || Compare::value(key.as_str(), CompareOp::Equal, self.value.clone());
+        // While the lease holds: once it is gone, so is the slot.
+        while self.lease.is_live() {
+            match self.hand_on(&key, mine()).await {
+                Ok(true) => return,
+                Ok(false) => continue,
+                Err(err) => {
+                    tracing::debug!(error = %err, group = %self.group, slot = self.slot, "cannot free the group slot yet; trying again");
+                    tokio::time::sleep(RETRY).await;
+                }
+            }
+        }
+    }
+
+    /// One try: hands the slot to the first in line, or frees it. `false` when the first in
+    /// line left before the hand-over: the next try looks again.
+    async fn hand_on(&self, key: &str, mine: Compare) -> Result<bool, CoordError> {
+        let groups = &self.groups;
+        let first = GetOptions::new().with_prefix().with_limit(1);
+        let line = groups.keys.group_waiting_prefix(&self.group);
+        let read = etcd::call(groups.client.clone().get(line, Some(first))).await?;
+        let Some(heir) = read.kvs().first() else {
+            let free = Txn::new().when([mine]).and_then([TxnOp::delete(key, None)]);
+            etcd::call(groups.client.clone().txn(free)).await?;
+            return Ok(true);
+        };
+        let handed = Txn::new()
+            .when([mine.clone(), Compare::version(heir.key(), CompareOp::Greater, 0)])
+            .and_then([
+                TxnOp::put(key, heir.value(), Some(PutOptions::new().with_lease(heir.lease()))),
+                TxnOp::delete(heir.key(), None),
+            ]);
+        if etcd::call(groups.client.clone().txn(handed)).await?.succeeded() {
+            tracing::debug!(group = %self.group, slot = self.slot, heir = %String::from_utf8_lossy(heir.key()), "handed the group slot to the first in line");
+            return Ok(true);
+        }
+        // Either the slot is no longer this attempt's (its lease lapsed) or the heir left.
+        let still = etcd::call(groups.client.clone().get(key, None)).await?;
+        let held = still
+            .kvs()
+            .first()
+            .is_some_and(|kv| kv.value() == self.value.as_slice());
+        Ok(!held)
+    }
+}
+
+/// The holder value of an attempt of `job` on `node`.
+pub(crate) fn holder(node: &str, job: &str, tick: DateTime<Utc>, fence: i64) -> Holder {
+    Holder {
+        node: node.to_string(),
+        job: job.to_string(),
+        tick,
+        fence,
+        since: crate::clock::now(),
+    }
+}

@@ -1,0 +1,248 @@
+//! Concurrency groups against a real etcd: at most `limit` runs of a group's jobs at once across
+//! the fleet, by the jobs' own start and end times; a tick that waits longer than the group's
+//! `wait` is recorded `group_full`; a dead node's slot is freed with its lease.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use shardcron::rules::record::Outcome;
+
+use crate::support::*;
+
+const TTL: u64 = 2;
+
+/// One grouped run as its job wrote it: when it started and ended, by the job's own clock.
+#[derive(Debug, Clone)]
+struct Span {
+    job: String,
+    tick: String,
+    node: String,
+    started: f64,
+    ended: f64,
+}
+
+/// A command that records its start as the world's runs do, runs `seconds`, and records its
+/// end in `ends`.
+fn lasting(world: &World, seconds: u32, ends: &Path) -> String {
+    format!(
+        "{}; sleep {seconds}; echo \"$CRON_JOB $CRON_SCHEDULED_AT $(date +%s.%N)\" >> {}",
+        world.record_command(),
+        ends.display()
+    )
+}
+
+/// Writes a config of `shards` with `groups` (TOML of `[groups.*]` tables) and `jobs` (name,
+/// schedule, extra TOML), every job running `command`; `pool_shards` 1 for jobs with `run_on`.
+fn write_grouped(world: &World, shards: u32, groups: &str, jobs: &[(String, &str, String)], command: &str) -> PathBuf {
+    let tables: Vec<(&str, &str, &str)> = jobs
+        .iter()
+        .map(|(name, schedule, extra)| (name.as_str(), *schedule, extra.as_str()))
+        .collect();
+    let path = world.write_config_running("jobs.toml", shards, TTL, &tables, command);
+    let text = std::fs::read_to_string(&path).expect("config");
+    let text = text.replacen("\n\n[etcd]", "\npool_shards = 1\n\n[etcd]", 1);
+    std::fs::write(&path, format!("{text}\n{groups}\n")).expect("config");
+    path
+}
+
+/// Every run that both started and ended, from the runs file and `ends`.
+fn spans(world: &World, ends: &Path) -> Vec<Span> {
+    let ended: BTreeMap<(String, String), f64> = std::fs::read_to_string(ends)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| {
+            let [job, tick, at] = line.split_whitespace().collect::<Vec<_>>()[..] else {
+                return None;
+            };
+            Some(((job.to_string(), tick.to_string()), at.parse().ok()?))
+        })
+        .collect();
+    world
+        .runs()
+        .into_iter()
+        .filter_map(|run| {
+            let tick = run.tick.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+            let ended = *ended.get(&(run.job.clone(), tick.clone()))?;
+            Some(Span {
+                job: run.job,
+                tick,
+                node: run.node,
+                started: run.started,
+                ended,
+            })
+        })
+        .collect()
+}
+
+/// The most spans going at one moment.
+fn most_at_once(spans: &[Span]) -> usize {
+    let mut edges: Vec<(f64, i32)> = spans
+        .iter()
+        .flat_map(|span| [(span.started, 1), (span.ended, -1)])
+        .collect();
+    // An end before a start at the same instant: a slot handed on is free first.
+    edges.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    let (mut going, mut most) = (0i32, 0i32);
+    for (_, change) in edges {
+        going += change;
+        most = most.max(going);
+    }
+    most as usize
+}
+
+#[test]
+fn a_group_of_two_runs_six_jobs_due_at_one_instant_two_at_a_time_across_three_nodes() {
+    let mut world = World::new();
+    let ends = world.runs_file().with_file_name("ends.log");
+    let names = job_names(6, 1);
+    let jobs: Vec<(String, &str, String)> = names
+        .iter()
+        .map(|name| (name.clone(), "*/20 * * * * *", "group = \"db\"".to_string()))
+        .collect();
+    let config = write_grouped(&world, 6, "[groups.db]\nlimit = 2", &jobs, &lasting(&world, 2, &ends));
+    step("start three nodes; every job is due every 20 s and runs 2 s, in a group of 2");
+    for node in ["a", "b", "c"] {
+        world.node(node, &config).start();
+    }
+    let started = now_secs();
+    wait_for(Duration::from_secs(70), "every job ran at two instants", || {
+        let spans = spans(&world, &ends);
+        names.iter().all(|name| {
+            spans
+                .iter()
+                .filter(|span| &span.job == name && span.started > started)
+                .count()
+                >= 2
+        })
+    });
+    let spans = spans(&world, &ends);
+    let most = most_at_once(&spans);
+    assert!(most <= 2, "{most} runs of the group went at once: {spans:#?}");
+    let nodes: std::collections::BTreeSet<&str> = spans.iter().map(|span| span.node.as_str()).collect();
+    let mut instants: BTreeMap<&str, Vec<&Span>> = BTreeMap::new();
+    for span in &spans {
+        instants.entry(span.tick.as_str()).or_default().push(span);
+    }
+    for (tick, mut runs) in instants {
+        runs.sort_by(|a, b| a.started.total_cmp(&b.started));
+        let jobs: Vec<&str> = runs.iter().map(|run| run.job.as_str()).collect();
+        // The two that found free slots start at once, in whichever order their leaders
+        // reached etcd; every run after them waited in the line, served by job name. Slots
+        // freed together are handed on together: those runs start within moments of each other.
+        let waited = &runs[2..];
+        for (earlier, later) in waited.iter().flat_map(|x| waited.iter().map(move |y| (x, y))) {
+            assert!(
+                earlier.job >= later.job || later.started >= earlier.started - 0.2,
+                "the line at {tick} was not served in order ({jobs:?}): {runs:#?}"
+            );
+        }
+    }
+    let drain: f64 = spans.iter().map(|span| span.ended).fold(0.0, f64::max)
+        - spans.iter().map(|span| span.started).fold(f64::MAX, f64::min);
+    eprintln!(
+        "{} grouped runs on nodes {nodes:?}: at most {most} at once; {drain:.1} s from the first start to the last end",
+        spans.len()
+    );
+}
+
+#[test]
+fn a_tick_that_waits_longer_than_the_groups_wait_is_recorded_group_full() {
+    let mut world = World::new();
+    let ends = world.runs_file().with_file_name("ends.log");
+    let jobs = vec![
+        ("hog".to_string(), "*/10 * * * * *", "group = \"one\"".to_string()),
+        ("victim".to_string(), "2-59/10 * * * * *", "group = \"one\"".to_string()),
+    ];
+    let config = write_grouped(
+        &world,
+        2,
+        "[groups.one]\nlimit = 1\nwait = \"1s\"",
+        &jobs,
+        &lasting(&world, 5, &ends),
+    );
+    step("hog holds the group's only slot for 5 s from each tenth second; victim is due 2 s in");
+    world.node("a", &config).start();
+    world.node("b", &config).start();
+    wait_for(Duration::from_secs(40), "victim's tick recorded group_full", || {
+        last_run(&world.status(&config), "victim").is_some_and(|run| run.outcome == Outcome::GroupFull)
+    });
+    let victim = last_run(&world.status(&config), "victim").expect("a record");
+    assert_eq!(victim.attempts, 0, "a tick that got no slot never started");
+    assert!(
+        !world
+            .runs()
+            .iter()
+            .any(|run| run.job == "victim" && run.tick == victim.scheduled_at),
+        "the group_full tick did not run"
+    );
+}
+
+#[test]
+fn a_slot_held_by_a_node_killed_with_sigkill_is_free_within_the_ttl() {
+    let mut world = World::new();
+    let ends = world.runs_file().with_file_name("ends.log");
+    let jobs = vec![
+        (
+            "on-a".to_string(),
+            "*/15 * * * * *",
+            "group = \"one\"\nrun_on = [\"a\"]".to_string(),
+        ),
+        (
+            "on-b".to_string(),
+            "*/15 * * * * *",
+            "group = \"one\"\nrun_on = [\"b\"]".to_string(),
+        ),
+    ];
+    let config = write_grouped(&world, 1, "[groups.one]\nlimit = 1", &jobs, &lasting(&world, 8, &ends));
+    step("on-a runs only on a, on-b only on b; both due every 15 s, 8 s long, in a group of 1");
+    world.node("a", &config).args(&["--tags", "a"]).start();
+    world.node("b", &config).args(&["--tags", "b"]).start();
+    wait_for(Duration::from_secs(40), "one of them started", || {
+        world.runs().iter().any(|run| run.job.starts_with("on-"))
+    });
+    let first = world
+        .runs()
+        .into_iter()
+        .find(|run| run.job.starts_with("on-"))
+        .expect("a run");
+    let (holder, waiter) = match first.job.as_str() {
+        "on-a" => (0, "on-b"),
+        _ => (1, "on-a"),
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        !world
+            .runs()
+            .iter()
+            .any(|run| run.job == waiter && run.tick == first.tick),
+        "{waiter} started beside the slot's holder"
+    );
+    step(&format!(
+        "SIGKILL the node running {} while it holds the slot",
+        first.job
+    ));
+    world.nodes[holder].signal(libc::SIGKILL);
+    let killed_at = now_secs();
+    wait_for(Duration::from_secs(TTL + 4), "the waiter started", || {
+        world
+            .runs()
+            .iter()
+            .any(|run| run.job == waiter && run.tick == first.tick)
+    });
+    let started = world
+        .runs()
+        .into_iter()
+        .find(|run| run.job == waiter && run.tick == first.tick)
+        .expect("its run")
+        .started;
+    eprintln!(
+        "{waiter} started {:.2} s after the slot's holder was killed (TTL {TTL} s)",
+        started - killed_at
+    );
+    assert!(
+        started - killed_at <= TTL as f64 + 1.0,
+        "the slot was free only {:.2} s after the kill",
+        started - killed_at
+    );
+}
