@@ -41,6 +41,7 @@ pub fn status(args: &StatusArgs) -> Result<()> {
             &config.cluster,
             &config.elections,
             &config.digest,
+            &config.groups,
             jobs,
             &cluster.client,
         )

@@ -94,41 +94,57 @@ impl Mirror for Groups {
     }
 
     fn apply(&self, keys: &Keys, key: &[u8], put: Option<Put>) {
-        let Some((group, what)) = std::str::from_utf8(key).ok().and_then(|key| keys.parse_group_key(key)) else {
-            return;
-        };
-        let kept = put.and_then(|put| {
-            let holder = serde_json::from_slice::<Holder>(put.value).ok()?;
-            Some(Kept {
-                holder,
-                lease: put.lease,
-            })
-        });
-        {
-            let mut views = self.lock();
-            let view = views.entry(group.to_string()).or_default();
-            match (what, kept) {
-                (GroupKey::Slot(slot), Some(kept)) => {
-                    view.slots.insert(slot, kept);
-                }
-                (GroupKey::Slot(slot), None) => {
-                    view.slots.remove(&slot);
-                }
-                (GroupKey::Waiting(segment), kept) => {
-                    if let Some(place) = Place::parse(segment) {
-                        match kept {
-                            Some(kept) => view.waiting.insert(place, kept),
-                            None => view.waiting.remove(&place),
-                        };
-                    }
-                }
-            }
-            if view.slots.is_empty() && view.waiting.is_empty() {
-                views.remove(group);
-            }
-        }
+        apply_to(&mut self.lock(), keys, key, put);
         self.changed.notify_waiters();
     }
+}
+
+/// Puts a key under [`Keys::groups_prefix`] that was put (`Some`) or deleted into `views`.
+fn apply_to(views: &mut HashMap<String, GroupView>, keys: &Keys, key: &[u8], put: Option<Put>) {
+    let Some((group, what)) = std::str::from_utf8(key).ok().and_then(|key| keys.parse_group_key(key)) else {
+        return;
+    };
+    let kept = put.and_then(|put| {
+        let holder = serde_json::from_slice::<Holder>(put.value).ok()?;
+        Some(Kept {
+            holder,
+            lease: put.lease,
+        })
+    });
+    let view = views.entry(group.to_string()).or_default();
+    match (what, kept) {
+        (GroupKey::Slot(slot), Some(kept)) => {
+            view.slots.insert(slot, kept);
+        }
+        (GroupKey::Slot(slot), None) => {
+            view.slots.remove(&slot);
+        }
+        (GroupKey::Waiting(segment), kept) => {
+            if let Some(place) = Place::parse(segment) {
+                match kept {
+                    Some(kept) => view.waiting.insert(place, kept),
+                    None => view.waiting.remove(&place),
+                };
+            }
+        }
+    }
+    if view.slots.is_empty() && view.waiting.is_empty() {
+        views.remove(group);
+    }
+}
+
+/// Every group's slots and line as etcd holds them now, for `status`.
+pub(crate) async fn read_views(client: &Client, keys: &Keys) -> Result<HashMap<String, GroupView>, CoordError> {
+    let (read, _) = etcd::read_prefix(client, &keys.groups_prefix()).await?;
+    let mut views = HashMap::new();
+    for kv in &read {
+        let put = Put {
+            value: kv.value(),
+            lease: kv.lease(),
+        };
+        apply_to(&mut views, keys, kv.key(), Some(put));
+    }
+    Ok(views)
 }
 
 /// Why an attempt stopped waiting for a slot, as its caller said.

@@ -32,7 +32,7 @@ fn the_dashboard_shows_the_fleet_and_its_trigger_button_runs_a_job() {
         4,
         2,
         &[
-            ("heartbeat", "*/2 * * * * *", ""),
+            ("heartbeat", "*/2 * * * * *", "group = \"db\""),
             ("nightly-backup", "30 2 * * *", "timezone = \"Europe/Berlin\""),
             ("hourly-report", "H * * * *", ""),
             // Only ever runs when asked: its last run is the one the button asked for.
@@ -42,7 +42,8 @@ fn the_dashboard_shows_the_fleet_and_its_trigger_button_runs_a_job() {
         ],
     );
     let text = std::fs::read_to_string(&config).expect("config");
-    std::fs::write(&config, text.replacen("\n\n[etcd]", "\npool_shards = 1\n\n[etcd]", 1)).expect("config");
+    let text = text.replacen("\n\n[etcd]", "\npool_shards = 1\n\n[etcd]", 1);
+    std::fs::write(&config, format!("{text}\n[groups.db]\nlimit = 1\nwait = \"30s\"\n")).expect("config");
     let port = shardcron::etcd_server::free_port().expect("port");
     world
         .node("node-a", &config)
@@ -105,6 +106,16 @@ fn the_dashboard_shows_the_fleet_and_its_trigger_button_runs_a_job() {
         "train-model shown without an eligible node",
         Duration::from_secs(10),
         |text| text.contains("pool gpu") && text.contains("no eligible node"),
+    );
+
+    let groups = browser.wait_for_text("#groups", "the db group shown", Duration::from_secs(10), |text| {
+        text.contains("db") && text.contains("waits 30s")
+    });
+    assert!(groups.contains('1'), "the group's limit not shown:\n{groups}");
+    let heartbeat = browser.text("[data-job=\"heartbeat\"] .name");
+    assert!(
+        heartbeat.contains("group db"),
+        "heartbeat's group not shown: {heartbeat}"
     );
 
     browser.click("[data-job=\"yearly-cleanup\"] button[data-action=\"trigger\"]");

@@ -75,6 +75,20 @@ fn spans(world: &World, ends: &Path) -> Vec<Span> {
         .collect()
 }
 
+/// What `shardcron` prints to stdout with `args`, which must succeed.
+fn shardcron_output(args: &[&str]) -> String {
+    let out = std::process::Command::new(SHARDCRON)
+        .args(args)
+        .output()
+        .expect("run shardcron");
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// The most spans going at one moment.
 fn most_at_once(spans: &[Span]) -> usize {
     let mut edges: Vec<(f64, i32)> = spans
@@ -102,9 +116,9 @@ fn a_group_of_two_runs_six_jobs_due_at_one_instant_two_at_a_time_across_three_no
         .collect();
     let config = write_grouped(&world, 6, "[groups.db]\nlimit = 2", &jobs, &lasting(&world, 2, &ends));
     step("start three nodes; every job is due every 20 s and runs 2 s, in a group of 2");
-    for node in ["a", "b", "c"] {
-        world.node(node, &config).start();
-    }
+    world.node("a", &config).start();
+    world.node("b", &config).start();
+    let port = world.node("c", &config).start_serving();
     let started = now_secs();
     wait_for(Duration::from_secs(70), "every job ran at two instants", || {
         let spans = spans(&world, &ends);
@@ -138,6 +152,19 @@ fn a_group_of_two_runs_six_jobs_due_at_one_instant_two_at_a_time_across_three_no
             );
         }
     }
+    step("every run ended: the group's slots are all free again");
+    let gauge = |name: &str| {
+        sample(
+            &http_get(port, "/metrics").1,
+            &format!("shardcron_group_{name}{{group=\"db\"}}"),
+        )
+    };
+    assert_eq!(gauge("limit"), Some(2.0));
+    wait_for(
+        Duration::from_secs(20),
+        "no slot held and nobody waiting between instants",
+        || gauge("running") == Some(0.0) && gauge("waiting") == Some(0.0),
+    );
     let drain: f64 = spans.iter().map(|span| span.ended).fold(0.0, f64::max)
         - spans.iter().map(|span| span.started).fold(f64::MAX, f64::min);
     eprintln!(
@@ -210,7 +237,23 @@ fn a_slot_held_by_a_node_killed_with_sigkill_is_free_within_the_ttl() {
         "on-a" => (0, "on-b"),
         _ => (1, "on-a"),
     };
-    std::thread::sleep(Duration::from_millis(500));
+    wait_for(
+        Duration::from_secs(5),
+        "status shows the holder and the waiter in line",
+        || {
+            let status = world.status(&config);
+            status.groups.first().is_some_and(|group| {
+                group.running == 1
+                    && group.holders.first().is_some_and(|holder| holder.job == first.job)
+                    && group.line.first().is_some_and(|waiting| waiting.job == waiter)
+            })
+        },
+    );
+    let text = shardcron_output(&["status", "--config", config.to_str().expect("path")]);
+    assert!(
+        text.contains("GROUP") && text.contains(&format!("{}@", first.job)) && text.contains("group=one"),
+        "{text}"
+    );
     assert!(
         !world
             .runs()

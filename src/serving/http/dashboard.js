@@ -79,6 +79,9 @@ function render() {
   ];
   if (drifting) chips.push([`${drifting} with config drift`, 'bad']);
   if (unserved) chips.push([`${unserved} without an eligible node`, 'bad']);
+  const groups = status.groups || [];
+  const full = groups.filter((g) => g.running >= g.limit).length;
+  if (full) chips.push([`${full} group${full === 1 ? '' : 's'} full`, 'warn']);
   $('#summary').replaceChildren(...chips.map(([text, cls]) => el('li', { class: cls || null, text })));
 
   $('#nodes tbody').replaceChildren(...nodes.map((n) => el('tr', null,
@@ -103,6 +106,21 @@ function render() {
     el('td', { class: 'num', text: s.term == null ? '—' : String(s.term) }),
     el('td', { class: 'num', text: String(s.standby) }),
     el('td', { 'data-label': 'pool' }, s.pool ? el('code', { text: s.pool }) : el('span', { class: 'muted', text: '—' })))));
+
+  $('#groups-section').hidden = !groups.length;
+  $('#groups tbody').replaceChildren(...groups.map((g) => el('tr', { 'data-group': g.name },
+    el('td', null, el('code', { text: g.name }),
+      el('span', { class: 'sub', text: g.wait ? `waits ${g.wait}` : 'waits until the next tick' })),
+    el('td', { 'data-label': 'running', class: g.running >= g.limit ? 'num warn' : 'num', text: String(g.running) }),
+    el('td', { 'data-label': 'limit', class: 'num', text: String(g.limit) }),
+    el('td', { 'data-label': 'waiting', class: g.waiting ? 'num warn' : 'num', text: String(g.waiting) }),
+    el('td', { 'data-label': 'holders', class: 'tags' },
+      ...(g.holders.length
+        ? g.holders.flatMap((h, i) => {
+          const holder = el('code', { text: `${h.job}@${h.node}`, title: `tick ${when(h.tick)}, since ${when(h.since)}` });
+          return i ? [', ', holder] : [holder];
+        })
+        : [el('span', { class: 'muted', text: '—' })])))));
 
   renderJobs();
 }
@@ -132,7 +150,7 @@ function outcome(run) {
   if (run.outcome === 'exited') {
     return run.exit_code === 0 ? ['success', 'ok'] : [`failed (exit ${run.exit_code ?? '?'})`, 'bad'];
   }
-  const quiet = ['replaced', 'skipped', 'paused'].includes(run.outcome);
+  const quiet = ['replaced', 'skipped', 'paused', 'group_full'].includes(run.outcome);
   return [run.outcome.replace('_', ' '), quiet ? 'warn' : 'bad'];
 }
 
@@ -141,6 +159,7 @@ function fillRow(tr, job) {
   const set = (i, ...nodes) => tr.cells[i].replaceChildren(el('div', null, ...nodes));
   const where = [job.pool ? `pool ${job.pool} · shard ${job.shard}` : `shard ${job.shard}`];
   if (job.fan_out === 'all') where.push('every eligible node');
+  if (job.group) where.push(`group ${job.group}`);
   set(0, job.name, el('span', { class: 'sub', text: where.join(' · ') }),
     ...(job.no_eligible_node ? [el('span', { class: 'bad', text: unservedText(job.no_eligible_node) })] : []));
   set(1, el('code', { text: job.schedule }), el('span', { class: 'sub', text: job.timezone }));

@@ -20,9 +20,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::clock;
 use crate::coord::etcd::{self, CoordError};
+use crate::coord::groups::{GroupView, Kept};
 use crate::coord::keys::{JobRecord, Keys};
 use crate::coord::pauses::{self, Pause};
-use crate::rules::config::{Cluster, Job};
+use crate::rules::config::{Cluster, GroupsByName, Job};
 use crate::rules::pools::{Elections, FanOut, Tags};
 use crate::rules::record::{Claim, RunRecord};
 
@@ -35,7 +36,44 @@ pub struct Status {
     pub digest: String,
     pub nodes: Vec<NodeStatus>,
     pub shards: Vec<ShardStatus>,
+    /// The config's concurrency groups, by name; absent when it has none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<GroupStatus>,
     pub jobs: Vec<JobStatus>,
+}
+
+/// A concurrency group as etcd shows it: its limit, the attempts holding its slots and those
+/// waiting in its line, fleet-wide.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GroupStatus {
+    pub name: String,
+    pub limit: u32,
+    /// How long a tick waits for a slot (humantime, e.g. `"1m 30s"`); `null`: until the job's
+    /// next tick.
+    pub wait: Option<String>,
+    pub running: usize,
+    pub waiting: usize,
+    /// Who holds each slot, by slot number.
+    pub holders: Vec<GroupMember>,
+    /// The line, first in line first: at most [`LINE_SHOWN`] of it.
+    pub line: Vec<GroupMember>,
+}
+
+/// At most this many waiting attempts of a group are listed: `waiting` counts them all.
+pub const LINE_SHOWN: usize = 100;
+
+/// An attempt holding a group's slot, or waiting in its line.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GroupMember {
+    pub job: String,
+    pub node: String,
+    pub tick: DateTime<Utc>,
+    pub fence: i64,
+    /// When it started to wait.
+    pub since: DateTime<Utc>,
+    /// The slot it holds; absent for an attempt in line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slot: Option<u32>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -104,6 +142,9 @@ pub struct JobStatus {
     pub pool: Option<String>,
     #[serde(default)]
     pub fan_out: FanOut,
+    /// The job's concurrency group; absent for a job in none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
     /// Set when no live node has all the job's `run_on` tags: nobody runs it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub no_eligible_node: Option<NoEligibleNode>,
@@ -142,6 +183,8 @@ pub struct Document<J: Borrow<Job>> {
     digest: String,
     nodes: Vec<NodeStatus>,
     shards: Vec<ShardStatus>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    groups: Vec<GroupStatus>,
     jobs: LazyJobs<J>,
 }
 
@@ -155,6 +198,7 @@ impl<J: Borrow<Job>> Document<J> {
             digest: self.digest,
             nodes: self.nodes,
             shards: self.shards,
+            groups: self.groups,
             jobs,
         }
     }
@@ -203,15 +247,21 @@ fn run_on_sets<'j>(jobs: impl Iterator<Item = &'j Job>) -> Vec<Tags> {
     sets.into_iter().cloned().collect()
 }
 
-/// Reads what `status` shows, for `jobs` of a file with `digest`, to be written as JSON.
+/// Reads what `status` shows, for `jobs` of a file with `digest` and `groups`, to be written as
+/// JSON.
 pub async fn read_document<J: Borrow<Job>>(
     cluster: &Cluster,
     elections: &Arc<Elections>,
     digest: &str,
+    groups: &GroupsByName,
     jobs: Vec<J>,
     client: &etcd_client::Client,
 ) -> Result<Document<J>, CoordError> {
     let keys = Keys::new(&cluster.name);
+    let groups = match groups.is_empty() {
+        true => Vec::new(),
+        false => group_statuses(groups, crate::coord::groups::read_views(client, &keys).await?),
+    };
     let run_on = run_on_sets(jobs.iter().map(Borrow::borrow));
     let fleet = fleet::read(cluster, elections, &run_on, digest, client).await?;
     // In pages, keeping only the parsed records: one unpaged read fails past 4 MiB (about
@@ -240,6 +290,7 @@ pub async fn read_document<J: Borrow<Job>>(
         digest: digest.to_string(),
         nodes: fleet.nodes,
         shards: fleet.shards,
+        groups,
         jobs: LazyJobs {
             jobs,
             records: RefCell::new(records),
@@ -251,6 +302,42 @@ pub async fn read_document<J: Borrow<Job>>(
             },
         },
     })
+}
+
+/// Each of `configured` as the `views` read from etcd show it.
+fn group_statuses(configured: &GroupsByName, mut views: HashMap<String, GroupView>) -> Vec<GroupStatus> {
+    let member = |kept: &Kept, slot: Option<u32>| GroupMember {
+        job: kept.holder.job.clone(),
+        node: kept.holder.node.clone(),
+        tick: kept.holder.tick,
+        fence: kept.holder.fence,
+        since: kept.holder.since,
+        slot,
+    };
+    configured
+        .values()
+        .map(|group| {
+            let view = views.remove(&group.name).unwrap_or_default();
+            GroupStatus {
+                name: group.name.clone(),
+                limit: group.limit,
+                wait: group.wait.map(|wait| humantime::format_duration(wait).to_string()),
+                running: view.slots.len(),
+                waiting: view.waiting.len(),
+                holders: view
+                    .slots
+                    .iter()
+                    .map(|(slot, kept)| member(kept, Some(*slot)))
+                    .collect(),
+                line: view
+                    .waiting
+                    .values()
+                    .take(LINE_SHOWN)
+                    .map(|kept| member(kept, None))
+                    .collect(),
+            }
+        })
+        .collect()
 }
 
 /// Range reads per transaction of [`read_jobs`]: etcd refuses more than 128 operations in one.
@@ -377,6 +464,7 @@ fn job_status(job: &Job, records: &mut Records, seen: &Seen) -> JobStatus {
         shard: election.map_or(job.shard, |election| election.shard()),
         pool,
         fan_out: job.fan_out,
+        group: job.group.as_ref().map(|group| group.name.clone()),
         no_eligible_node,
         instances,
         timezone: job.schedule.zone().to_string(),

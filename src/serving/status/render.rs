@@ -8,13 +8,45 @@ use crate::text_table;
 /// The human-readable form: nodes, shard leaders and jobs as aligned tables.
 pub fn render(status: &Status) -> String {
     format!(
-        "cluster {} ({} shards, config digest {})\n\n{}\n{}\n{}",
+        "cluster {} ({} shards, config digest {})\n\n{}\n{}\n{}{}",
         status.cluster,
         status.shard_count,
         status.digest,
         nodes_table(status),
         shards_table(status),
+        groups_table(status),
         jobs_table(status)
+    )
+}
+
+/// The concurrency groups, when the config has any: nothing otherwise, so the output reads as
+/// it did before groups.
+fn groups_table(status: &Status) -> String {
+    if status.groups.is_empty() {
+        return String::new();
+    }
+    let groups: Vec<Vec<String>> = status
+        .groups
+        .iter()
+        .map(|group| {
+            let holders: Vec<String> = group
+                .holders
+                .iter()
+                .map(|holder| format!("{}@{}", holder.job, holder.node))
+                .collect();
+            vec![
+                group.name.clone(),
+                group.limit.to_string(),
+                group.running.to_string(),
+                group.waiting.to_string(),
+                group.wait.clone().unwrap_or_else(|| "next tick".to_string()),
+                if holders.is_empty() { dash() } else { holders.join(",") },
+            ]
+        })
+        .collect();
+    format!(
+        "{}\n",
+        text_table::table(&["GROUP", "LIMIT", "RUNNING", "WAITING", "WAIT", "HOLDERS"], &groups)
     )
 }
 
@@ -116,10 +148,15 @@ fn jobs_table(status: &Status) -> String {
 }
 
 fn job_row(job: &JobStatus, claim: Option<&Claim>, run: Option<&RunRecord>, node: Option<&String>) -> Vec<String> {
-    let note = match (&job.no_eligible_node, job.fan_out) {
+    let placement = match (&job.no_eligible_node, job.fan_out) {
         (Some(unserved), _) => unserved_note(unserved),
         (None, FanOut::All) => "fan_out=all".to_string(),
         (None, FanOut::One) => String::new(),
+    };
+    let note = match &job.group {
+        Some(group) if placement.is_empty() => format!("group={group}"),
+        Some(group) => format!("{placement}, group={group}"),
+        None => placement,
     };
     vec![
         job.name.clone(),

@@ -37,14 +37,24 @@ pub(in crate::serving::http) async fn status(
         .reads
         .status(with_jobs, async {
             let jobs = if with_jobs { jobs_by_name(exposed) } else { Vec::new() };
-            let (digest, elections) = {
+            let (digest, elections, groups) = {
                 let loaded = exposed.jobs.borrow();
-                (loaded.digest.clone(), Arc::clone(&loaded.elections))
+                (
+                    loaded.digest.clone(),
+                    Arc::clone(&loaded.elections),
+                    loaded.groups.clone(),
+                )
             };
-            let status =
-                crate::serving::status::read_document(&app.cluster, &elections, &digest, jobs, &exposed.client)
-                    .await
-                    .map_err(etcd_failed)?;
+            let status = crate::serving::status::read_document(
+                &app.cluster,
+                &elections,
+                &digest,
+                &groups,
+                jobs,
+                &exposed.client,
+            )
+            .await
+            .map_err(etcd_failed)?;
             // Tens of megabytes at 100,000 jobs: not on a runtime thread that fires ticks.
             tokio::task::spawn_blocking(move || serde_json::to_vec(&status))
                 .await
