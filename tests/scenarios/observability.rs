@@ -39,6 +39,9 @@ pub(crate) const KNOWN_METRICS: &[&str] = &[
     "shardcron_job_last_success_timestamp_seconds",
     "shardcron_job_next_run_timestamp_seconds",
     "shardcron_job_interval_seconds",
+    "shardcron_group_limit",
+    "shardcron_group_running",
+    "shardcron_group_waiting",
 ];
 
 /// The histograms among [`KNOWN_METRICS`]: a query names their series, never the bare name.
