@@ -62,7 +62,7 @@ fn spans(world: &World, ends: &Path) -> Vec<Span> {
         .runs()
         .into_iter()
         .filter_map(|run| {
-            let tick = run.tick.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+            let tick = format_tick(run.tick);
             let ended = *ended.get(&(run.job.clone(), tick.clone()))?;
             Some(Span {
                 job: run.job,
@@ -205,9 +205,18 @@ fn a_tick_that_waits_longer_than_the_groups_wait_is_recorded_group_full() {
     );
 }
 
-#[test]
-fn a_slot_held_by_a_node_killed_with_sigkill_is_free_within_the_ttl() {
-    let mut world = World::new();
+/// Two nodes, a (tagged a) and b (tagged b), each the only one to run its job of a group of 1:
+/// both due every 15 s, 8 s long. Once one holds the slot and the other waits in line (as
+/// `status` shows): the holder's first run, the holder node's index, and the waiting job.
+struct Held {
+    config: PathBuf,
+    ends: PathBuf,
+    first: Run,
+    holder: usize,
+    waiter: &'static str,
+}
+
+fn one_holds_the_other_waits(world: &mut World) -> Held {
     let ends = world.runs_file().with_file_name("ends.log");
     let jobs = vec![
         (
@@ -221,7 +230,7 @@ fn a_slot_held_by_a_node_killed_with_sigkill_is_free_within_the_ttl() {
             "group = \"one\"\nrun_on = [\"b\"]".to_string(),
         ),
     ];
-    let config = write_grouped(&world, 1, "[groups.one]\nlimit = 1", &jobs, &lasting(&world, 8, &ends));
+    let config = write_grouped(world, 1, "[groups.one]\nlimit = 1", &jobs, &lasting(world, 8, &ends));
     step("on-a runs only on a, on-b only on b; both due every 15 s, 8 s long, in a group of 1");
     world.node("a", &config).args(&["--tags", "a"]).start();
     world.node("b", &config).args(&["--tags", "b"]).start();
@@ -261,26 +270,36 @@ fn a_slot_held_by_a_node_killed_with_sigkill_is_free_within_the_ttl() {
             .any(|run| run.job == waiter && run.tick == first.tick),
         "{waiter} started beside the slot's holder"
     );
+    Held {
+        config,
+        ends,
+        first,
+        holder,
+        waiter,
+    }
+}
+
+/// When `job`'s run of `tick` started, once it has, waiting at most `limit`.
+fn started_within(world: &World, job: &str, tick: chrono::DateTime<chrono::Utc>, limit: Duration) -> f64 {
+    let find = || world.runs().into_iter().find(|run| run.job == job && run.tick == tick);
+    wait_for(limit, &format!("{job} started its run of {tick}"), || find().is_some());
+    find().expect("its run").started
+}
+
+#[test]
+fn a_slot_held_by_a_node_killed_with_sigkill_is_free_within_the_ttl() {
+    let mut world = World::new();
+    let held = one_holds_the_other_waits(&mut world);
     step(&format!(
         "SIGKILL the node running {} while it holds the slot",
-        first.job
+        held.first.job
     ));
-    world.nodes[holder].signal(libc::SIGKILL);
+    world.nodes[held.holder].signal(libc::SIGKILL);
     let killed_at = now_secs();
-    wait_for(Duration::from_secs(TTL + 4), "the waiter started", || {
-        world
-            .runs()
-            .iter()
-            .any(|run| run.job == waiter && run.tick == first.tick)
-    });
-    let started = world
-        .runs()
-        .into_iter()
-        .find(|run| run.job == waiter && run.tick == first.tick)
-        .expect("its run")
-        .started;
+    let started = started_within(&world, held.waiter, held.first.tick, Duration::from_secs(TTL + 4));
     eprintln!(
-        "{waiter} started {:.2} s after the slot's holder was killed (TTL {TTL} s)",
+        "{} started {:.2} s after the slot's holder was killed (TTL {TTL} s)",
+        held.waiter,
         started - killed_at
     );
     assert!(
@@ -288,4 +307,48 @@ fn a_slot_held_by_a_node_killed_with_sigkill_is_free_within_the_ttl() {
         "the slot was free only {:.2} s after the kill",
         started - killed_at
     );
+}
+
+/// The documented rule for a node that stalls past its TTL while its run holds a slot: the
+/// slot lapses with the lease and goes to the next in line; the stalled node cannot stop its
+/// run while it is stopped (the limit is passed meanwhile), and kills it the moment it wakes,
+/// recorded `killed`.
+#[test]
+fn a_node_stopped_past_its_ttl_loses_its_slot_and_kills_its_run_when_it_wakes() {
+    let mut world = World::new();
+    let held = one_holds_the_other_waits(&mut world);
+    step(&format!("SIGSTOP the node running {} for TTL + 2 s", held.first.job));
+    world.nodes[held.holder].signal(libc::SIGSTOP);
+    let stopped_at = now_secs();
+    let started = started_within(&world, held.waiter, held.first.tick, Duration::from_secs(TTL + 4));
+    eprintln!(
+        "{} started {:.2} s after the slot's holder was stopped (TTL {TTL} s)",
+        held.waiter,
+        started - stopped_at
+    );
+    let wake = Duration::from_secs_f64((stopped_at + TTL as f64 + 2.0 - now_secs()).max(0.0));
+    std::thread::sleep(wake);
+    step("SIGCONT: the node finds its slot lease expired and kills its run");
+    world.nodes[held.holder].signal(libc::SIGCONT);
+    wait_for(Duration::from_secs(15), "the stalled run recorded killed", || {
+        last_run(&world.status(&held.config), &held.first.job)
+            .is_some_and(|run| run.scheduled_at == held.first.tick && run.outcome == Outcome::Killed)
+    });
+    let ended = spans(&world, &held.ends);
+    assert!(
+        !ended
+            .iter()
+            .any(|span| span.job == held.first.job && span.tick == format_tick(held.first.tick)),
+        "the stalled run went on to its end instead of being killed: {ended:#?}"
+    );
+    assert!(
+        world.nodes[held.holder]
+            .log_text()
+            .contains("the lease of its group slot is lost"),
+        "the node did not say why it killed the run"
+    );
+}
+
+fn format_tick(tick: chrono::DateTime<chrono::Utc>) -> String {
+    tick.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }
