@@ -117,6 +117,8 @@ pub fn heir(line: &Line) -> Option<&Place> {
 }
 
 #[cfg(test)]
+mod model;
+#[cfg(test)]
 mod tests {
     use super::*;
 
