@@ -24,6 +24,7 @@
 //! cargo bench --bench bench -- pools        # 16 pools × 64 shards over 10 tagged nodes
 //! cargo bench --bench bench -- fan-out      # fan_out = "all": 100 and 10 per-second jobs on each of 10 nodes
 //! cargo bench --bench bench -- read-path    # status, the API and the dashboard at 100,000 jobs that have run
+//! cargo bench --bench bench -- groups       # 1,000 jobs of a group of 50 due at one instant over 3 nodes
 //! ```
 
 // The benchmarks use a subset of the test harness.
@@ -45,6 +46,8 @@ mod drain;
 mod etcd_cost;
 #[path = "sections/failover.rs"]
 mod failover;
+#[path = "sections/groups.rs"]
+mod groups;
 #[path = "sections/kills.rs"]
 mod kills;
 #[path = "sections/lateness.rs"]
@@ -117,6 +120,9 @@ fn main() {
         for jobs in [100, 10] {
             pools::bench_fan_out(10, jobs);
         }
+    }
+    if wants("groups") {
+        groups::bench_groups(1_000, 50, 3, 0.5, 10);
     }
     if wants("read-path") {
         read_path::bench_read_path(100_000);

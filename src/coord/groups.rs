@@ -10,13 +10,13 @@
 //!
 //! Every node mirrors the groups' keys; an attempt waiting in line wakes on each change.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
+use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -24,11 +24,15 @@ use crate::coord::etcd::{self, CoordError};
 use crate::coord::keys::{GroupKey, Keys};
 use crate::coord::mirror::{Mirror, Put};
 use crate::coord::session::{Purpose, Session};
-use crate::rules::groups::{admit, Admission, Group, Holder, Line, Place};
+use crate::rules::groups::{admit_counted, Admission, Group, Holder, Place};
 
 /// How often a waiting attempt looks at its group again without a change seen: a watch that
 /// failed and is being restarted delivers nothing meanwhile.
 const LOOK_AGAIN: Duration = Duration::from_secs(1);
+
+/// How many slots an attempt tries to take in a row, each refused take telling it which are
+/// held, before it stands in line.
+const TAKE_TRIES: usize = 3;
 
 /// How often a failed etcd call of a waiting or ending attempt is tried again.
 const RETRY: Duration = Duration::from_millis(200);
@@ -48,13 +52,6 @@ pub(crate) struct Kept {
 }
 
 impl GroupView {
-    fn line(&self) -> Line {
-        Line {
-            held: self.slots.keys().copied().collect(),
-            waiting: self.waiting.keys().cloned().collect(),
-        }
-    }
-
     /// Who holds the slots, for a log line: `job@node` each, at most `max` of them.
     pub(crate) fn holders(&self, max: usize) -> String {
         let mut named: Vec<String> = self
@@ -145,6 +142,22 @@ pub(crate) async fn read_views(client: &Client, keys: &Keys) -> Result<HashMap<S
         apply_to(&mut views, keys, kv.key(), Some(put));
     }
     Ok(views)
+}
+
+/// A number of an attempt's own, to pick a free slot others at the same instant do not.
+fn spread_of(place: &Place) -> usize {
+    seahash::hash(place.segment().as_bytes()) as usize
+}
+
+/// What a looking attempt does.
+enum Decision {
+    Handed(u32),
+    /// Take this slot; `ahead` attempts wait ahead in line.
+    Take {
+        slot: u32,
+        ahead: usize,
+    },
+    Wait,
 }
 
 /// Why an attempt stopped waiting for a slot, as its caller said.
@@ -249,35 +262,84 @@ impl Groups {
         lease: &Session,
         waiting: Option<&(Session, String)>,
     ) -> Result<Option<Slot>, CoordError> {
-        let view = self.view(&group.name);
+        let (mut slot, ahead) = match self.decide(group, holder, place, lease.lease(), waiting.is_some()) {
+            Decision::Handed(slot) => return Ok(Some(self.slot(group, slot, holder, lease)?)),
+            Decision::Take { slot, ahead } => (slot, ahead),
+            Decision::Wait => return Ok(None),
+        };
+        let value = serde_json::to_vec(holder).map_err(|err| CoordError::Protocol(err.to_string()))?;
+        let slots = self.keys.group_slots_prefix(&group.name);
+        // The mirror lags behind etcd: a slot it shows free may be taken already. A refused take
+        // reads which are held in the same round trip and tries a slot free by that read, so an
+        // attempt stands in line only when the group is full, and is then handed a slot (two
+        // writes per run) rather than taking one itself (three).
+        for _ in 0..TAKE_TRIES {
+            let key = self.keys.group_slot(&group.name, slot);
+            let mut when = vec![Compare::create_revision(key.as_str(), CompareOp::Equal, 0)];
+            let mut then = vec![TxnOp::put(
+                key.as_str(),
+                value.clone(),
+                Some(PutOptions::new().with_lease(lease.lease())),
+            )];
+            if let Some((_, place_key)) = waiting {
+                when.push(Compare::version(place_key.as_str(), CompareOp::Greater, 0));
+                then.push(TxnOp::delete(place_key.as_str(), None));
+            }
+            let held_now = TxnOp::get(slots.as_str(), Some(GetOptions::new().with_prefix().with_keys_only()));
+            let txn = Txn::new().when(when).and_then(then).or_else([held_now]);
+            let response = etcd::call(self.client.clone().txn(txn)).await?;
+            if response.succeeded() {
+                return Ok(Some(self.slot(group, slot, holder, lease)?));
+            }
+            let held: BTreeSet<u32> = response
+                .op_responses()
+                .into_iter()
+                .filter_map(|answer| match answer {
+                    TxnOpResponse::Get(read) => Some(read),
+                    _ => None,
+                })
+                .flat_map(|read| read.kvs().to_vec())
+                .filter_map(|kv| {
+                    let key = std::str::from_utf8(kv.key()).ok()?;
+                    match self.keys.parse_group_key(key)?.1 {
+                        GroupKey::Slot(slot) => Some(slot),
+                        GroupKey::Waiting(_) => None,
+                    }
+                })
+                .collect();
+            let spread = if waiting.is_some() { 0 } else { spread_of(place) };
+            match admit_counted(ahead, |slot| held.contains(&slot), group.limit, spread) {
+                Admission::Take(free) => slot = free,
+                Admission::Wait => return Ok(None),
+            }
+        }
+        Ok(None)
+    }
+
+    /// What an attempt does now, by the mirror: take the slot handed to it, take a free one by
+    /// the line's order, or wait. Counted under the lock without copying the line: every
+    /// waiting attempt of the node looks again at each change of the group.
+    fn decide(&self, group: &Group, holder: &Holder, place: &Place, lease: i64, in_line: bool) -> Decision {
+        let spread = if in_line { 0 } else { spread_of(place) };
+        let views = self.lock();
+        let Some(view) = views.get(&group.name) else {
+            return match admit_counted(0, |_| false, group.limit, spread) {
+                Admission::Take(slot) => Decision::Take { slot, ahead: 0 },
+                Admission::Wait => Decision::Wait,
+            };
+        };
         if let Some((slot, _)) = view
             .slots
             .iter()
-            .find(|(_, kept)| kept.holder == *holder && kept.lease == lease.lease())
+            .find(|(_, kept)| kept.holder == *holder && kept.lease == lease)
         {
-            return Ok(Some(self.slot(group, *slot, holder, lease)?));
+            return Decision::Handed(*slot);
         }
-        let Admission::Take(slot) = admit(&view.line(), place, group.limit) else {
-            return Ok(None);
-        };
-        let key = self.keys.group_slot(&group.name, slot);
-        let value = serde_json::to_vec(holder).map_err(|err| CoordError::Protocol(err.to_string()))?;
-        let mut when = vec![Compare::create_revision(key.as_str(), CompareOp::Equal, 0)];
-        let mut then = vec![TxnOp::put(
-            key.as_str(),
-            value,
-            Some(PutOptions::new().with_lease(lease.lease())),
-        )];
-        if let Some((_, place_key)) = waiting {
-            when.push(Compare::version(place_key.as_str(), CompareOp::Greater, 0));
-            then.push(TxnOp::delete(place_key.as_str(), None));
+        let ahead = view.waiting.range(..place).take(group.limit as usize).count();
+        match admit_counted(ahead, |slot| view.slots.contains_key(&slot), group.limit, spread) {
+            Admission::Take(slot) => Decision::Take { slot, ahead },
+            Admission::Wait => Decision::Wait,
         }
-        let txn = Txn::new().when(when).and_then(then);
-        let response = etcd::call(self.client.clone().txn(txn)).await?;
-        if !response.succeeded() {
-            return Ok(None);
-        }
-        Ok(Some(self.slot(group, slot, holder, lease)?))
     }
 
     /// Puts `holder`'s place in `group`'s line; returns its key.

@@ -104,11 +104,28 @@ pub enum Admission {
 /// (counting from 0, itself not counted if it waits already) takes the `n`-th free slot, so the
 /// first few in line never reach for the same one.
 pub fn admit(line: &Line, place: &Place, limit: u32) -> Admission {
-    let ahead = line.waiting.range(..place).count();
-    (0..limit)
-        .filter(|slot| !line.held.contains(slot))
-        .nth(ahead)
-        .map_or(Admission::Wait, Admission::Take)
+    admit_counted(
+        line.waiting.range(..place).count(),
+        |slot| line.held.contains(&slot),
+        limit,
+        0,
+    )
+}
+
+/// [`admit`] for an attempt with `ahead` attempts waiting ahead of it, in a group whose slots
+/// `held` says are held: what a node computes from its mirror without copying the line. Only
+/// the first `limit` ahead matter, so a caller may stop counting there.
+///
+/// `spread` picks among the free slots past those left to the attempts ahead: 0 for an attempt
+/// in line (the order of the line keeps its first few from reaching for one slot); for one that
+/// is not, a number of its own (a hash of its job), so that the many attempts that find the
+/// group free at one instant reach for different slots instead of all for the first.
+pub fn admit_counted(ahead: usize, held: impl Fn(u32) -> bool, limit: u32, spread: usize) -> Admission {
+    let free: Vec<u32> = (0..limit).filter(|slot| !held(*slot)).collect();
+    match free.len().checked_sub(ahead) {
+        Some(room) if room > 0 => Admission::Take(free[ahead + spread % room]),
+        _ => Admission::Wait,
+    }
 }
 
 /// The attempt an ending one hands its slot to: the first in line.
@@ -178,6 +195,13 @@ mod tests {
             assert_eq!(admit(&line, &place, limit), expected, "{why}");
         }
         assert_eq!(heir(&line(&[0], &[b0.clone(), a1])), Some(&b0));
+        // Not in line: a slot of its own among those the attempts ahead leave.
+        let held = |slot: u32| slot == 1;
+        assert_eq!(admit_counted(0, held, 4, 0), Admission::Take(0));
+        assert_eq!(admit_counted(0, held, 4, 5), Admission::Take(3));
+        assert_eq!(admit_counted(1, held, 4, 7), Admission::Take(3));
+        assert_eq!(admit_counted(1, held, 4, 6), Admission::Take(2));
+        assert_eq!(admit_counted(3, held, 4, 6), Admission::Wait);
         assert_eq!(heir(&line(&[0], &[])), None);
     }
 
