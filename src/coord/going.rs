@@ -3,37 +3,50 @@
 //!
 //! A leader of an `overlap = "skip"` or `"replace"` job lists its run going on in the job's
 //! record ([`Going`], riding its claims), on the lease its node keeps while its runs go on. A
-//! run listed so has ended once the job's result holds its fence or a higher one, or once etcd
-//! no longer holds that lease (its node died, or was cut off past its TTL). Reads only: a job
-//! whose record lists no other node's run costs nothing here.
+//! run listed so has ended once its node has recorded it (its history entry, or the job's
+//! result written by that node, holds its fence or a higher one), or once etcd no longer holds
+//! that lease (its node died, or was cut off past its TTL). Reads only: a job whose record
+//! lists no other node's run costs nothing here.
 
 use std::time::Duration;
 
-use etcd_client::{Client, EventType, GetOptions, PutOptions, WatchOptions};
+use etcd_client::{Client, EventType, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse, WatchOptions};
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff::{sleep_or_cancel, Backoff};
 use crate::coord::etcd::{self, CoordError};
+use crate::coord::history;
 use crate::coord::keys::Keys;
 use crate::rules::protocol::run_ended;
-use crate::rules::record::{Going, RunRecord};
+use crate::rules::record::{Going, RunRecord, Trigger};
 
 /// Whether the run `going` of `job` on another node still goes, as etcd shows it; `None` when
 /// etcd does not answer.
 pub(crate) async fn still_going(client: &Client, keys: &Keys, job: &str, going: &Going) -> Option<bool> {
-    let result = etcd::call(client.clone().get(keys.job_result(job), None)).await.ok()?;
-    let result_fence = result
-        .kvs()
-        .first()
-        .and_then(|kv| serde_json::from_slice::<RunRecord>(kv.value()).ok())
-        .map(|result| result.fence);
-    if run_ended(result_fence, true, going) {
+    let reads = [
+        TxnOp::get(history::key_of(keys, job, going.tick, Trigger::Schedule), None),
+        TxnOp::get(keys.job_result(job), None),
+    ];
+    let read = etcd::call(client.clone().txn(Txn::new().and_then(reads))).await.ok()?;
+    // Its own history entry, or the job's result if its node wrote it: either says it ended.
+    let ended_fence = read
+        .op_responses()
+        .into_iter()
+        .filter_map(|answer| match answer {
+            TxnOpResponse::Get(got) => got.kvs().first().map(|kv| kv.value().to_vec()),
+            _ => None,
+        })
+        .filter_map(|value| serde_json::from_slice::<RunRecord>(&value).ok())
+        .filter(|record| record.node == going.node)
+        .map(|record| record.fence)
+        .max();
+    if run_ended(ended_fence, true, going) {
         return Some(false);
     }
     let lease = etcd::call(client.clone().lease_time_to_live(going.lease, None))
         .await
         .ok()?;
-    Some(!run_ended(result_fence, lease.ttl() > 0, going))
+    Some(!run_ended(ended_fence, lease.ttl() > 0, going))
 }
 
 /// Asks the node of `going` to stop that run of `job`, on `lease` (the asker's: the request

@@ -37,12 +37,11 @@ impl Runs {
         let mut cleared = Cleared::Yes;
         'runs: for run in &first.elsewhere {
             loop {
-                match going::still_going(self.groups.client(), self.groups.keys(), &job.name, run).await {
-                    Some(false) => {
-                        first.starts.here().ended_elsewhere(&job.name, run.fence);
-                        continue 'runs;
-                    }
-                    Some(true) | None => {}
+                // etcd out of reach: still going, as far as this node can tell.
+                let client = self.groups.client();
+                if going::still_going(client, self.groups.keys(), &job.name, run).await == Some(false) {
+                    first.starts.here().ended_elsewhere(&job.name, run.fence);
+                    continue 'runs;
                 }
                 match job.overlap {
                     Overlap::Skip if !first.caught_up && overlaps(running(run), first.scheduled_at, clock::now()) => {
