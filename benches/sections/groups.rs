@@ -174,16 +174,7 @@ pub(crate) fn bench_groups(jobs: usize, limit: u32, nodes: usize, seconds: f64, 
             })
         })
         .collect();
-    let mut edges: Vec<(f64, i32)> = spans
-        .iter()
-        .flat_map(|span| [(span.started, 1), (span.ended, -1)])
-        .collect();
-    edges.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-    let (mut going, mut most) = (0i32, 0i32);
-    for (_, change) in &edges {
-        going += change;
-        most = most.max(going);
-    }
+    let most = most_at_once(spans.iter().map(|span| (span.started, span.ended)));
     let first = spans.iter().map(|span| span.started).fold(f64::MAX, f64::min);
     let last = spans.iter().map(|span| span.ended).fold(0.0, f64::max);
     let plain_lateness = |from: f64, to: f64| {

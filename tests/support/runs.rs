@@ -203,3 +203,19 @@ pub fn recorded_lost(logs: &str, job: &str, tick: DateTime<Utc>) -> bool {
         line.contains("lost:") && line.contains(&format!("job={job} ")) && line.contains(&format!("tick={tick}"))
     })
 }
+
+/// The most runs going at one moment, from each run's (start, end) by the jobs' own clocks. An
+/// end before a start at the same instant: a run that ends frees its place first.
+pub fn most_at_once(spans: impl IntoIterator<Item = (f64, f64)>) -> usize {
+    let mut edges: Vec<(f64, i32)> = spans
+        .into_iter()
+        .flat_map(|(started, ended)| [(started, 1), (ended, -1)])
+        .collect();
+    edges.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    let (mut going, mut most) = (0i32, 0i32);
+    for (_, change) in edges {
+        going += change;
+        most = most.max(going);
+    }
+    most as usize
+}
