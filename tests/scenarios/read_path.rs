@@ -43,7 +43,6 @@ fn seed(world: &World, names: &[String]) -> usize {
                     schedule: None,
                     others: Vec::new(),
                     released: false,
-                    going: Vec::new(),
                 };
                 let run = RunRecord {
                     scheduled_at: tick(),
