@@ -110,6 +110,7 @@ pub(crate) fn seed_run_records(url: &str, jobs: usize) -> f64 {
                     schedule: None,
                     others: Vec::new(),
                     released: false,
+                    going: Vec::new(),
                 };
                 let run = RunRecord {
                     scheduled_at: now,

@@ -421,6 +421,39 @@ impl Groups {
         Ok(session)
     }
 
+    /// The lease now, if the node holds one that is live, without waiting: a run of an
+    /// `overlap = "skip"` or `"replace"` job lists it with the run in its record, and is stopped
+    /// if it lapses. Without one, a new one is opened for the next run, and this run is listed
+    /// by none.
+    pub(crate) fn lease_now(self: &Arc<Self>) -> Option<Session> {
+        if let Ok(current) = self.lease.try_lock() {
+            if let Some(session) = current.as_ref().filter(|session| session.is_live()) {
+                return Some(session.clone());
+            }
+        }
+        let groups = Arc::clone(self);
+        tokio::spawn(async move {
+            if let Err(err) = groups.lease().await {
+                tracing::debug!(error = %err, "cannot open the lease of this node's runs yet");
+            }
+        });
+        None
+    }
+
+    /// Cancelled once the node's runs have ended.
+    pub(crate) fn runs_ended(&self) -> CancellationToken {
+        self.drained.clone()
+    }
+
+    /// The client the node's runs share with their groups.
+    pub(crate) fn client(&self) -> &Client {
+        &self.client
+    }
+
+    pub(crate) fn keys(&self) -> &Keys {
+        &self.keys
+    }
+
     /// The node's runs have ended: the lease of its slots is revoked.
     pub(crate) async fn close(&self) {
         self.drained.cancel();

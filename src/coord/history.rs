@@ -146,7 +146,8 @@ fn key(keys: &Keys, job: &str, record: &RunRecord) -> String {
     key_of(keys, job, record.scheduled_at, record.trigger)
 }
 
-fn key_of(keys: &Keys, job: &str, at: DateTime<Utc>, trigger: Trigger) -> String {
+/// The key of `job`'s history entry of the run of `at` (its tick, or when it was asked for).
+pub(crate) fn key_of(keys: &Keys, job: &str, at: DateTime<Utc>, trigger: Trigger) -> String {
     match trigger {
         Trigger::Schedule => format!("{}{:012}", keys.job_runs_prefix(job), at.timestamp()),
         Trigger::Manual => format!(

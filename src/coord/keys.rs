@@ -15,6 +15,7 @@
 //! /shardcron/<cluster>/triggered/<id>                      who took it, and how its run ended
 //! /shardcron/<cluster>/groups/<group>/slots/<n>            a slot of a concurrency group, held
 //! /shardcron/<cluster>/groups/<group>/waiting/<place>      an attempt in the group's line
+//! /shardcron/<cluster>/stops/<node>/<fence>/<job>          a leader asks node to stop a run
 //! ```
 //! The shard count is part of the election prefix, so nodes whose configs disagree on `shards`
 //! never share an election: shard 3 of 16 and shard 3 of 32 hold different jobs. A pool's and a
@@ -188,6 +189,21 @@ impl Keys {
             return Some((group, GroupKey::Slot(slot.parse().ok()?)));
         }
         Some((group, GroupKey::Waiting(rest.strip_prefix("waiting/")?)))
+    }
+
+    /// The runs another node's leader asks `node` to stop (`overlap = "replace"`).
+    pub(crate) fn stops_prefix(&self, node: &str) -> String {
+        format!("{}stops/{node}/", self.root)
+    }
+
+    pub(crate) fn stop_request(&self, node: &str, fence: i64, job: &str) -> String {
+        format!("{}stops/{node}/{fence}/{job}", self.root)
+    }
+
+    /// The fence and job of a stop request to `node`.
+    pub(crate) fn parse_stop_request<'k>(&self, node: &str, key: &'k str) -> Option<(i64, &'k str)> {
+        let (fence, job) = key.strip_prefix(&self.stops_prefix(node))?.split_once('/')?;
+        Some((fence.parse().ok()?, job))
     }
 
     pub(crate) fn pauses_prefix(&self) -> String {

@@ -312,6 +312,7 @@ mod tests {
                 schedule: None,
                 others: Vec::new(),
                 released: false,
+                going: Vec::new(),
             },
         };
         step("a's session ends; b leads");

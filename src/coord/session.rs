@@ -40,7 +40,8 @@ struct Inner {
 pub(crate) enum Purpose {
     /// The node's campaigns and terms.
     Elections,
-    /// The slots of concurrency groups this node's runs hold, and their places in line.
+    /// The slots of concurrency groups this node's runs hold, their places in line, and the
+    /// runs it lists as going in their jobs' records.
     Slots,
 }
 
@@ -145,7 +146,7 @@ impl Session {
                     tracing::warn!(parent: None, lease, reason = why, "session lost: every shard term of this node ends");
                 }
                 Purpose::Slots => {
-                    tracing::warn!(parent: None, lease, reason = why, "the lease of this node's group slots is lost: the runs holding them are stopped");
+                    tracing::warn!(parent: None, lease, reason = why, "the lease of this node's runs is lost: the runs holding a group slot or listed as going on it are stopped");
                 }
             }
             self.inner.released.cancel();

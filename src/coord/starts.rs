@@ -20,6 +20,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::coord::session::Session;
 use crate::rules::protocol::Owed;
+use crate::rules::record::Going;
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
 /// At most how much lease a start needs left: enough to write it. A third of the TTL is always
 /// left between renewals that succeed, so this only holds back starts while renewals fail.
@@ -37,9 +42,45 @@ const REMEMBERED_PER_JOB: usize = 1024;
 #[derive(Default)]
 pub(crate) struct StartedHere {
     ticks: Mutex<HashMap<String, BTreeSet<DateTime<Utc>>>>,
+    /// This node's runs of `overlap = "skip"` and `"replace"` jobs going on now, by job: what
+    /// the records it writes list as going, whichever of its leaderships writes them.
+    going: Mutex<HashMap<String, Going>>,
+    /// By job: the highest fence of another node's run this node saw end. Its records stop
+    /// listing those runs.
+    ended_elsewhere: Mutex<HashMap<String, i64>>,
 }
 
 impl StartedHere {
+    /// A run of `job` started on this node: its records list it as going until it ends.
+    pub(crate) fn run_going(&self, job: &str, going: Going) {
+        lock(&self.going).insert(job.to_string(), going);
+    }
+
+    /// The run of `job` with `fence` ended.
+    pub(crate) fn run_ended(&self, job: &str, fence: i64) {
+        let mut going = lock(&self.going);
+        if going.get(job).is_some_and(|run| run.fence == fence) {
+            going.remove(job);
+        }
+    }
+
+    /// This node's run of `job` going on now, if any.
+    pub(crate) fn own_going(&self, job: &str) -> Option<Going> {
+        lock(&self.going).get(job).cloned()
+    }
+
+    /// Another node's run of `job` with `fence` was seen ended.
+    pub(crate) fn ended_elsewhere(&self, job: &str, fence: i64) {
+        let mut ended = lock(&self.ended_elsewhere);
+        let seen = ended.entry(job.to_string()).or_insert(fence);
+        *seen = (*seen).max(fence);
+    }
+
+    /// The highest fence of another node's run of `job` this node saw end.
+    pub(crate) fn seen_ended(&self, job: &str) -> Option<i64> {
+        lock(&self.ended_elsewhere).get(job).copied()
+    }
+
     fn remember(&self, job: &str, tick: DateTime<Utc>) {
         let mut ticks = self.lock();
         let started = ticks.entry(job.to_string()).or_default();

@@ -269,7 +269,7 @@ impl Term {
             } else {
                 Late::OnTime
             };
-            self.node.runs.start(vec![self.tick(job, due, fence, late)]);
+            self.node.runs.start(vec![self.tick(book, index, due, fence, late)]);
         }
         firing.last_fired = Some((clock::now(), due));
         Ok(())

@@ -249,7 +249,7 @@ impl Term {
             self.node.runs.start(
                 ticks
                     .into_iter()
-                    .map(|(tick, late)| self.tick(job, tick, won.fence, late))
+                    .map(|(tick, late)| self.tick(book, won.index, tick, won.fence, late))
                     .collect(),
             );
         }

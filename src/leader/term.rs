@@ -18,9 +18,10 @@ use crate::coord::session::Session;
 use crate::coord::starts::Starts;
 use crate::coord::triggers::{self, Taken};
 use crate::coord::view::FleetView;
-use crate::rules::config::Job;
 use crate::rules::config::Loaded;
+use crate::rules::config::{Job, Overlap};
 use crate::rules::protocol::Want;
+use crate::rules::record::{Claim, Going};
 use crate::running::runner::Tick;
 
 /// One leadership of one shard.
@@ -120,12 +121,11 @@ impl Term {
             // Ticks before `due` won too: the record had moved less far than the queue (a leader
             // of the other shard count claimed past them while this claim of them was late).
             // Past due, they start now, caught up.
-            let job = book.job(won.index);
             let late: Vec<Tick> = won
                 .fresh
                 .iter()
                 .filter(|tick| **tick < due)
-                .map(|tick| self.tick(job, *tick, won.fence, Late::CaughtUp))
+                .map(|tick| self.tick(book, won.index, *tick, won.fence, Late::CaughtUp))
                 .collect();
             if !late.is_empty() {
                 self.node.runs.start(late);
@@ -167,7 +167,10 @@ impl Term {
         }
     }
 
-    pub(super) fn tick(&self, job: &Arc<Job>, scheduled_at: DateTime<Utc>, fence: i64, late: Late) -> Tick {
+    /// A tick of the job at `index` of `book` to start, won with `fence`.
+    pub(super) fn tick(&self, book: &Book, index: usize, scheduled_at: DateTime<Utc>, fence: i64, late: Late) -> Tick {
+        let entry = &book.entries()[index];
+        let job = &entry.job;
         Tick {
             job: Arc::clone(job),
             scheduled_at,
@@ -178,7 +181,23 @@ impl Term {
             caught_up: late != Late::OnTime,
             redelivered: late == Late::Redelivered,
             request: None,
+            elsewhere: self.elsewhere(job, entry.record()),
         }
+    }
+
+    /// The runs of `job` going on other nodes that `record` lists and this node has not seen
+    /// end; none for a job whose runs may overlap, or that runs only here.
+    fn elsewhere(&self, job: &Job, record: Option<&Claim>) -> Vec<Going> {
+        if job.overlap == Overlap::Allow || job.instance_of.is_some() {
+            return Vec::new();
+        }
+        let seen_ended = self.starts.here().seen_ended(&job.name);
+        record
+            .into_iter()
+            .flat_map(|claim| &claim.going)
+            .filter(|run| run.node != self.node.node_id && seen_ended.is_none_or(|ended| run.fence > ended))
+            .cloned()
+            .collect()
     }
 
     /// Claims the runs asked for by hand of this shard's jobs and starts those it won. Each
@@ -219,7 +238,7 @@ impl Term {
                         .inc();
                     self.node.runs.start(vec![Tick {
                         request: Some(request.id.clone()),
-                        ..self.tick(job, request.requested_at, fence, Late::OnTime)
+                        ..self.tick(book, index, request.requested_at, fence, Late::OnTime)
                     }]);
                 }
                 Taken::Gone => {

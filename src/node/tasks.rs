@@ -45,6 +45,16 @@ pub(super) fn spawn_node_tasks(
     let pauses = Arc::clone(&node.pauses);
     crate::metrics::get().count_pauses(move || pauses.in_force(crate::clock::now()));
     crate::coord::job_gauges::export();
+    // Opened now: the first runs of the node list themselves going on it.
+    node.groups.lease_now();
+    let runs = node.runs.clone();
+    tokio::spawn(crate::coord::going::follow_stops(
+        client.clone(),
+        node.keys.clone(),
+        node.node_id.clone(),
+        move |job, fence| runs.stop_asked(job, fence),
+        node.groups.runs_ended(),
+    ));
     crate::coord::group_gauges::export(Arc::clone(&node.groups), node.jobs.clone());
     let killer = {
         let (runs, hurry) = (node.runs.clone(), options.hurry.clone());

@@ -52,6 +52,28 @@ pub struct Claim {
     /// have started on a writer whose clock ran ahead.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub released: bool,
+    /// Runs of the job going on when the record was written, as its writer knew them: its own,
+    /// and other nodes' it has not seen end. A leader of an `overlap = "skip"` or `"replace"`
+    /// job does not start a tick beside one while etcd shows it going. Riding the writes that
+    /// claims make anyway, they cost no write of their own. Records written before the field:
+    /// none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub going: Vec<Going>,
+}
+
+/// A run of a job going on a node, as a record lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Going {
+    pub node: String,
+    pub tick: DateTime<Utc>,
+    /// The run's `CRON_FENCE`: it has ended once the job's result holds this fence or a higher
+    /// one.
+    pub fence: i64,
+    /// The lease the node keeps while its runs go on (see `coord::groups`): the run counts as
+    /// ended once etcd no longer holds it.
+    pub lease: i64,
+    /// When it started, by its node's clock.
+    pub since: DateTime<Utc>,
 }
 
 /// Ticks a leader claimed and had not started when its record was last written by itself.
@@ -324,6 +346,7 @@ mod tests {
                 released: true,
             }],
             released: false,
+            going: Vec::new(),
         };
         // The term is stored as `fence`, the name a record has had since the first version.
         let stored = r#"{"scheduled_at":"2027-01-15T08:00:00Z","fence":7,"node":"a","pending":["2027-01-15T08:00:00Z"],"shards":4,"schedule":"*/5 * * * * *","others":[{"term":5,"node":"b","shards":2,"pending":["2027-01-15T08:00:00Z"],"released":true}]}"#;

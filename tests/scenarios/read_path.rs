@@ -43,6 +43,7 @@ fn seed(world: &World, names: &[String]) -> usize {
                     schedule: None,
                     others: Vec::new(),
                     released: false,
+                    going: Vec::new(),
                 };
                 let run = RunRecord {
                     scheduled_at: tick(),

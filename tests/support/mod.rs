@@ -170,6 +170,7 @@ impl World {
             schedule: None,
             others: Vec::new(),
             released: false,
+            going: Vec::new(),
         };
         let value = serde_json::to_string(&record).expect("record");
         let runtime = tokio::runtime::Runtime::new().expect("runtime");

@@ -104,8 +104,16 @@ impl<'w> NodeBuilder<'w> {
             }
             None => Command::new(SHARDCRON),
         };
+        // 5 s of shutdown grace unless the test asks for another.
+        let grace: &[&str] = if args.iter().any(|arg| arg == "--shutdown-grace") {
+            &[]
+        } else {
+            &["--shutdown-grace", "5s"]
+        };
         let child = command
-            .args(["run", "--node-id", &id, "--shutdown-grace", "5s", "--config"])
+            .args(["run", "--node-id", &id])
+            .args(grace)
+            .arg("--config")
             .arg(&config)
             .args(&args)
             .envs(env)

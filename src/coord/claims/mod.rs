@@ -32,7 +32,7 @@ use crate::coord::ledger::{self, ClaimRequest};
 use crate::coord::results::ResultQueue;
 use crate::coord::session::Session;
 use crate::coord::starts::Starts;
-use crate::rules::protocol::{after_reread, next_record, Reread, Want, Won, Writer};
+use crate::rules::protocol::{after_reread, going_after, next_record, Reread, Want, Won, Writer};
 use crate::rules::record::{Claim, RunRecord};
 
 /// How a claim ended when it did not claim what it was asked to: the term decides what follows.
@@ -221,7 +221,17 @@ impl Claimer<'_> {
                     releasing: self.releasing && self.starts.releasable(&entry.job.name),
                 };
                 let owed = self.starts.owed(&entry.job.name);
-                next_record(entry.record.as_ref(), want, &owed, &writer, entry.job.schedule.label())
+                let mut record = next_record(entry.record.as_ref(), want, &owed, &writer, entry.job.schedule.label());
+                if let Some(record) = &mut record {
+                    let here = self.starts.here();
+                    record.going = going_after(
+                        entry.record.as_ref(),
+                        here.own_going(&entry.job.name),
+                        self.node_id,
+                        here.seen_ended(&entry.job.name),
+                    );
+                }
+                record
             })
             .collect()
     }

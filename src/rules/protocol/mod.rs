@@ -20,6 +20,8 @@ pub(crate) mod takeover;
 pub(crate) mod write;
 
 #[cfg(test)]
+mod going_model;
+#[cfg(test)]
 mod model;
 #[cfg(test)]
 mod tests;
@@ -29,7 +31,7 @@ use std::collections::BTreeSet;
 pub use outcome::Seen;
 pub(crate) use outcome::{after_reread, Reread};
 pub(crate) use owed::Owed;
-pub(crate) use write::{next_record, Owner, Want, Won, Writer};
+pub(crate) use write::{going_after, next_record, run_ended, Owner, Want, Won, Writer};
 
 /// The election families (shard counts, and pools with theirs) the fleet ran (`before`) that no
 /// live member runs now (`now`): their leaders' pending ticks have no successor in their own

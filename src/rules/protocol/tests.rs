@@ -21,6 +21,7 @@ fn claim(second: i64, term: i64, node: &str, pending: &[i64]) -> Claim {
         schedule: Some("s".into()),
         others: Vec::new(),
         released: false,
+        going: Vec::new(),
     }
 }
 

@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 
 use chrono::{DateTime, Utc};
 
-use crate::rules::record::{Claim, Debt};
+use crate::rules::record::{Claim, Debt, Going};
 
 /// What a leader asks of one job's record.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -197,7 +197,42 @@ pub(crate) fn next_record(
         schedule,
         others,
         released: releasing && !pending_is_empty,
+        going: going_after(current, None, node, None),
     })
+}
+
+/// Whether a run a record lists as going has ended, by what etcd holds: a record of its own
+/// end (its history entry, or the job's result written by its node: `ended_fence`, the fence
+/// that record holds) reached the run's fence, or the lease the run is listed on is gone. Not
+/// any result: the successor's own records of ticks it skipped beside the run have higher
+/// fences.
+pub(crate) fn run_ended(ended_fence: Option<i64>, lease_held: bool, run: &Going) -> bool {
+    ended_fence.is_some_and(|fence| fence >= run.fence) || !lease_held
+}
+
+/// At most this many runs of one job a record lists as going: one per node that ran the job
+/// beside another, which a takeover or two make; more would be leftovers of nodes long gone.
+pub(crate) const MAX_GOING: usize = 8;
+
+/// The runs of a job going on that a record written by `writer` lists: its own run `own`, and
+/// the other nodes' that `current` lists and the writer has not seen end (those of a fence at
+/// most `ended_up_to`). A writer's own runs it knows itself: what `current` says of them is old.
+pub(crate) fn going_after(
+    current: Option<&Claim>,
+    own: Option<Going>,
+    writer: &str,
+    ended_up_to: Option<i64>,
+) -> Vec<Going> {
+    let mut going: Vec<Going> = current
+        .into_iter()
+        .flat_map(|claim| &claim.going)
+        .filter(|run| run.node != writer && ended_up_to.is_none_or(|ended| run.fence > ended))
+        .cloned()
+        .collect();
+    going.extend(own);
+    going.sort_by_key(|run| std::cmp::Reverse(run.fence));
+    going.truncate(MAX_GOING);
+    going
 }
 
 /// Who writes a record: a leader's term, node and election, and whether its leadership has

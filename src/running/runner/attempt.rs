@@ -277,7 +277,7 @@ async fn supervise(child: &mut Child, job: &Job, stops: &Stops<'_>) -> (Outcome,
             (Outcome::Killed, child.wait().await)
         }
         _ = stops.lapsed.cancelled() => {
-            tracing::warn!("the lease of its group slot is lost, so another run may hold the slot now: SIGKILL to the process group");
+            tracing::warn!("the lease of its group slot is lost (or of its listing as going: another node may start the job's next tick beside it): SIGKILL to the process group");
             child.signal_group(Signal::KILL);
             (Outcome::Killed, child.wait().await)
         }

@@ -26,7 +26,7 @@ use crate::backoff::Backoff;
 use crate::coord::groups::{Groups, Slot};
 use crate::coord::starts::{StartTicket, Starts};
 use crate::rules::config::{Job, MAX_RETRY_BACKOFF};
-use crate::rules::record::{Outcome, RunRecord, Trigger};
+use crate::rules::record::{Going, Outcome, RunRecord, Trigger};
 use crate::secrets::ChildEnv;
 
 /// Longer output lines are cut, so a job printing without newlines cannot grow the node's memory.
@@ -52,6 +52,10 @@ pub struct Tick {
     pub redelivered: bool,
     /// The request a run asked for by hand answers; `None` for a tick of the schedule.
     pub request: Option<String>,
+    /// Runs of the job going on other nodes as its record lists them, not seen ended: a tick
+    /// of an `overlap = "skip"` or `"replace"` job waits for them (or skips, or has them
+    /// stopped) before it starts.
+    pub elsewhere: Vec<Going>,
 }
 
 impl Tick {
@@ -80,8 +84,8 @@ pub struct Stops<'a> {
     /// A newer tick replaces this run (`overlap = "replace"`): SIGTERM, SIGKILL after
     /// `kill_grace`.
     pub replace: &'a CancellationToken,
-    /// The lease of the attempt's group slot is lost, and the slot may be another's: SIGKILL at
-    /// once.
+    /// The lease the attempt's group slot, or its listing as going, is on is lost: the slot may
+    /// be another's, or another node may start the job's next tick: SIGKILL at once.
     pub lapsed: &'a CancellationToken,
 }
 
@@ -122,7 +126,7 @@ pub async fn run(
                 }
             }
         }
-        let lapsed = slot.as_ref().map_or_else(CancellationToken::new, Slot::lapsed);
+        let lapsed = slot.as_ref().map_or_else(|| stops.lapsed.clone(), Slot::lapsed);
         let attempt_stops = Stops {
             lapsed: &lapsed,
             ..*stops

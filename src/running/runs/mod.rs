@@ -20,6 +20,7 @@ use crate::running::runner::{self, Tick};
 use crate::secrets::ChildEnv;
 use overlap::{may_overlap, overlaps, Running, Skip};
 
+mod elsewhere;
 mod overlap;
 mod sequence;
 #[cfg(test)]
@@ -180,7 +181,7 @@ impl Runs {
     /// Records each of `ticks` skipped, in its run's span.
     fn skip_all(&self, ticks: &[Tick], why: Skip) {
         for tick in ticks {
-            runner::span(tick).in_scope(|| self.skip(tick, why));
+            runner::span(tick).in_scope(|| self.skip(tick, why.clone()));
         }
     }
 
@@ -198,6 +199,9 @@ impl Runs {
             }
             Skip::Outrun => {
                 tracing::info!("skipped: it waited behind a backlog of this job's runs until its next tick was due (overlap = \"skip\")")
+            }
+            Skip::Elsewhere { node, previous_tick } => {
+                tracing::info!(%node, %previous_tick, "skipped: a run of this job was still going on another node at this tick, as its record shows (overlap = \"skip\")")
             }
         }
         crate::metrics::get().skipped_overlaps.inc();

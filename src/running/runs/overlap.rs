@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use crate::rules::config::{Job, Overlap};
 
 /// Why an `overlap = "skip"` tick is not run.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub(super) enum Skip {
     /// The run going had already run the time between its tick and this one.
     Overlapped,
@@ -19,6 +19,8 @@ pub(super) enum Skip {
     },
     /// This tick waited behind a backlog until its own next tick was due ([`outrun`]).
     Outrun,
+    /// The run of another node that its record lists as going overlapped the tick.
+    Elsewhere { node: String, previous_tick: DateTime<Utc> },
 }
 
 /// A run that is going: when it started, by the wall clock, and the tick it runs.
@@ -28,6 +30,8 @@ pub(super) struct Running {
     pub(super) tick: DateTime<Utc>,
     /// A missed tick run by a new leader: part of a backlog, however soon it started.
     pub(super) caught_up: bool,
+    /// Its `CRON_FENCE`.
+    pub(super) fence: i64,
 }
 
 /// Whether the run going may overlap the tick at `scheduled_at`: it runs a live tick (not a

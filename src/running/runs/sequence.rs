@@ -9,6 +9,7 @@ use tokio::sync::{Mutex, OwnedMutexGuard, OwnedSemaphorePermit};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use super::elsewhere::Cleared;
 use super::overlap::{outrun, Running, Skip};
 use super::{not_run, Entry, Runs, LATE_PERMIT_HOLD};
 use crate::clock;
@@ -40,6 +41,12 @@ impl Runs {
         if self.behind_longer_run(entry.met, &ticks) {
             self.release_turn(&job.name);
             return;
+        }
+        if !ticks[0].elsewhere.is_empty() {
+            if let Cleared::No = self.clear_elsewhere(&ticks).await {
+                self.release_turn(&job.name);
+                return;
+            }
         }
         for tick in ticks {
             let span = runner::span(&tick);
@@ -163,13 +170,17 @@ impl Runs {
             since,
             tick: tick.scheduled_at,
             caught_up: tick.caught_up,
+            fence: tick.fence,
         };
         self.mark_running(&job.name, Some(running));
-        let never = CancellationToken::new();
+        let listed = self.list_going(&tick);
+        let lapsed = listed
+            .as_ref()
+            .map_or_else(CancellationToken::new, |lease| lease.ended().clone());
         let stops = runner::Stops {
             kill: &self.kill,
             replace: &turn.replace,
-            lapsed: &never,
+            lapsed: &lapsed,
         };
         let slots = runner::Slots {
             first: first_slot,
@@ -177,6 +188,7 @@ impl Runs {
         };
         let run = runner::run(&tick, &stops, ticket, &self.child_env, slots);
         let record = holding_permit(run, late).await;
+        self.unlist_going(&tick);
         self.took(&job.name, clock::now() - since);
         match record {
             Some(record) => self.report(&tick, record),

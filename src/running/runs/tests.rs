@@ -61,6 +61,7 @@ fn only_a_run_going_for_the_ticks_distance_overlaps_a_tick() {
         since: at(since),
         tick: at(tick),
         caught_up: false,
+        fence: 1,
     };
     // A run of tick 0 that started 3 ms late and still goes at tick 1000: the tick waits
     // 3 ms, and is skipped if the run still goes then.
