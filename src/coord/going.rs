@@ -1,96 +1,119 @@
-//! Runs of a job going on other nodes, as etcd shows them: whether one still goes, asking its
-//! node to stop it (`overlap = "replace"`), and the node's side of such a request.
+//! Runs of a job going on other nodes, as etcd shows them, and asking their nodes about them:
+//! is the run still going, and (`overlap = "replace"`) stop it. And a node's side of those asks.
 //!
 //! A leader of an `overlap = "skip"` or `"replace"` job lists its run going on in the job's
-//! record ([`Going`], riding its claims), on the lease its node keeps while its runs go on. A
-//! run listed so has ended once its node has recorded it (its history entry, or the job's
-//! result written by that node, holds its fence or a higher one), or once etcd no longer holds
-//! that lease (its node died, or was cut off past its TTL). Reads only: a job whose record
-//! lists no other node's run costs nothing here.
+//! record ([`Going`], riding its claims), on the lease its node keeps while its runs go on.
+//! What another leader makes of such a listing is [`crate::rules::protocol::elsewhere`]'s:
+//! this module reads what it needs (the run's own records of its end, its lease, its node's
+//! answer) and carries the asks. Reads only for a job whose record lists no other node's run;
+//! an ask is a write of the asker's and one of the answering node's, made only while a tick
+//! waits beside a listed run that etcd does not show ended.
 
 use std::time::Duration;
 
-use etcd_client::{Client, EventType, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse, WatchOptions};
+use etcd_client::{Client, EventType, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse, WatchOptions};
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff::{sleep_or_cancel, Backoff};
 use crate::coord::etcd::{self, CoordError};
 use crate::coord::history;
-use crate::coord::keys::Keys;
-use crate::rules::protocol::run_ended;
+use crate::coord::keys::{Ask, Keys};
+use crate::rules::protocol::elsewhere::{Answer, Shown};
 use crate::rules::record::{Going, RunRecord, Trigger};
 
-/// Whether the run `going` of `job` on another node still goes, as etcd shows it; `None` when
-/// etcd does not answer.
-pub(crate) async fn still_going(client: &Client, keys: &Keys, job: &str, going: &Going) -> Option<bool> {
+/// What an ask for an answer holds until the node answers.
+const QUESTION: &str = "?";
+
+/// What etcd shows of the run `going` of `job` on another node; `None` when etcd does not
+/// answer.
+pub(crate) async fn look(client: &Client, keys: &Keys, job: &str, going: &Going) -> Option<Shown> {
     let reads = [
         TxnOp::get(history::key_of(keys, job, going.tick, Trigger::Schedule), None),
         TxnOp::get(keys.job_result(job), None),
+        TxnOp::get(keys.ask(&going.node, going.fence, Ask::Going, job), None),
     ];
     let read = etcd::call(client.clone().txn(Txn::new().and_then(reads))).await.ok()?;
-    // Its own history entry, or the job's result if its node wrote it: either says it ended.
-    let ended_fence = read
+    let values: Vec<Option<Vec<u8>>> = read
         .op_responses()
         .into_iter()
-        .filter_map(|answer| match answer {
+        .map(|answer| match answer {
             TxnOpResponse::Get(got) => got.kvs().first().map(|kv| kv.value().to_vec()),
             _ => None,
         })
+        .collect();
+    let [entry, result, answer] = <[Option<Vec<u8>>; 3]>::try_from(values).ok()?;
+    // Its own history entry, or the job's result if its node wrote it: either says it ended.
+    let ended_fence = [entry, result]
+        .into_iter()
+        .flatten()
         .filter_map(|value| serde_json::from_slice::<RunRecord>(&value).ok())
         .filter(|record| record.node == going.node)
         .map(|record| record.fence)
         .max();
-    if run_ended(ended_fence, true, going) {
-        return Some(false);
-    }
     let lease = etcd::call(client.clone().lease_time_to_live(going.lease, None))
         .await
         .ok()?;
-    Some(!run_ended(ended_fence, lease.ttl() > 0, going))
+    Some(Shown {
+        ended_fence,
+        lease_held: lease.ttl() > 0,
+        answer: answer.as_deref().and_then(Answer::parse),
+    })
 }
 
-/// Asks the node of `going` to stop that run of `job`, on `lease` (the asker's: the request
-/// goes with it).
-pub(crate) async fn ask_to_stop(
+/// Asks the node of `going` about that run of `job` (`ask`), on `lease` (the asker's: the ask
+/// goes with it). Asking whether it goes again clears the node's last answer.
+pub(crate) async fn ask(
     client: &Client,
     keys: &Keys,
     job: &str,
     going: &Going,
+    ask: Ask,
     lease: i64,
 ) -> Result<(), CoordError> {
-    let key = keys.stop_request(&going.node, going.fence, job);
+    let key = keys.ask(&going.node, going.fence, ask, job);
+    let value = if ask == Ask::Going { QUESTION } else { "" };
     let options = PutOptions::new().with_lease(lease);
-    etcd::call(client.clone().put(key, "", Some(options))).await.map(drop)
+    etcd::call(client.clone().put(key, value, Some(options)))
+        .await
+        .map(drop)
 }
 
-/// Takes back the request to stop `going`.
+/// Takes back every ask about `going`.
 pub(crate) async fn withdraw(client: &Client, keys: &Keys, job: &str, going: &Going) {
-    let key = keys.stop_request(&going.node, going.fence, job);
-    if let Err(err) = etcd::call(client.clone().delete(key, None)).await {
-        tracing::debug!(error = %err, "cannot take back a stop request; it goes with the lease");
+    let deletes = [Ask::Stop, Ask::Going].map(|ask| TxnOp::delete(keys.ask(&going.node, going.fence, ask, job), None));
+    if let Err(err) = etcd::call(client.clone().txn(Txn::new().and_then(deletes))).await {
+        tracing::debug!(error = %err, "cannot take back the asks about another node's run; they go with the lease");
     }
+}
+
+/// This node's runs, as the asks of other nodes' leaders reach them.
+pub(crate) trait RunsHere: Send + Sync + 'static {
+    /// Stops the run of `job` with `fence`, if it still goes.
+    fn stop(&self, job: &str, fence: i64);
+    /// How long the run of `job` with `fence` has gone on; `None` once it ended.
+    fn age(&self, job: &str, fence: i64) -> Option<Duration>;
 }
 
 /// The least pause before the requests are read and watched again after the watch ended.
 const RETRY_EVERY: Duration = Duration::from_millis(500);
 
-/// Hands each request to stop one of `node_id`'s runs to `stop` (job, fence), until `until`:
-/// those in etcd when it starts, and each one put after. Lives as long as the node's runs, not
-/// its sessions: a node that stops gracefully is asked while its runs go on.
-pub(crate) async fn follow_stops(
+/// Serves each ask about one of `node_id`'s runs from `here`, until `until`: those in etcd when
+/// it starts, and each one put after. Lives as long as the node's runs, not its sessions: a
+/// node that stops gracefully is asked while its runs go on.
+pub(crate) async fn follow_asks(
     client: Client,
     keys: Keys,
     node_id: String,
-    stop: impl Fn(&str, i64) + Send + Sync,
+    here: impl RunsHere,
     until: CancellationToken,
 ) {
-    let prefix = keys.stops_prefix(&node_id);
+    let prefix = keys.asks_prefix(&node_id);
     let mut backoff = Backoff::coordination();
     loop {
-        match follow_once(&client, &keys, &node_id, &prefix, &stop).await {
+        match follow_once(&client, &keys, &node_id, &prefix, &here).await {
             Ok(()) => backoff = Backoff::coordination(),
             Err(err) => {
-                tracing::debug!(error = %err, "cannot follow the requests to stop this node's runs; trying again")
+                tracing::debug!(error = %err, "cannot follow the asks about this node's runs; trying again")
             }
         }
         let pause = backoff.next_delay().max(RETRY_EVERY);
@@ -105,35 +128,53 @@ async fn follow_once(
     keys: &Keys,
     node_id: &str,
     prefix: &str,
-    stop: &(impl Fn(&str, i64) + Send + Sync),
+    here: &impl RunsHere,
 ) -> Result<(), CoordError> {
-    let read = etcd::call(
-        client
-            .clone()
-            .get(prefix, Some(GetOptions::new().with_prefix().with_keys_only())),
-    )
-    .await?;
+    let read = etcd::call(client.clone().get(prefix, Some(GetOptions::new().with_prefix()))).await?;
     let revision = read.header().map_or(0, |header| header.revision());
     for kv in read.kvs() {
-        if let Some((fence, job)) = kv.key_str().ok().and_then(|key| keys.parse_stop_request(node_id, key)) {
-            stop(job, fence);
-        }
+        serve(client, keys, node_id, kv, here).await;
     }
     let options = WatchOptions::new().with_prefix().with_start_revision(revision + 1);
     let mut stream = etcd::call(client.clone().watch(prefix, Some(options))).await?;
     while let Some(response) = stream.message().await? {
-        if etcd::compacted(&response, "stop requests")?.is_some() {
+        if etcd::compacted(&response, "asks about this node's runs")?.is_some() {
             return Ok(());
         }
         for event in response.events() {
-            let Some(kv) = event.kv() else { continue };
             if event.event_type() != EventType::Put {
                 continue;
             }
-            if let Some((fence, job)) = kv.key_str().ok().and_then(|key| keys.parse_stop_request(node_id, key)) {
-                stop(job, fence);
+            if let Some(kv) = event.kv() {
+                serve(client, keys, node_id, kv, here).await;
             }
         }
     }
     Ok(())
+}
+
+/// Serves one ask: stops the run, or answers whether it goes into the ask's own key, keeping
+/// the asker's lease on it. The node's own answers come back as puts too; they ask nothing.
+async fn serve(client: &Client, keys: &Keys, node_id: &str, kv: &KeyValue, here: &impl RunsHere) {
+    let Some((fence, ask, job)) = kv.key_str().ok().and_then(|key| keys.parse_ask(node_id, key)) else {
+        return;
+    };
+    match ask {
+        Ask::Stop => here.stop(job, fence),
+        Ask::Going if kv.value() == QUESTION.as_bytes() => {
+            let answer = here.age(job, fence).map_or(Answer::Ended, |age| Answer::Going { age });
+            let options = PutOptions::new().with_ignore_lease();
+            let mut client = client.clone();
+            match etcd::call(client.put(kv.key(), answer.to_value(), Some(options))).await {
+                Ok(_) => {
+                    tracing::debug!(job, fence, answer = %answer.to_value(), "answered a leader asking whether this run goes")
+                }
+                // Taken back meanwhile, or etcd out of reach: the asker asks again or reads the run's end.
+                Err(err) => {
+                    tracing::debug!(job, fence, error = %err, "cannot answer a leader asking whether this run goes")
+                }
+            }
+        }
+        Ask::Going => {}
+    }
 }

@@ -15,7 +15,7 @@
 //! /shardcron/<cluster>/triggered/<id>                      who took it, and how its run ended
 //! /shardcron/<cluster>/groups/<group>/slots/<n>            a slot of a concurrency group, held
 //! /shardcron/<cluster>/groups/<group>/waiting/<place>      an attempt in the group's line
-//! /shardcron/<cluster>/stops/<node>/<fence>/<job>          a leader asks node to stop a run
+//! /shardcron/<cluster>/asks/<node>/<fence>/<kind>/<job>     a leader asks node of a run: `stop` it, or is it `going`
 //! ```
 //! The shard count is part of the election prefix, so nodes whose configs disagree on `shards`
 //! never share an election: shard 3 of 16 and shard 3 of 32 hold different jobs. A pool's and a
@@ -191,19 +191,23 @@ impl Keys {
         Some((group, GroupKey::Waiting(rest.strip_prefix("waiting/")?)))
     }
 
-    /// The runs another node's leader asks `node` to stop (`overlap = "replace"`).
-    pub(crate) fn stops_prefix(&self, node: &str) -> String {
-        format!("{}stops/{node}/", self.root)
+    /// What other nodes' leaders ask `node` of its runs.
+    pub(crate) fn asks_prefix(&self, node: &str) -> String {
+        format!("{}asks/{node}/", self.root)
     }
 
-    pub(crate) fn stop_request(&self, node: &str, fence: i64, job: &str) -> String {
-        format!("{}stops/{node}/{fence}/{job}", self.root)
+    pub(crate) fn ask(&self, node: &str, fence: i64, ask: Ask, job: &str) -> String {
+        format!("{}{fence}/{}/{job}", self.asks_prefix(node), ask.segment())
     }
 
-    /// The fence and job of a stop request to `node`.
-    pub(crate) fn parse_stop_request<'k>(&self, node: &str, key: &'k str) -> Option<(i64, &'k str)> {
-        let (fence, job) = key.strip_prefix(&self.stops_prefix(node))?.split_once('/')?;
-        Some((fence.parse().ok()?, job))
+    /// The fence, the ask and the job of a key under `node`'s asks.
+    pub(crate) fn parse_ask<'k>(&self, node: &str, key: &'k str) -> Option<(i64, Ask, &'k str)> {
+        let (fence, rest) = key.strip_prefix(&self.asks_prefix(node))?.split_once('/')?;
+        let (ask, job) = rest.split_once('/')?;
+        let ask = [Ask::Stop, Ask::Going]
+            .into_iter()
+            .find(|known| known.segment() == ask)?;
+        Some((fence.parse().ok()?, ask, job))
     }
 
     pub(crate) fn pauses_prefix(&self) -> String {
@@ -337,7 +341,7 @@ impl ElectionKeys {
 
 #[cfg(test)]
 mod tests {
-    use super::{ElectionKeys, JobRecord, Keys, Space};
+    use super::{Ask, ElectionKeys, JobRecord, Keys, Space};
 
     #[test]
     fn layout() {
@@ -368,6 +372,11 @@ mod tests {
             Some(("a/b", JobRecord::Last))
         );
         assert_eq!(keys.parse_job_record("/shardcron/prod/jobs/backup/other"), None);
+        let ask = keys.ask("a", 42, Ask::Going, "x/y");
+        assert_eq!(ask, "/shardcron/prod/asks/a/42/going/x/y");
+        assert_eq!(keys.parse_ask("a", &ask), Some((42, Ask::Going, "x/y")));
+        assert_eq!(keys.parse_ask("a", "/shardcron/prod/asks/a/42/why/x"), None);
+        assert_eq!(keys.parse_ask("b", &ask), None);
     }
 
     #[test]
@@ -407,5 +416,23 @@ mod tests {
         assert_eq!(ours.family(6), (Some("web".into()), 2));
         assert_eq!(ours.family(8), (Some("@a".into()), 1));
         assert_eq!(ours.family(1), (None, 4));
+    }
+}
+
+/// What a leader asks the node of another run of its job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ask {
+    /// Stop it (`overlap = "replace"`).
+    Stop,
+    /// Is it still going, and for how long: the node writes its answer into the key.
+    Going,
+}
+
+impl Ask {
+    fn segment(self) -> &'static str {
+        match self {
+            Ask::Stop => "stop",
+            Ask::Going => "going",
+        }
     }
 }

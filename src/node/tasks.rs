@@ -47,12 +47,14 @@ pub(super) fn spawn_node_tasks(
     crate::coord::job_gauges::export();
     // Opened now: the first runs of the node list themselves going on it.
     node.groups.lease_now();
-    let runs = node.runs.clone();
-    tokio::spawn(crate::coord::going::follow_stops(
+    tokio::spawn(crate::coord::going::follow_asks(
         client.clone(),
         node.keys.clone(),
         node.node_id.clone(),
-        move |job, fence| runs.stop_asked(job, fence),
+        crate::running::runs::AskedHere {
+            runs: node.runs.clone(),
+            listed: Arc::clone(&node.started_here),
+        },
         node.groups.runs_ended(),
     ));
     crate::coord::group_gauges::export(Arc::clone(&node.groups), node.jobs.clone());

@@ -7,7 +7,9 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use shardcron::rules::record::Outcome;
+use shardcron::rules::record::{Outcome, RunRecord};
+
+use crate::support::proxy::Proxy;
 
 use crate::support::*;
 
@@ -119,13 +121,7 @@ fn after_a_takeover_the_successor_skips_ticks_while_the_old_leaders_run_goes_on(
     // The successor's first ticks were claimed ahead by the old leader, which released them:
     // they are a backlog, and queue behind the old run as they would behind one on this node.
     // A live tick that meets it is skipped.
-    let history = std::process::Command::new(SHARDCRON)
-        .args(["history", "long", "--json", "-n", "50", "--config"])
-        .arg(&config)
-        .output()
-        .expect("history");
-    let records: Vec<shardcron::rules::record::RunRecord> =
-        serde_json::from_slice(&history.stdout).expect("history JSON");
+    let records = history(&config, "long").expect("history");
     let outcomes: Vec<String> = records
         .iter()
         .rev()
@@ -139,6 +135,16 @@ fn after_a_takeover_the_successor_skips_ticks_while_the_old_leaders_run_goes_on(
         })
         .collect();
     eprintln!("outcomes by tick: {outcomes:?}");
+    // Each tick due while the old run went on is recorded skipped, as beside a run on one node.
+    let mut tick = first.tick + chrono::Duration::seconds(2);
+    while (tick.timestamp_millis() as f64) / 1000.0 < old_ended - 0.1 {
+        let record = records.iter().find(|record| record.scheduled_at == tick);
+        assert!(
+            record.is_some_and(|record| record.outcome == Outcome::Skipped && record.node == successor_id),
+            "tick {tick}, due while the old run went on, is not recorded skipped by the successor: {outcomes:?}"
+        );
+        tick += chrono::Duration::seconds(2);
+    }
 }
 
 #[test]
@@ -186,17 +192,128 @@ fn after_a_takeover_the_successor_of_a_replace_job_has_the_old_run_stopped_first
     );
 }
 
+/// `job`'s history records, newest first; `None` while they cannot be read.
+fn history(config: &std::path::Path, job: &str) -> Option<Vec<RunRecord>> {
+    let out = std::process::Command::new(SHARDCRON)
+        .args(["history", job, "--json", "-n", "50", "--config"])
+        .arg(config)
+        .output()
+        .ok()?;
+    serde_json::from_slice(&out.stdout).ok()
+}
+
 /// The history record of `long`'s run with `fence`, once written.
-fn wait_record(config: &std::path::Path, fence: i64) -> shardcron::rules::record::RunRecord {
+fn wait_record(config: &std::path::Path, fence: i64) -> RunRecord {
     let read = || {
-        let out = std::process::Command::new(SHARDCRON)
-            .args(["history", "long", "--json", "-n", "50", "--config"])
-            .arg(config)
-            .output()
-            .ok()?;
-        let records: Vec<shardcron::rules::record::RunRecord> = serde_json::from_slice(&out.stdout).ok()?;
-        records.into_iter().find(|record| record.fence == fence)
+        history(config, "long")?
+            .into_iter()
+            .find(|record| record.fence == fence)
     };
     wait_for(Duration::from_secs(20), "the old run's record", || read().is_some());
     read().expect("its record")
+}
+
+/// A run that ended on a node cut off from etcd just after it gave its shard up: the record
+/// lists the run as going (the node's last write), no end of it is written, and its lease
+/// lives until its TTL runs out. The successor neither skips the next tick by that listing
+/// (the chaos scenario on etcd 3.5.1 found it did) nor starts it beside a run it cannot see
+/// end: it asks the node, gets no answer, and starts the tick once the lease has expired.
+#[test]
+fn a_tick_beside_a_listed_run_whose_end_was_never_written_waits_and_runs_late_not_skipped() {
+    let mut world = World::new();
+    let ends = world.runs_file().with_file_name("ends.log");
+    let command = format!(
+        "{}; sleep 1.2; echo \"$CRON_FENCE $(date +%s.%N)\" >> {}",
+        world.record_command(),
+        ends.display()
+    );
+    // A lease that outlives the next tick: the listing alone would have it skipped.
+    let ttl = 6;
+    let config = world.write_config_running(
+        "jobs.toml",
+        1,
+        ttl,
+        &[("brief", "*/2 * * * * *", "overlap = \"skip\"")],
+        &command,
+    );
+    let proxies: Vec<Proxy> = ["a", "b"]
+        .iter()
+        .map(|id| {
+            let proxy = Proxy::start(&world.etcd.client_address());
+            world
+                .node(id, &config)
+                .via(&proxy)
+                .args(&["--shutdown-grace", "30s"])
+                .start();
+            proxy
+        })
+        .collect();
+    wait_for(Duration::from_secs(30), "a first run of brief", || {
+        !world.runs().is_empty()
+    });
+    let first = world.runs().remove(0);
+    let old = world
+        .nodes
+        .iter()
+        .position(|node| node.id == first.node)
+        .expect("its node");
+    let successor_id = world.nodes[1 - old].id.clone();
+    std::thread::sleep(Duration::from_secs_f64((first.started + 0.1 - now_secs()).max(0.0)));
+    step(&format!(
+        "SIGTERM {} in its run of {}; cut it off from etcd once it resigned",
+        first.node, first.tick
+    ));
+    world.nodes[old].signal(libc::SIGTERM);
+    wait_for(Duration::from_secs(1), "the old leader resigned", || {
+        world.nodes[old].log_text().contains("shards resigned")
+    });
+    proxies[old].cut();
+    let cut_at = now_secs();
+    wait_for(Duration::from_secs(30), "the successor ran two ticks", || {
+        world.runs().iter().filter(|run| run.node == successor_id).count() >= 2
+    });
+    let runs = lasting(&world, &ends);
+    let old_end = runs
+        .iter()
+        .find(|run| run.run.fence == first.fence)
+        .and_then(|run| run.ended)
+        .expect("the old run ran to its end");
+    assert!(
+        old_end > cut_at,
+        "the old run ended at {old_end:.3}, before the cut at {cut_at:.3}: its end may have been written"
+    );
+    let mut successors: Vec<&Run> = runs
+        .iter()
+        .map(|run| &run.run)
+        .filter(|run| run.node == successor_id)
+        .collect();
+    successors.sort_by_key(|run| run.tick);
+    let next = successors[0];
+    eprintln!(
+        "old run ended {:.2} s after the cut; the successor's first run, of tick {}, started {:.2} s after its tick",
+        old_end - cut_at,
+        next.tick,
+        next.started - next.tick.timestamp_millis() as f64 / 1000.0
+    );
+    assert!(next.started >= old_end, "tick {} started beside the old run", next.tick);
+    assert_eq!(
+        next.tick,
+        first.tick + chrono::Duration::seconds(2),
+        "the tick after the old run's did not run: {successors:?}"
+    );
+    let records = history(&config, "brief").expect("history");
+    let skipped: Vec<&RunRecord> = records
+        .iter()
+        .filter(|record| record.outcome == Outcome::Skipped)
+        .collect();
+    assert!(
+        skipped.is_empty(),
+        "ticks skipped beside a run that had ended: {skipped:?}"
+    );
+    assert!(
+        world.nodes[1 - old]
+            .log_text()
+            .contains("asked that node whether it still goes"),
+        "the successor did not say why its tick waited"
+    );
 }

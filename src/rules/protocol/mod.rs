@@ -10,10 +10,13 @@
 //! - [`takeover`]: what a new leader claims for a job ([`takeover::plan`]): the debts it settles, each tick
 //!   run again or recorded lost, and the ticks missed while the shard had no leader.
 //! - [`owed`]: the ticks a leadership owes, each with the fence it starts with.
+//! - [`elsewhere`]: whether a run another node's record lists as going has ended, goes on past
+//!   a tick, or cannot be told yet (`overlap = "skip"` and `"replace"` across nodes).
 //!
 //! The properties the model checks in every state it reaches are in
 //! `docs/how-it-works.md#what-the-model-checker-proves`.
 
+pub(crate) mod elsewhere;
 pub(crate) mod outcome;
 pub(crate) mod owed;
 pub(crate) mod takeover;
@@ -31,7 +34,7 @@ use std::collections::BTreeSet;
 pub use outcome::Seen;
 pub(crate) use outcome::{after_reread, Reread};
 pub(crate) use owed::Owed;
-pub(crate) use write::{going_after, next_record, run_ended, Owner, Want, Won, Writer};
+pub(crate) use write::{going_after, next_record, Owner, Want, Won, Writer};
 
 /// The election families (shard counts, and pools with theirs) the fleet ran (`before`) that no
 /// live member runs now (`now`): their leaders' pending ticks have no successor in their own

@@ -201,15 +201,6 @@ pub(crate) fn next_record(
     })
 }
 
-/// Whether a run a record lists as going has ended, by what etcd holds: a record of its own
-/// end (its history entry, or the job's result written by its node: `ended_fence`, the fence
-/// that record holds) reached the run's fence, or the lease the run is listed on is gone. Not
-/// any result: the successor's own records of ticks it skipped beside the run have higher
-/// fences.
-pub(crate) fn run_ended(ended_fence: Option<i64>, lease_held: bool, run: &Going) -> bool {
-    ended_fence.is_some_and(|fence| fence >= run.fence) || !lease_held
-}
-
 /// At most this many runs of one job a record lists as going: one per node that ran the job
 /// beside another, which a takeover or two make; more would be leftovers of nodes long gone.
 pub(crate) const MAX_GOING: usize = 8;

@@ -1,22 +1,31 @@
 //! A job's runs on other nodes, for `overlap = "skip"` and `"replace"`: a tick does not start
-//! beside a run of its job that its record lists as going on another node, as long as etcd
-//! shows it going (see [`crate::coord::going`]). `skip` waits for it and skips the tick as it
-//! does for a run on this node; `replace` asks that node to stop it and starts once it ended.
-//! And this node's side: the runs it lists as going, and the stops other nodes ask of it.
+//! beside a run of its job that its record lists as going on another node until etcd shows it
+//! ended ([`crate::rules::protocol::elsewhere`]). `skip` skips the tick as it does beside a run
+//! on this node once that run's node says it went on past the tick, and waits while that is
+//! not known; `replace` asks that node to stop the run and starts once it ended. And this
+//! node's side: the runs it lists as going, and what other nodes' leaders ask of them.
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use super::overlap::{overlaps, Running, Skip};
+use super::overlap::Skip;
 use super::Runs;
 use crate::clock;
-use crate::coord::going;
+use crate::coord::going::{self, RunsHere};
+use crate::coord::keys::Ask;
 use crate::coord::session::Session;
+use crate::coord::starts::StartedHere;
 use crate::rules::config::Overlap;
+use crate::rules::protocol::elsewhere::{self, Verdict};
 use crate::rules::record::Going;
 use crate::running::runner::{self, Tick};
 
 /// How often a tick waiting for another node's run looks whether it still goes.
 const LOOK_EVERY: Duration = Duration::from_millis(500);
+
+/// How long a leader waits for an answer, or lets one age, before it asks again whether a run
+/// goes: each ask is a write, so at most one a second per run waited for.
+const ASK_AGAIN: Duration = Duration::from_secs(1);
 
 /// What came of waiting for the runs going on other nodes.
 pub(super) enum Cleared {
@@ -36,15 +45,22 @@ impl Runs {
         let mut asked: Vec<&Going> = Vec::new();
         let mut cleared = Cleared::Yes;
         'runs: for run in &first.elsewhere {
+            let mut stop_asked = false;
+            let mut going_asked: Option<Instant> = None;
             loop {
-                // etcd out of reach: still going, as far as this node can tell.
-                let client = self.groups.client();
-                if going::still_going(client, self.groups.keys(), &job.name, run).await == Some(false) {
-                    first.starts.here().ended_elsewhere(&job.name, run.fence);
-                    continue 'runs;
-                }
-                match job.overlap {
-                    Overlap::Skip if !first.caught_up && overlaps(running(run), first.scheduled_at, clock::now()) => {
+                // etcd out of reach: not known, as far as this node can tell.
+                let shown = going::look(self.groups.client(), self.groups.keys(), &job.name, run).await;
+                let verdict = shown.map_or(Verdict::Unknown, |shown| elsewhere::verdict(&shown, run));
+                match verdict {
+                    Verdict::Ended => {
+                        first.starts.here().ended_elsewhere(&job.name, run.fence);
+                        continue 'runs;
+                    }
+                    Verdict::WentOnFor(age)
+                        if job.overlap == Overlap::Skip
+                            && !first.caught_up
+                            && elsewhere::skips_beside(run, age, first.scheduled_at) =>
+                    {
                         let why = Skip::Elsewhere {
                             node: run.node.clone(),
                             previous_tick: run.tick,
@@ -53,19 +69,29 @@ impl Runs {
                         cleared = Cleared::No;
                         break 'runs;
                     }
-                    Overlap::Replace if !asked.contains(&run) => {
-                        if let Some(lease) = self.groups.lease_now() {
-                            let keys = self.groups.keys();
-                            match going::ask_to_stop(self.groups.client(), keys, &job.name, run, lease.lease()).await {
-                                Ok(()) => {
-                                    runner::span(first).in_scope(|| tracing::info!(node = %run.node, previous_tick = %run.tick, "asked the node running this job's previous run to stop it (overlap = \"replace\")"));
-                                    asked.push(run);
-                                }
-                                Err(err) => tracing::debug!(error = %err, "cannot ask for a stop yet"),
-                            }
+                    Verdict::WentOnFor(_) | Verdict::Unknown => {}
+                }
+                if let Some(lease) = self.groups.lease_now() {
+                    let (client, keys, lease) = (self.groups.client(), self.groups.keys(), lease.lease());
+                    if job.overlap == Overlap::Replace && !stop_asked {
+                        stop_asked = going::ask(client, keys, &job.name, run, Ask::Stop, lease).await.is_ok();
+                        if stop_asked {
+                            runner::span(first).in_scope(|| tracing::info!(node = %run.node, previous_tick = %run.tick, "asked the node running this job's previous run to stop it (overlap = \"replace\")"));
                         }
                     }
-                    _ => {}
+                    if going_asked.is_none_or(|at| at.elapsed() >= ASK_AGAIN)
+                        && going::ask(client, keys, &job.name, run, Ask::Going, lease)
+                            .await
+                            .is_ok()
+                    {
+                        if going_asked.is_none() {
+                            runner::span(first).in_scope(|| tracing::info!(node = %run.node, previous_tick = %run.tick, fence = run.fence, "waiting: the job's record lists its previous run going on another node and etcd shows no end of it; asked that node whether it still goes"));
+                        }
+                        going_asked = Some(Instant::now());
+                    }
+                    if (stop_asked || going_asked.is_some()) && !asked.contains(&run) {
+                        asked.push(run);
+                    }
                 }
                 tokio::select! {
                     _ = tokio::time::sleep(LOOK_EVERY) => {}
@@ -110,11 +136,18 @@ impl Runs {
     pub(super) fn unlist_going(&self, tick: &Tick) {
         tick.starts.here().run_ended(&tick.job.name, tick.fence);
     }
+}
 
-    /// Another node's leader asks this node to stop its run of `job` with `fence`, to start the
-    /// job's next tick (`overlap = "replace"`).
-    pub fn stop_asked(&self, job: &str, fence: i64) {
-        let mut jobs = self.jobs.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+/// This node's runs as other nodes' leaders ask about them: stopped through [`Runs`], their age
+/// read from what this node lists as going.
+pub(crate) struct AskedHere {
+    pub(crate) runs: Runs,
+    pub(crate) listed: Arc<StartedHere>,
+}
+
+impl RunsHere for AskedHere {
+    fn stop(&self, job: &str, fence: i64) {
+        let mut jobs = self.runs.jobs.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some(entry) = jobs.get_mut(job) {
             if entry.running.is_some_and(|running| running.fence == fence) {
                 tracing::info!(job, fence, "another node's leader asks for this run to stop, to start the job's next tick (overlap = \"replace\")");
@@ -122,14 +155,9 @@ impl Runs {
             }
         }
     }
-}
 
-/// `run` as this node's overlap rules read a run.
-fn running(run: &Going) -> Running {
-    Running {
-        since: run.since,
-        tick: run.tick,
-        caught_up: false,
-        fence: run.fence,
+    fn age(&self, job: &str, fence: i64) -> Option<Duration> {
+        let run = self.listed.own_going(job).filter(|run| run.fence == fence)?;
+        Some((clock::now() - run.since).to_std().unwrap_or_default())
     }
 }

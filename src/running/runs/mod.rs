@@ -21,6 +21,7 @@ use crate::secrets::ChildEnv;
 use overlap::{may_overlap, overlaps, Running, Skip};
 
 mod elsewhere;
+pub(crate) use elsewhere::AskedHere;
 mod overlap;
 mod sequence;
 #[cfg(test)]
