@@ -104,13 +104,7 @@ pub(crate) fn seed_run_records(url: &str, jobs: usize) -> f64 {
                     scheduled_at: now,
                     term: 1,
                     node: "bench-node".to_string(),
-                    pending: Vec::new(),
-                    shards: None,
-                    pool: None,
-                    schedule: None,
-                    others: Vec::new(),
-                    released: false,
-                    going: Vec::new(),
+                    ..Claim::default()
                 };
                 let run = RunRecord {
                     scheduled_at: now,

@@ -8,8 +8,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::rules::pools::Tags;
 
-/// The value of `/jobs/<job>/last`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+/// The value of `/jobs/<job>/last`. Its default (the epoch, term 0, nothing listed) is only a
+/// base for records built by hand: tests, benchmarks, models.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Claim {
     /// The newest tick claimed.
     pub scheduled_at: DateTime<Utc>,

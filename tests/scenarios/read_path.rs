@@ -37,13 +37,7 @@ fn seed(world: &World, names: &[String]) -> usize {
                     scheduled_at: tick(),
                     term: index as i64 + 1,
                     node: node_of(index),
-                    pending: Vec::new(),
-                    shards: None,
-                    pool: None,
-                    schedule: None,
-                    others: Vec::new(),
-                    released: false,
-                    going: Vec::new(),
+                    ..Claim::default()
                 };
                 let run = RunRecord {
                     scheduled_at: tick(),

@@ -164,13 +164,7 @@ impl World {
             scheduled_at: last,
             term: 1,
             node: "gone".into(),
-            pending: Vec::new(),
-            shards: None,
-            pool: None,
-            schedule: None,
-            others: Vec::new(),
-            released: false,
-            going: Vec::new(),
+            ..Default::default()
         };
         let value = serde_json::to_string(&record).expect("record");
         let runtime = tokio::runtime::Runtime::new().expect("runtime");

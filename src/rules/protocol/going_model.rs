@@ -440,16 +440,8 @@ const STARTS_ON_ANSWER: &str = "a tick starts once a run's node answered it ende
 /// A record with nothing but the runs going that the model reads.
 fn record(going: Vec<Going>) -> Claim {
     Claim {
-        scheduled_at: at(0),
-        term: 1,
-        node: String::new(),
-        pending: Vec::new(),
-        shards: None,
-        pool: None,
-        schedule: None,
-        others: Vec::new(),
-        released: false,
         going,
+        ..Claim::default()
     }
 }
 
