@@ -347,6 +347,7 @@ mod tests {
             finished_at: chrono::DateTime::UNIX_EPOCH,
             attempts: 1,
             trigger: crate::rules::record::Trigger::Schedule,
+            output: None,
         };
         let metrics = Metrics::new();
         metrics.record_run("metrics-test", &record(Outcome::Exited, Some(0)));

@@ -116,6 +116,7 @@ pub(crate) fn seed_run_records(url: &str, jobs: usize) -> f64 {
                     finished_at: now,
                     attempts: 1,
                     trigger: Trigger::Schedule,
+                    output: None,
                 };
                 let (claim, run) = (
                     serde_json::to_string(&claim).expect("claim"),

@@ -8,6 +8,7 @@
 //! oldest tick to keep follows from the schedule alone.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -22,6 +23,15 @@ use crate::rules::record::{RunRecord, Trigger};
 /// Two operations per entry: its put and the trim.
 pub const OPS_PER_ENTRY: usize = 2;
 
+/// At most this many bytes of entries go in one transaction, unless one entry alone is more:
+/// etcd refuses a request past its `--max-request-bytes` (1.5 MiB by default), and an entry
+/// with two full output tails of bytes JSON escapes (up to 6 bytes each) is about 768 KiB.
+pub const MAX_TXN_BYTES: usize = 1024 * 1024;
+
+/// At most this many bytes of output wait in the queue: while etcd is out of reach the oldest
+/// waiting runs lose their output (their records stay), so a node's memory stays bounded.
+const MAX_QUEUED_OUTPUT: usize = 32 * 1024 * 1024;
+
 /// One run on its way to the job's history.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
@@ -31,6 +41,16 @@ pub struct Entry {
     /// The oldest tick the job's history keeps once this entry is in; `None` keeps all.
     pub keep_from: Option<DateTime<Utc>>,
     since: Instant,
+    /// Its record's size in etcd.
+    bytes: usize,
+}
+
+/// Bytes of output a record holds.
+fn output_bytes(record: &RunRecord) -> usize {
+    record
+        .output
+        .as_ref()
+        .map_or(0, |output| output.stdout.len() + output.stderr.len())
 }
 
 /// Runs not yet in etcd's history, and each job's last trim horizon.
@@ -39,6 +59,8 @@ pub struct HistoryQueue {
     /// How many runs per job the history keeps; 0 turns it off.
     keep: u32,
     entries: Mutex<Vec<Entry>>,
+    /// Bytes of output the entries hold; changed only with `entries` locked.
+    queued_output: AtomicUsize,
     /// The newest tick seen per job and the oldest tick kept with it: the next tick's horizon is
     /// one schedule step on, instead of a walk of `keep` steps back.
     horizons: Mutex<HashMap<String, Horizon>>,
@@ -56,9 +78,33 @@ impl HistoryQueue {
     }
 
     pub fn push(&self, job: &Job, record: &RunRecord) {
-        if let Some(entry) = self.entry(job, record) {
-            lock(&self.entries).push(entry);
+        let Some(entry) = self.entry(job, record) else {
+            return;
+        };
+        let mut entries = lock(&self.entries);
+        let mut queued = self.queued_output.load(Ordering::Relaxed) + output_bytes(&entry.record);
+        entries.push(entry);
+        let mut dropped = 0;
+        for entry in entries.iter_mut() {
+            if queued <= MAX_QUEUED_OUTPUT {
+                break;
+            }
+            if entry.record.output.is_some() {
+                queued -= output_bytes(&entry.record);
+                entry.record.output = None;
+                entry.bytes = entry_bytes(&entry.record);
+                dropped += 1;
+            }
         }
+        self.queued_output.store(queued, Ordering::Relaxed);
+        if dropped == 0 {
+            return;
+        }
+        tracing::warn!(
+            dropped,
+            waiting = entries.len(),
+            "too much run output waits for etcd: the oldest waiting runs keep their records but not their output"
+        );
     }
 
     /// The entry `record` makes in `job`'s history; `None` when histories are off.
@@ -72,6 +118,7 @@ impl HistoryQueue {
             record: record.clone(),
             keep_from: self.horizon(job, record.scheduled_at),
             since: Instant::now(),
+            bytes: entry_bytes(record),
         })
     }
 
@@ -96,13 +143,19 @@ impl HistoryQueue {
         Some(kept)
     }
 
-    /// Takes at most `max` entries of `shard`'s jobs, oldest first, for a claim to carry; put
-    /// them back with [`HistoryQueue::put_back`] if it did not land.
+    /// Takes at most `max` entries of `shard`'s jobs, oldest first, of at most
+    /// [`MAX_TXN_BYTES`] together, for a claim to carry; put them back with
+    /// [`HistoryQueue::put_back`] if it did not land.
     pub fn take_for(&self, shard: u32, max: usize) -> Vec<Entry> {
         let mut entries = lock(&self.entries);
         let mut taken = Vec::new();
+        let mut bytes = 0;
         entries.retain(|entry| {
-            if taken.len() < max && entry.shard == shard {
+            let fits = taken.is_empty() || bytes + entry.bytes <= MAX_TXN_BYTES;
+            if taken.len() < max && entry.shard == shard && fits {
+                bytes += entry.bytes;
+                self.queued_output
+                    .fetch_sub(output_bytes(&entry.record), Ordering::Relaxed);
                 taken.push(entry.clone());
                 false
             } else {
@@ -113,7 +166,10 @@ impl HistoryQueue {
     }
 
     pub fn put_back(&self, entries: Vec<Entry>) {
-        lock(&self.entries).extend(entries);
+        let mut queued = lock(&self.entries);
+        let bytes: usize = entries.iter().map(|entry| output_bytes(&entry.record)).sum();
+        self.queued_output.fetch_add(bytes, Ordering::Relaxed);
+        queued.extend(entries);
     }
 
     /// How many runs wait to be written.
@@ -132,8 +188,35 @@ impl HistoryQueue {
             .into_iter()
             .partition(|entry| now.saturating_duration_since(entry.since) >= age);
         *entries = waiting;
+        let bytes: usize = due.iter().map(|entry| output_bytes(&entry.record)).sum();
+        self.queued_output.fetch_sub(bytes, Ordering::Relaxed);
         due
     }
+}
+
+/// A record's size as etcd stores it, its key aside.
+fn entry_bytes(record: &RunRecord) -> usize {
+    serde_json::to_vec(record).map_or(0, |value| value.len())
+}
+
+/// `entries` in transactions etcd takes: at most as many operations as one allows, and at most
+/// [`MAX_TXN_BYTES`] (or a single entry).
+fn batches(entries: &[Entry]) -> Vec<&[Entry]> {
+    let max_entries = (crate::coord::etcd::ops_per_txn() / OPS_PER_ENTRY).max(1);
+    let mut batches = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (index, entry) in entries.iter().enumerate() {
+        let full = index - start == max_entries || (index > start && bytes + entry.bytes > MAX_TXN_BYTES);
+        if full {
+            batches.push(&entries[start..index]);
+            (start, bytes) = (index, 0);
+        }
+        bytes += entry.bytes;
+    }
+    if start < entries.len() {
+        batches.push(&entries[start..]);
+    }
+    batches
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -198,7 +281,7 @@ pub fn ops(keys: &Keys, entries: &[Entry]) -> Result<Vec<TxnOp>, CoordError> {
 /// Writes `entries` that no claim carried, in as few transactions as etcd allows. Puts of
 /// whole records under their own keys: writing one twice writes the same thing.
 pub async fn write(client: &etcd_client::Client, keys: &Keys, entries: &[Entry]) -> Result<(), CoordError> {
-    for chunk in entries.chunks(crate::coord::etcd::ops_per_txn() / OPS_PER_ENTRY) {
+    for chunk in batches(entries) {
         etcd::call(client.clone().txn(Txn::new().and_then(ops(keys, chunk)?))).await?;
     }
     Ok(())
@@ -350,6 +433,49 @@ mod tests {
         let kept = read(&client, &keys, "j", 10).await.expect("read");
         let ticks: Vec<DateTime<Utc>> = kept.iter().map(|run| run.scheduled_at).collect();
         assert_eq!(ticks, [at(7), at(6), at(5)]);
+    }
+
+    fn with_output(second: i64, bytes: usize) -> RunRecord {
+        RunRecord {
+            output: Some(crate::rules::record::RunOutput {
+                stdout: "x".repeat(bytes),
+                ..Default::default()
+            }),
+            ..RunRecord::for_tests(at(second), 100 + second)
+        }
+    }
+
+    #[test]
+    fn big_outputs_go_in_transactions_of_at_most_a_mebibyte_and_one_entry_always_goes() {
+        let job = Job::for_tests("j", "* * * * * *");
+        let queue = HistoryQueue::new(100);
+        for second in 0..10 {
+            queue.push(&job, &with_output(second, 300 * 1024));
+        }
+        let taken = queue.take_for(job.shard, 100);
+        assert_eq!(taken.len(), 3, "three of 300 KiB fit in a mebibyte, four do not");
+        let entries = queue.take_older_than(Duration::ZERO);
+        let sizes: Vec<usize> = batches(&entries).iter().map(|batch| batch.len()).collect();
+        assert_eq!(sizes, [3, 3, 1]);
+        queue.push(&job, &with_output(20, 2 * 1024 * 1024));
+        assert_eq!(queue.take_for(job.shard, 100).len(), 1, "an entry past the bound alone");
+    }
+
+    #[test]
+    fn output_waiting_for_etcd_is_bounded_by_dropping_the_oldest() {
+        let job = Job::for_tests("j", "* * * * * *");
+        let queue = HistoryQueue::new(1000);
+        for second in 0..300 {
+            queue.push(&job, &with_output(second, 128 * 1024));
+        }
+        let entries = queue.take_older_than(Duration::ZERO);
+        assert_eq!(entries.len(), 300, "every record stays");
+        let kept: usize = entries.iter().map(|entry| output_bytes(&entry.record)).sum();
+        assert!(kept <= MAX_QUEUED_OUTPUT, "{kept}");
+        assert!(kept > MAX_QUEUED_OUTPUT - 128 * 1024, "{kept}");
+        assert!(entries[0].record.output.is_none(), "the oldest lost their output");
+        assert!(entries[299].record.output.is_some(), "the newest kept it");
+        assert_eq!(queue.queued_output.load(Ordering::Relaxed), 0);
     }
 
     #[test]

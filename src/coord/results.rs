@@ -74,6 +74,7 @@ impl ResultQueue {
 
     /// How the run asked for by `request` ended.
     pub fn answer(&self, request: &str, record: RunRecord) {
+        let record = RunRecord { output: None, ..record };
         self.answers
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -110,6 +111,8 @@ impl ResultQueue {
             crate::coord::job_gauges::get().succeeded(&job.name, record.finished_at);
         }
         self.history.push(job, &record);
+        // The output stays in the history entry: the result is read for every job at once.
+        let record = RunRecord { output: None, ..record };
         self.push(&job.name, job.shard, record);
     }
 

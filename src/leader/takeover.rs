@@ -273,6 +273,7 @@ fn lost_records(debt: &Debt, listed_at: i64, ticks: &[DateTime<Utc>]) -> Vec<Run
             finished_at: clock::now(),
             attempts: 0,
             trigger: Trigger::Schedule,
+            output: None,
         })
         .collect()
 }

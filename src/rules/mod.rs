@@ -12,6 +12,7 @@ pub mod bounds;
 pub(crate) mod catch_up;
 pub mod config;
 pub mod groups;
+pub mod output;
 pub mod plan;
 pub mod pools;
 pub(crate) mod protocol;

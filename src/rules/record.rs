@@ -149,6 +149,20 @@ pub struct RunRecord {
     /// field are schedule runs.
     #[serde(default)]
     pub trigger: Trigger,
+    /// The last bytes of its output (`output_tail`), kept in its history entry only: never in
+    /// the job's result or claim record. `None` for a run that kept none, or was not run.
+    #[serde(flatten)]
+    pub output: Option<RunOutput>,
+}
+
+/// The kept tails of a run's stdout and stderr, each cut where a character starts.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunOutput {
+    pub stdout: String,
+    pub stderr: String,
+    /// The stream printed more than the tail holds.
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
 }
 
 /// What made a run (`CRON_TRIGGER`).
@@ -197,6 +211,7 @@ impl RunRecord {
             finished_at: at,
             attempts: 1,
             trigger: Trigger::Schedule,
+            output: None,
         }
     }
 }
@@ -320,6 +335,7 @@ mod tests {
             finished_at: at,
             attempts: 2,
             trigger: Trigger::Manual,
+            output: None,
         };
         assert_eq!(
             serde_json::to_string(&record).unwrap(),

@@ -49,6 +49,7 @@ fn seed(world: &World, names: &[String]) -> usize {
                     finished_at: tick(),
                     attempts: 1,
                     trigger: Trigger::Schedule,
+                    output: None,
                 };
                 let (claim, run) = (
                     serde_json::to_string(&claim).expect("claim"),

@@ -10,6 +10,9 @@ use chrono_tz::Tz;
 use serde::Deserialize;
 
 use crate::rules::groups::Group;
+pub use crate::rules::output::LogOutput;
+#[cfg(test)]
+use crate::rules::output::DEFAULT_OUTPUT_TAIL;
 use crate::rules::pools::{Elections, FanOut, Tags};
 use crate::rules::schedule::Schedule;
 
@@ -125,6 +128,9 @@ pub struct Job {
     pub env_file: Option<PathBuf>,
     /// The concurrency group whose slots the job's attempts take, if any.
     pub group: Option<Arc<Group>>,
+    /// How many of the last bytes of each output stream a run keeps with its history entry.
+    pub output_tail: usize,
+    pub log_output: LogOutput,
 }
 
 /// What a new leader does with a tick that was claimed and never started: its leader died,
@@ -226,6 +232,8 @@ impl Job {
             env: BTreeMap::new(),
             env_file: None,
             group: None,
+            output_tail: DEFAULT_OUTPUT_TAIL,
+            log_output: LogOutput::All,
         }
     }
 }

@@ -84,6 +84,16 @@ pub(super) struct RawJob {
     pub(super) run_on: Option<Spanned<Vec<String>>>,
     pub(super) fan_out: Option<Spanned<FanOut>>,
     pub(super) group: Option<Spanned<String>>,
+    pub(super) output_tail: Option<Spanned<RawSize>>,
+    pub(super) log_output: Option<Spanned<crate::rules::output::LogOutput>>,
+}
+
+/// A size: a whole number of bytes, or a string with a unit.
+#[derive(Deserialize)]
+#[serde(untagged)]
+pub(super) enum RawSize {
+    Bytes(i64),
+    Text(String),
 }
 
 /// `schedule`: one expression, or an array of them that the job fires on together.

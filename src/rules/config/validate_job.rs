@@ -14,6 +14,7 @@ use super::raw::*;
 use super::validate::{parse_duration, secret_path, valid_name};
 use crate::rules::bounds;
 use crate::rules::groups::Group;
+use crate::rules::output::{parse_size, DEFAULT_OUTPUT_TAIL, MAX_OUTPUT_TAIL};
 use crate::rules::pools::Tags;
 use crate::rules::schedule::{parse_zone, Schedule, ScheduleError};
 use crate::rules::shard::shard_of;
@@ -59,6 +60,7 @@ pub(super) fn validate_job(
         Some(value) => Some(job_group(source, job, value, groups)?),
         None => None,
     };
+    let output_tail = job_output_tail(source, job, raw.output_tail.as_ref())?;
     Ok(Job {
         // The number of its election is known once every job's pool is: see `config::parse`.
         shard: shard_of(&name, cluster.shards),
@@ -81,7 +83,27 @@ pub(super) fn validate_job(
         env: raw.env.map(Spanned::into_inner).unwrap_or_default(),
         env_file: raw.env_file.map(Spanned::into_inner),
         group,
+        output_tail,
+        log_output: raw.log_output.map(Spanned::into_inner).unwrap_or_default(),
     })
+}
+
+/// `output_tail`: 0 up to [`MAX_OUTPUT_TAIL`] bytes per stream.
+fn job_output_tail(source: &Source, job: Option<&str>, raw: Option<&Spanned<RawSize>>) -> Result<usize, ConfigError> {
+    let Some(raw) = raw else {
+        return Ok(DEFAULT_OUTPUT_TAIL);
+    };
+    let error = |message: String| source.error(Some(raw.span()), job, Some("output_tail"), message);
+    let bytes = match raw.get_ref() {
+        RawSize::Bytes(bytes) => usize::try_from(*bytes).map_err(|_| error(format!("{bytes} is not a size")))?,
+        RawSize::Text(text) => parse_size(text).map_err(error)?,
+    };
+    if bytes > MAX_OUTPUT_TAIL {
+        return Err(error(format!(
+            "{bytes} bytes is more than a run may keep: at most \"64KiB\" ({MAX_OUTPUT_TAIL} bytes) per stream"
+        )));
+    }
+    Ok(bytes)
 }
 
 /// The `[groups.<name>]` a job's `group` names.

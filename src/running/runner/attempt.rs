@@ -71,10 +71,13 @@ pub(super) async fn run_once(
     };
     started(&mut ticket);
     tracing::info!(pid = child.pid().as_raw_pid(), "run started");
-    let forwarding = Forwarding::start(stdout, child.take_stderr());
+    let forwarding = Forwarding::start(stdout, child.take_stderr(), &tick.job);
     let (outcome, status) = supervise(&mut child, &tick.job, stops).await;
-    forwarding.finish().await;
-    let record = this.record(outcome, status.as_ref().ok().and_then(ExitStatus::code));
+    let output = forwarding.finish().await;
+    let record = RunRecord {
+        output,
+        ..this.record(outcome, status.as_ref().ok().and_then(ExitStatus::code))
+    };
     log_end(&record, &status);
     Some(record)
 }
@@ -126,6 +129,7 @@ impl Attempt<'_> {
             finished_at: clock::now(),
             attempts: self.number,
             trigger: self.tick.trigger(),
+            output: None,
         }
     }
 

@@ -1,6 +1,8 @@
-//! A run's output: the child's first line, which is the lease gate's, then every line of its
-//! stdout and stderr in the node's log, inside the run's span.
+//! A run's output: the child's first line, which is the lease gate's, then its stdout and
+//! stderr: each line in the node's log inside the run's span (`log_output`), and the last bytes
+//! of each stream kept for the run's record (`output_tail`).
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
@@ -8,6 +10,9 @@ use tokio::task::JoinHandle;
 use tracing::Instrument;
 
 use super::MAX_LINE;
+use crate::rules::config::Job;
+use crate::rules::output::{Kept, LogOutput, Tail};
+use crate::rules::record::RunOutput;
 use crate::running::gate;
 
 /// Whether `line`, the child's first, is the gate's: the command runs now.
@@ -21,55 +26,114 @@ pub(super) async fn first_line<R: AsyncRead + Unpin>(stdout: &mut BufReader<R>, 
     if line.ends_with(b"\n") {
         return;
     }
-    let _ = read_bounded_line(stdout, line).await;
+    let _ = read_bounded_line(stdout, line, &mut |_| {}).await;
 }
 
-/// The tasks that forward a run's stdout and stderr to the log.
+/// The tasks that read a run's stdout and stderr, and what they keep of them.
 pub(super) struct Forwarding {
     readers: Vec<JoinHandle<()>>,
+    tails: Option<[Arc<Mutex<Tail>>; 2]>,
+    log: LogOutput,
 }
 
 impl Forwarding {
-    /// Forwards both streams in tasks of their own, in the current (the attempt's) span.
+    /// Reads both streams in tasks of their own, in the current (the attempt's) span.
     pub(super) fn start(
         stdout: Option<BufReader<impl AsyncRead + Unpin + Send + 'static>>,
         stderr: Option<impl AsyncRead + Unpin + Send + 'static>,
+        job: &Job,
     ) -> Forwarding {
+        let keeps = job.output_tail > 0;
+        let tails = [(); 2].map(|()| Arc::new(Mutex::new(Tail::new(job.output_tail))));
+        let each_line = job.log_output == LogOutput::All;
         let mut readers = Vec::with_capacity(2);
         if let Some(stdout) = stdout {
-            readers.push(tokio::spawn(forward_lines(stdout, "stdout").in_current_span()));
+            let reader = forward_lines(stdout, "stdout", Arc::clone(&tails[0]), keeps, each_line);
+            readers.push(tokio::spawn(reader.in_current_span()));
         }
         if let Some(stderr) = stderr {
-            readers.push(tokio::spawn(
-                forward_lines(BufReader::new(stderr), "stderr").in_current_span(),
-            ));
+            let reader = forward_lines(
+                BufReader::new(stderr),
+                "stderr",
+                Arc::clone(&tails[1]),
+                keeps,
+                each_line,
+            );
+            readers.push(tokio::spawn(reader.in_current_span()));
         }
-        Forwarding { readers }
+        Forwarding {
+            readers,
+            tails: keeps.then_some(tails),
+            log: job.log_output,
+        }
     }
 
     /// Once the command exited: whatever still holds the pipes open, the readers stop rather
-    /// than outlive the run.
-    pub(super) async fn finish(self) {
+    /// than outlive the run. Returns the kept tails, logged once if the job logs only those.
+    pub(super) async fn finish(self) -> Option<RunOutput> {
         for mut reader in self.readers {
             if tokio::time::timeout(Duration::from_secs(1), &mut reader).await.is_err() {
                 reader.abort();
                 tracing::debug!("output reader still open after exit; stopped");
             }
         }
+        let [stdout, stderr] = self
+            .tails?
+            .map(|tail| tail.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).kept());
+        if self.log == LogOutput::Tail {
+            for (name, kept) in [("stdout", &stdout), ("stderr", &stderr)] {
+                if !kept.text.is_empty() {
+                    tracing::info!(
+                        stream = name,
+                        truncated = kept.truncated,
+                        "{}",
+                        kept.text.trim_end_matches(['\n', '\r'])
+                    );
+                }
+            }
+        }
+        let (
+            Kept {
+                text: stdout,
+                truncated: stdout_truncated,
+            },
+            Kept {
+                text: stderr,
+                truncated: stderr_truncated,
+            },
+        ) = (stdout, stderr);
+        Some(RunOutput {
+            stdout,
+            stderr,
+            stdout_truncated,
+            stderr_truncated,
+        })
     }
 }
 
-async fn forward_lines(mut reader: BufReader<impl AsyncRead + Unpin>, name: &'static str) {
+async fn forward_lines(
+    mut reader: BufReader<impl AsyncRead + Unpin>,
+    name: &'static str,
+    tail: Arc<Mutex<Tail>>,
+    keeps: bool,
+    each_line: bool,
+) {
     let mut line = Vec::with_capacity(256);
+    let mut keep = |bytes: &[u8]| {
+        if keeps {
+            tail.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push(bytes);
+        }
+    };
     loop {
         line.clear();
-        match read_bounded_line(&mut reader, &mut line).await {
+        match read_bounded_line(&mut reader, &mut line, &mut keep).await {
             Ok(0) => return,
-            Ok(_) => {
+            Ok(_) if each_line => {
                 let text = String::from_utf8_lossy(&line);
                 let text = text.trim_end_matches(['\n', '\r']);
                 tracing::info!(stream = name, "{text}");
             }
+            Ok(_) => {}
             Err(err) => {
                 tracing::debug!(error = %err, "output stream closed");
                 return;
@@ -78,9 +142,14 @@ async fn forward_lines(mut reader: BufReader<impl AsyncRead + Unpin>, name: &'st
     }
 }
 
-/// Reads one line into `line`, keeping at most [`MAX_LINE`] bytes of it and discarding the rest.
-/// Returns the number of bytes consumed, 0 at end of stream.
-async fn read_bounded_line<R: AsyncBufReadExt + Unpin>(reader: &mut R, line: &mut Vec<u8>) -> std::io::Result<usize> {
+/// Reads one line into `line`, keeping at most [`MAX_LINE`] bytes of it and discarding the rest;
+/// `seen` gets every byte consumed, the discarded ones too. Returns the number of bytes
+/// consumed, 0 at end of stream.
+async fn read_bounded_line<R: AsyncBufReadExt + Unpin>(
+    reader: &mut R,
+    line: &mut Vec<u8>,
+    seen: &mut impl FnMut(&[u8]),
+) -> std::io::Result<usize> {
     let mut consumed = 0;
     loop {
         let buffer = reader.fill_buf().await?;
@@ -93,6 +162,7 @@ async fn read_bounded_line<R: AsyncBufReadExt + Unpin>(reader: &mut R, line: &mu
         };
         let room = MAX_LINE.saturating_sub(line.len());
         line.extend_from_slice(&buffer[..take.min(room)]);
+        seen(&buffer[..take]);
         reader.consume(take);
         consumed += take;
         if done {
@@ -111,11 +181,18 @@ mod tests {
         input.extend_from_slice(b"\nnext\n");
         let mut reader = BufReader::new(&input[..]);
         let mut line = Vec::new();
-        assert_eq!(read_bounded_line(&mut reader, &mut line).await.unwrap(), MAX_LINE + 101);
+        let mut tail = Tail::new(8);
+        let mut seen = |bytes: &[u8]| tail.push(bytes);
+        assert_eq!(
+            read_bounded_line(&mut reader, &mut line, &mut seen).await.unwrap(),
+            MAX_LINE + 101
+        );
         assert_eq!(line.len(), MAX_LINE);
         line.clear();
-        read_bounded_line(&mut reader, &mut line).await.unwrap();
+        read_bounded_line(&mut reader, &mut line, &mut seen).await.unwrap();
         assert_eq!(line, b"next\n");
+        // The tail holds the stream's last bytes, the discarded part of the long line included.
+        assert_eq!(tail.kept().text, "xx\nnext\n");
     }
 
     #[tokio::test]

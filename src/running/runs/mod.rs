@@ -420,5 +420,6 @@ fn not_run(tick: &Tick, outcome: Outcome) -> RunRecord {
         finished_at: clock::now(),
         attempts: 0,
         trigger: tick.trigger(),
+        output: None,
     }
 }
