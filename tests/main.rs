@@ -31,6 +31,7 @@ mod scenarios {
     mod lease_stall;
     mod observability;
     mod operations;
+    mod output;
     mod overlap;
     mod package;
     mod packet_drops;

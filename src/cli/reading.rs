@@ -26,9 +26,13 @@ pub struct HistoryArgs {
     /// How many runs to show.
     #[arg(short = 'n', default_value_t = 20)]
     pub count: usize,
-    /// Print a JSON array of run records instead of a table.
+    /// Print a JSON array of run records instead of a table (with each run's kept output:
+    /// stdout, stderr, stdout_truncated, stderr_truncated).
     #[arg(long)]
     pub json: bool,
+    /// Print each run's kept output (its job's `output_tail`) under its row.
+    #[arg(long)]
+    pub output: bool,
 }
 
 pub fn status(args: &StatusArgs) -> Result<()> {
@@ -97,6 +101,8 @@ pub fn history(args: &HistoryArgs) -> Result<()> {
     }
     if args.json {
         print(format_args!("{}\n", serde_json::to_string_pretty(&records)?))
+    } else if args.output {
+        print(format_args!("{}", history::render_with_output(&records)))
     } else {
         print(format_args!("{}", history::render(&records)))
     }

@@ -306,6 +306,26 @@ pub async fn read(
         .collect())
 }
 
+/// The run of `job` at `at` in its history: its tick's, or one asked for by hand at that
+/// millisecond.
+pub async fn read_run(
+    client: &etcd_client::Client,
+    keys: &Keys,
+    job: &str,
+    at: DateTime<Utc>,
+) -> Result<Option<RunRecord>, CoordError> {
+    let reads = [Trigger::Schedule, Trigger::Manual].map(|trigger| TxnOp::get(key_of(keys, job, at, trigger), None));
+    let read = etcd::call(client.clone().txn(Txn::new().and_then(reads))).await?;
+    Ok(read
+        .op_responses()
+        .into_iter()
+        .filter_map(|answer| match answer {
+            etcd_client::TxnOpResponse::Get(got) => got.kvs().first().map(|kv| kv.value().to_vec()),
+            _ => None,
+        })
+        .find_map(|value| serde_json::from_slice(&value).ok()))
+}
+
 /// The last `count` runs of a `fan_out = "all"` job on every node, newest first: each node's
 /// instance keeps a history of its own (`<job>@<node>`). Its keys are read first, without
 /// values, so only the runs shown are fetched.
@@ -342,6 +362,49 @@ pub async fn read_each(
 
 /// `history`'s table: one run per line, newest first.
 pub fn render(records: &[RunRecord]) -> String {
+    render_rows(records, false)
+}
+
+/// [`render`], with each run's kept output under its row (`history --output`): each stream
+/// that printed, its lines indented behind `| `, control characters but tabs shown escaped so
+/// that a run's output cannot drive the terminal.
+pub fn render_with_output(records: &[RunRecord]) -> String {
+    render_rows(records, true)
+}
+
+fn output_block(record: &RunRecord) -> String {
+    let Some(output) = &record.output else {
+        return "    (no output kept)\n".to_string();
+    };
+    let mut block = String::new();
+    for (name, text, truncated) in [
+        ("stdout", &output.stdout, output.stdout_truncated),
+        ("stderr", &output.stderr, output.stderr_truncated),
+    ] {
+        if text.is_empty() {
+            continue;
+        }
+        let cut = if truncated { ", its last bytes" } else { "" };
+        block.push_str(&format!("    {name}{cut}:\n"));
+        for line in text.trim_end_matches('\n').split('\n') {
+            let shown: String = line
+                .chars()
+                .flat_map(|c| match c {
+                    '\t' => vec![c],
+                    c if c.is_control() => c.escape_default().collect(),
+                    c => vec![c],
+                })
+                .collect();
+            block.push_str(&format!("    | {shown}\n"));
+        }
+    }
+    if block.is_empty() {
+        block.push_str("    (printed nothing)\n");
+    }
+    block
+}
+
+fn render_rows(records: &[RunRecord], with_output: bool) -> String {
     let instant = |at: &DateTime<Utc>| at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
     let rows: Vec<Vec<String>> = records
         .iter()
@@ -361,7 +424,7 @@ pub fn render(records: &[RunRecord]) -> String {
             ]
         })
         .collect();
-    crate::text_table::table(
+    let table = crate::text_table::table(
         &[
             "SCHEDULED AT",
             "TRIGGER",
@@ -374,7 +437,18 @@ pub fn render(records: &[RunRecord]) -> String {
             "FINISHED AT",
         ],
         &rows,
-    )
+    );
+    if !with_output {
+        return table;
+    }
+    let mut lines = table.lines();
+    let mut out = format!("{}\n", lines.next().unwrap_or_default());
+    for (line, record) in lines.zip(records) {
+        out.push_str(line);
+        out.push('\n');
+        out.push_str(&output_block(record));
+    }
+    out
 }
 
 #[cfg(test)]

@@ -30,6 +30,7 @@ pub(crate) use loaded::Loaded;
 pub use loaded::NodeSpec;
 pub use model::*;
 use raw::{RawFile, RawJobs};
+pub(crate) use validate::valid_name;
 use validate::{validate_cluster, validate_etcd, validate_groups};
 use validate_job::validate_job;
 

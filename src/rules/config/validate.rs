@@ -34,7 +34,8 @@ pub(super) fn parse_duration(
     })
 }
 
-pub(super) fn valid_name(name: &str) -> bool {
+/// A job, group or node name: letters, digits, `.`, `_` and `-`.
+pub(crate) fn valid_name(name: &str) -> bool {
     !name.is_empty()
         && name
             .bytes()

@@ -110,6 +110,7 @@ fn router(app: Arc<App>) -> Router {
         .route("/api/v1/jobs", get(api::jobs))
         .route("/api/v1/plan", get(api::plan))
         .route("/api/v1/jobs/{name}/history", get(api::history))
+        .route("/api/v1/jobs/{name}/runs/{tick}", get(api::run))
         .route("/api/v1/jobs/{name}/trigger", post(api::trigger))
         .route("/api/v1/jobs/{name}/pause", post(api::pause))
         .route("/api/v1/jobs/{name}/resume", post(api::resume))

@@ -15,6 +15,7 @@ use serde_json::json;
 
 use super::{bad_request, etcd_failed, jobs_by_name, known_job, no_wildcard, Answer, Failure};
 use crate::rules::config::Job;
+use crate::rules::record::RunRecord;
 use crate::serving::http::App;
 
 #[derive(Deserialize)]
@@ -160,9 +161,13 @@ fn job_matches(job: &Job, filter: &str) -> bool {
 #[derive(Deserialize)]
 pub(in crate::serving::http) struct HistoryQuery {
     count: Option<usize>,
+    /// With each run's kept output; without, a page of runs stays small (each run may keep
+    /// up to 128 KiB), and `/runs/{tick}` gives one run's output.
+    output: Option<bool>,
 }
 
-/// `GET /api/v1/jobs/{name}/history?count=N`: the job's newest runs, newest first.
+/// `GET /api/v1/jobs/{name}/history?count=N[&output=true]`: the job's newest runs, newest
+/// first.
 pub(in crate::serving::http) async fn history(
     State(served): State<Arc<App>>,
     Path(name): Path<String>,
@@ -192,7 +197,65 @@ pub(in crate::serving::http) async fn history(
     if records.is_empty() {
         known_job(exposed, &name)?;
     }
+    let records: Vec<RunRecord> = match query.output {
+        Some(true) => records,
+        _ => records
+            .into_iter()
+            .map(|record| RunRecord { output: None, ..record })
+            .collect(),
+    };
     Ok(Json(records).into_response())
+}
+
+#[derive(Deserialize)]
+pub(in crate::serving::http) struct RunQuery {
+    /// Whose run, for a `fan_out = "all"` job: each node keeps a history of its own.
+    node: Option<String>,
+}
+
+/// `GET /api/v1/jobs/{name}/runs/{tick}[?node=N]`: one run of the job from its history, by its
+/// tick (RFC 3339; a run asked for by hand: when it was asked for, to the millisecond), with
+/// its kept output.
+pub(in crate::serving::http) async fn run(
+    State(served): State<Arc<App>>,
+    Path((name, tick)): Path<(String, String)>,
+    headers: HeaderMap,
+    Query(query): Query<RunQuery>,
+) -> Answer {
+    served.authorize_read(&headers)?;
+    no_wildcard(&name)?;
+    let tick = DateTime::parse_from_rfc3339(&tick)
+        .map_err(|err| bad_request(format!("{tick:?} is not an RFC 3339 instant: {err}")))?
+        .with_timezone(&Utc);
+    let exposed = served.exposed()?;
+    if served.cluster.history == 0 {
+        return Err(Failure(
+            StatusCode::NOT_FOUND,
+            "this cluster keeps no history ([cluster] history = 0)".to_string(),
+        ));
+    }
+    known_job(exposed, &name)?;
+    let fans_out = exposed.jobs.borrow().fanned_out.iter().any(|job| job.name == name);
+    let kept_as = match (fans_out, &query.node) {
+        (false, _) => name.clone(),
+        (true, Some(node)) if crate::rules::config::valid_name(node) => format!("{name}@{node}"),
+        (true, Some(node)) => return Err(bad_request(format!("{node:?} is not a node id"))),
+        (true, None) => {
+            return Err(bad_request(format!(
+                "{name} runs on every eligible node (fan_out = \"all\"): say whose run with ?node=ID"
+            )))
+        }
+    };
+    let record = crate::coord::history::read_run(&exposed.client, &served.keys(), &kept_as, tick)
+        .await
+        .map_err(etcd_failed)?;
+    match record {
+        Some(record) => Ok(Json(record).into_response()),
+        None => Err(Failure(
+            StatusCode::NOT_FOUND,
+            format!("no run of {kept_as} at {} in its history", tick.to_rfc3339()),
+        )),
+    }
 }
 
 #[derive(Deserialize)]
