@@ -200,3 +200,104 @@ fn the_dashboard_pages_its_jobs_and_the_node_applies_the_filter() {
         "never more than a page: {asked}"
     );
 }
+
+/// A job's page, reached from the jobs table: its facts, next fire times, a timeline with one
+/// mark per run coloured by outcome (a skipped tick drawn too), the history table and a run's
+/// output on demand.
+#[test]
+fn a_jobs_page_draws_its_runs_and_shows_their_output() {
+    let mut world = World::new();
+    // Fails every other tick (by its own clock), so the timeline has both colours.
+    let flaky = r#"echo "run $CRON_FENCE at $CRON_SCHEDULED_AT"; test $(( $(date +%s) / 2 % 2 )) -eq 0"#;
+    let tables = [
+        ("flaky", format!("schedule = \"*/2 * * * * *\"\ncommand = '{flaky}'")),
+        ("slow", "schedule = \"*/2 * * * * *\"\ncommand = 'sleep 3'".to_string()),
+    ];
+    let config = world.write_config_tables("jobs.toml", 1, 2, &tables);
+    let port = world.node("node-a", &config).start_serving();
+    let history = |job: &str| -> Vec<shardcron::rules::record::RunRecord> {
+        serde_json::from_str(&http_get(port, &format!("/api/v1/jobs/{job}/history?count=100")).1).unwrap_or_default()
+    };
+    wait_for(
+        Duration::from_secs(60),
+        "flaky failed and succeeded, slow skipped a tick",
+        || {
+            let runs = history("flaky");
+            let exits: Vec<Option<i32>> = runs.iter().map(|run| run.exit_code).collect();
+            runs.len() >= 6
+                && exits.contains(&Some(0))
+                && exits.contains(&Some(1))
+                && history("slow").iter().any(|run| run.outcome.to_string() == "skipped")
+        },
+    );
+
+    let browser = Browser::start(1400, 1000);
+    browser.open(&format!("http://127.0.0.1:{port}/"));
+    browser.wait_for_element("[data-job=\"flaky\"] a", Duration::from_secs(20));
+    browser.click("[data-job=\"flaky\"] a");
+    browser.wait_for_text("#job-name", "the job's page", Duration::from_secs(10), |text| {
+        text == "flaky"
+    });
+    let facts = browser.wait_for_text("#facts", "the job's facts", Duration::from_secs(10), |text| {
+        text.contains("*/2 * * * * *") && text.contains("node-a")
+    });
+    assert!(facts.contains("UTC"), "{facts}");
+    let next = browser.script("return document.querySelectorAll('#next tbody tr').length;");
+    assert_eq!(next, serde_json::json!(5), "the next five fire times");
+
+    step("one mark per run, coloured by outcome");
+    browser.wait_for_element("#timeline .mark", Duration::from_secs(10));
+    let marks_of = || -> Vec<(String, String)> {
+        let marks = browser.script(
+            "return [...document.querySelectorAll('#timeline .mark')].map((m) => [m.dataset.tick, m.getAttribute('fill')]);",
+        );
+        serde_json::from_value(marks).expect("marks")
+    };
+    let marks = marks_of();
+    let runs = history("flaky");
+    assert!(
+        marks.len() >= 6 && marks.len() + 2 >= runs.len(),
+        "{} marks for {} runs",
+        marks.len(),
+        runs.len()
+    );
+    for (tick, fill) in &marks {
+        let run = runs
+            .iter()
+            .find(|run| run.scheduled_at.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true) == *tick)
+            .unwrap_or_else(|| panic!("a mark at {tick} that the history does not hold"));
+        let wanted = if run.exit_code == Some(0) { "#2e9d5b" } else { "#d1453b" };
+        assert_eq!(fill, wanted, "the mark of {tick} ({:?})", run.exit_code);
+    }
+    let rows = browser.script("return document.querySelectorAll('#history tbody tr').length;");
+    assert!(rows.as_u64().is_some_and(|rows| rows >= 6), "history rows: {rows}");
+
+    step("a run's output, on demand");
+    browser.click("#history button[data-output]");
+    let output = browser.wait_for_text(
+        "#history tr.output",
+        "the run's output",
+        Duration::from_secs(10),
+        |text| text.contains("run "),
+    );
+    assert!(output.contains("stdout"), "{output}");
+    save(&browser, &world, "job-page-wide.png");
+
+    step("a skipped tick is drawn");
+    browser.open(&format!("http://127.0.0.1:{port}/jobs/slow"));
+    browser.wait_for_element("#timeline .mark[data-outcome=\"skipped\"]", Duration::from_secs(10));
+    let fill = browser
+        .script("return document.querySelector('#timeline .mark[data-outcome=\"skipped\"]').getAttribute('fill');");
+    assert_eq!(fill, serde_json::json!("#d9a21b"));
+
+    browser.open(&format!("http://127.0.0.1:{port}/jobs/flaky"));
+    browser.resize(390, 844);
+    browser.wait_for_element("#timeline .mark", Duration::from_secs(10));
+    let fits = browser.script("return document.documentElement.scrollWidth <= window.innerWidth + 1;");
+    assert_eq!(
+        fits,
+        serde_json::Value::Bool(true),
+        "the job's page fits a phone's width"
+    );
+    save(&browser, &world, "job-page-narrow.png");
+}

@@ -1,10 +1,9 @@
 'use strict';
-const TOKEN_KEY = 'shardcron-token';
+// The overview: nodes, shards, groups and a page of jobs, refreshed every few seconds.
 const REFRESH_MS = 3000;
 // Jobs are read a page at a time, filtered by the node: a fleet may run 100,000 of them.
 const PER_PAGE = 100;
 const FILTER_DELAY_MS = 250;
-const $ = (css) => document.querySelector(css);
 
 let status = null;  // the last status read: nodes and shards, no jobs
 let jobsPage = null; // the last page of jobs read
@@ -12,52 +11,6 @@ let pageNo = 1;
 let timer = 0;
 let filterTimer = 0;
 let seq = 0;        // the number of the newest read; older answers are dropped
-
-// A DOM node; children may be strings (inserted as text, never parsed as HTML).
-function el(tag, attrs, ...children) {
-  const node = document.createElement(tag);
-  for (const [key, value] of Object.entries(attrs || {})) {
-    if (key === 'text') node.textContent = value;
-    else if (value != null) node.setAttribute(key, value);
-  }
-  node.append(...children.filter((child) => child != null));
-  return node;
-}
-
-// ---- time ----
-const pad = (n) => String(n).padStart(2, '0');
-const clock = (d) => `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
-
-// Local time; the date too unless it is today.
-function when(iso) {
-  const d = new Date(iso);
-  if (d.toDateString() === new Date().toDateString()) return clock(d);
-  return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${clock(d)}`;
-}
-
-function relative(iso) {
-  const s = Math.round((new Date(iso) - Date.now()) / 1000);
-  const a = Math.abs(s);
-  if (a < 1) return 'now';
-  const span = a < 60 ? `${a} s`
-    : a < 3600 ? `${Math.floor(a / 60)} min`
-    : a < 86400 ? `${Math.floor(a / 3600)} h ${Math.floor((a % 3600) / 60)} min`
-    : `${Math.floor(a / 86400)} d ${Math.floor((a % 86400) / 3600)} h`;
-  return s > 0 ? `in ${span}` : `${span} ago`;
-}
-
-// Relative times tick every second, between refreshes.
-const rel = (iso) => el('span', { class: 'rel sub', 'data-at': iso, text: relative(iso) });
-function tick() {
-  for (const span of document.querySelectorAll('.rel')) span.textContent = relative(span.dataset.at);
-}
-
-function duration(ms) {
-  if (ms < 1000) return `${ms} ms`;
-  if (ms < 60000) return `${(ms / 1000).toFixed(1)} s`;
-  const s = Math.round(ms / 1000);
-  return s < 3600 ? `${Math.floor(s / 60)}m ${s % 60}s` : `${Math.floor(s / 3600)}h ${Math.floor((s % 3600) / 60)}m`;
-}
 
 // ---- rendering ----
 function render() {
@@ -146,21 +99,14 @@ function newRow(name) {
   return tr;
 }
 
-function outcome(run) {
-  if (run.outcome === 'exited') {
-    return run.exit_code === 0 ? ['success', 'ok'] : [`failed (exit ${run.exit_code ?? '?'})`, 'bad'];
-  }
-  const quiet = ['replaced', 'skipped', 'paused', 'group_full'].includes(run.outcome);
-  return [run.outcome.replace('_', ' '), quiet ? 'warn' : 'bad'];
-}
-
 function fillRow(tr, job) {
   // One wrapper per cell: on phones the cell is a grid of its label and this.
   const set = (i, ...nodes) => tr.cells[i].replaceChildren(el('div', null, ...nodes));
   const where = [job.pool ? `pool ${job.pool} · shard ${job.shard}` : `shard ${job.shard}`];
   if (job.fan_out === 'all') where.push('every eligible node');
   if (job.group) where.push(`group ${job.group}`);
-  set(0, job.name, el('span', { class: 'sub', text: where.join(' · ') }),
+  set(0, el('a', { href: `jobs/${encodeURIComponent(job.name)}`, text: job.name }),
+    el('span', { class: 'sub', text: where.join(' · ') }),
     ...(job.no_eligible_node ? [el('span', { class: 'bad', text: unservedText(job.no_eligible_node) })] : []));
   set(1, el('code', { text: job.schedule }), el('span', { class: 'sub', text: job.timezone }));
   set(2, ...(job.next ? [when(job.next), rel(job.next)] : [el('span', { class: 'muted', text: '—' })]));
@@ -234,30 +180,6 @@ function renderJobs() {
   empty.textContent = query ? 'No job matches the filter.' : 'No jobs.';
 }
 
-// ---- reading ----
-// Reads send the stored token when there is one: a node may want one for reads too.
-function readHeaders() {
-  const headers = { Accept: 'application/json' };
-  const stored = sessionStorage.getItem(TOKEN_KEY);
-  if (stored) headers.Authorization = `Bearer ${stored}`;
-  return headers;
-}
-
-class NeedsToken extends Error {}
-
-async function read(path) {
-  const res = await fetch(path, { cache: 'no-store', headers: readHeaders() });
-  const data = await res.json().catch(() => null);
-  if (res.status === 401) {
-    sessionStorage.removeItem(TOKEN_KEY);
-    throw new NeedsToken(data && data.error ? data.error : 'this node needs a token for reads');
-  }
-  if (!res.ok || !data) {
-    throw new Error(data && data.error ? `${data.error} (HTTP ${res.status})` : `HTTP ${res.status} ${res.statusText}`);
-  }
-  return data;
-}
-
 async function refresh() {
   clearTimeout(timer);
   timer = 0;
@@ -290,91 +212,9 @@ async function refresh() {
   }
 }
 
-// ---- writing ----
-function say(text, bad) {
-  const message = $('#message');
-  message.textContent = text;
-  message.classList.toggle('bad', !!bad);
-}
-
-// Opens a dialog; resolves with what `read` makes of its fields on save, null on cancel or Esc.
-function ask(dialog, read) {
-  dialog.returnValue = '';
-  dialog.showModal();
-  return new Promise((resolve) => dialog.addEventListener('close',
-    () => resolve(dialog.returnValue === 'save' ? read() : null), { once: true }));
-}
-
-async function token(hint) {
-  const stored = sessionStorage.getItem(TOKEN_KEY);
-  if (stored) return stored;
-  $('#token-hint').textContent = hint || '';
-  $('#token-input').value = '';
-  const given = await ask($('#token-dialog'), () => $('#token-input').value.trim());
-  $('#token-input').value = '';
-  if (given) sessionStorage.setItem(TOKEN_KEY, given);
-  return given;
-}
-
-function askPause(name) {
-  $('#pause-title').textContent = `Pause ${name}`;
-  $('#pause-for').value = '1h';
-  $('#pause-reason').value = '';
-  return ask($('#pause-dialog'), () => {
-    const body = {};
-    const length = $('#pause-for').value.trim();
-    const reason = $('#pause-reason').value.trim();
-    if (length) body.for = length;
-    if (reason) body.reason = reason;
-    return body;
-  });
-}
-
-function done(action, name, data) {
-  if (action === 'trigger') return `triggered ${name} on ${data.node} (fence ${data.fence})`;
-  if (action === 'pause') {
-    const until = data.paused && data.paused.until;
-    return `paused ${name} ${until ? `until ${when(until)}` : 'until resumed'}`;
-  }
-  return data.resumed ? `resumed ${name}` : `${name} was not paused`;
-}
-
-async function act(name, action, button) {
-  const body = action === 'pause' ? await askPause(name) : {};
-  if (!body) return;
-  button.disabled = true;
-  try {
-    let hint = '';
-    for (;;) {
-      const bearer = await token(hint);
-      if (!bearer) return;
-      const res = await fetch(`api/v1/jobs/${encodeURIComponent(name)}/${action}`, {
-        method: 'POST',
-        headers: { Authorization: `Bearer ${bearer}`, 'Content-Type': 'application/json', Accept: 'application/json' },
-        body: JSON.stringify(body),
-      });
-      const data = await res.json().catch(() => ({}));
-      if (res.status === 401) {
-        sessionStorage.removeItem(TOKEN_KEY);
-        hint = data.error || 'wrong token';
-        continue;
-      }
-      if (res.status === 403) return say(data.error || 'writes are disabled on this node', true);
-      if (!res.ok) return say(`${action} ${name} failed: ${data.error || res.statusText} (HTTP ${res.status})`, true);
-      say(done(action, name, data));
-      refresh();
-      return;
-    }
-  } catch (err) {
-    say(`${action} ${name} failed: ${err.message}`, true);
-  } finally {
-    button.disabled = false;
-  }
-}
-
 $('#jobs tbody').addEventListener('click', (event) => {
   const button = event.target.closest('button[data-action]');
-  if (button) act(button.closest('tr').dataset.job, button.dataset.action, button);
+  if (button) act(button.closest('tr').dataset.job, button.dataset.action, button, refresh);
 });
 $('#job-filter').addEventListener('input', () => {
   clearTimeout(filterTimer);

@@ -4,11 +4,13 @@
 //!   etcd session and stands in every shard election, else 503 with the reason (also while a
 //!   run lately could not start for want of file descriptors).
 //! - `GET /metrics`: Prometheus metrics.
-//! - `GET /api/v1/status`, `/api/v1/jobs`, `/api/v1/jobs/{name}/history`, `/api/v1/plan`:
-//!   reads, open to whoever reaches the listener unless a read token is set. `POST
+//! - `GET /api/v1/status`, `/api/v1/jobs`, `/api/v1/jobs/{name}` (one job),
+//!   `/api/v1/jobs/{name}/history`, `/api/v1/jobs/{name}/runs/{tick}` (one run, with its
+//!   output), `/api/v1/plan`: reads, open to whoever reaches the listener unless a read token is set. `POST
 //!   /api/v1/jobs/{name}/trigger|pause|resume`: writes, with `Authorization: Bearer TOKEN` (see
 //!   `api`).
-//! - `GET /`: the dashboard, a page served from the binary that reads and writes through the API.
+//! - `GET /`: the dashboard, a page served from the binary that reads and writes through the API;
+//!   `GET /jobs/{name}`: a job's page (its history, a timeline, each run's output).
 //!
 //! `listener` bounds the clients (a connection cap, header and idle timeouts); `guard` checks
 //! every request's `Host`, adds the security headers and makes every error JSON.
@@ -42,6 +44,9 @@ pub use listener::{connection_cap, DEFAULT_MAX_CONNECTIONS};
 const DASHBOARD: &str = include_str!("dashboard.html");
 const DASHBOARD_SCRIPT: &str = include_str!("dashboard.js");
 const DASHBOARD_STYLE: &str = include_str!("dashboard.css");
+const COMMON_SCRIPT: &str = include_str!("common.js");
+const JOB_PAGE: &str = include_str!("job.html");
+const JOB_SCRIPT: &str = include_str!("job.js");
 
 /// What the listener serves from.
 pub struct Served {
@@ -103,12 +108,16 @@ fn router(app: Arc<App>) -> Router {
         .route("/", get(dashboard))
         .route("/dashboard.js", get(dashboard_script))
         .route("/dashboard.css", get(dashboard_style))
+        .route("/common.js", get(|| async { script(COMMON_SCRIPT) }))
+        .route("/job.js", get(|| async { script(JOB_SCRIPT) }))
+        .route("/jobs/{name}", get(|| async { Html(JOB_PAGE) }))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/api/v1/status", get(api::status))
         .route("/api/v1/jobs", get(api::jobs))
         .route("/api/v1/plan", get(api::plan))
+        .route("/api/v1/jobs/{name}", get(api::job))
         .route("/api/v1/jobs/{name}/history", get(api::history))
         .route("/api/v1/jobs/{name}/runs/{tick}", get(api::run))
         .route("/api/v1/jobs/{name}/trigger", post(api::trigger))
@@ -130,11 +139,11 @@ async fn dashboard() -> Html<&'static str> {
 }
 
 async fn dashboard_script() -> Response {
-    (
-        [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
-        DASHBOARD_SCRIPT,
-    )
-        .into_response()
+    script(DASHBOARD_SCRIPT)
+}
+
+fn script(text: &'static str) -> Response {
+    ([(header::CONTENT_TYPE, "text/javascript; charset=utf-8")], text).into_response()
 }
 
 async fn dashboard_style() -> Response {

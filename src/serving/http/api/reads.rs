@@ -158,6 +158,34 @@ fn job_matches(job: &Job, filter: &str) -> bool {
     contains(&job.name) || contains(job.schedule.expanded()) || contains(job.schedule.zone().name())
 }
 
+/// `GET /api/v1/jobs/{name}`: one job, as an entry of `/api/v1/jobs` (the job page's).
+pub(in crate::serving::http) async fn job(
+    State(app): State<Arc<App>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> Answer {
+    app.authorize_read(&headers)?;
+    no_wildcard(&name)?;
+    let exposed = app.exposed()?;
+    let Some(job) = jobs_by_name(exposed).into_iter().find(|job| job.name == name) else {
+        return Err(Failure(
+            StatusCode::NOT_FOUND,
+            format!("no job {name:?} in this node's jobs.toml"),
+        ));
+    };
+    let _permit = app.reads.permit().await?;
+    let now = Utc::now();
+    let pauses = crate::coord::pauses::in_force(&exposed.client, &app.keys(), now)
+        .await
+        .map_err(etcd_failed)?;
+    let elections = Arc::clone(&exposed.jobs.borrow().elections);
+    let statuses =
+        crate::serving::status::read_jobs(&app.cluster, &elections, &[job.as_ref()], &exposed.client, pauses, now)
+            .await
+            .map_err(etcd_failed)?;
+    Ok(Json(statuses.into_iter().next()).into_response())
+}
+
 #[derive(Deserialize)]
 pub(in crate::serving::http) struct HistoryQuery {
     count: Option<usize>,
