@@ -8,6 +8,7 @@
 //! /shardcron/<cluster>/jobs/<job>/result                   the job's last finished run
 //! /shardcron/<cluster>/jobs/<job>/manual                   the last run asked for by hand a leader took
 //! /shardcron/<cluster>/nodes/<node-id>                     live members
+//! /shardcron/<cluster>/activity/<node-id>                  its runs per minute, the last hour
 //! /shardcron/<cluster>/unserved/<tags>                     a run_on set no live node has, since when
 //! /shardcron/<cluster>/pauses/<job>                        a job's pause (`*`: every job's)
 //! /shardcron/<cluster>/runs/<job>/<tick>                   the job's last runs (`history`)
@@ -265,6 +266,15 @@ impl Keys {
     /// transaction.
     pub(crate) fn txn_probe(&self) -> String {
         format!("{}txn-probe", self.root)
+    }
+
+    /// Each node's runs per minute over the last hour, for the dashboard's fleet strip.
+    pub(crate) fn activity_prefix(&self) -> String {
+        format!("{}activity/", self.root)
+    }
+
+    pub(crate) fn activity(&self, node_id: &str) -> String {
+        format!("{}{node_id}", self.activity_prefix())
     }
 
     pub fn nodes_prefix(&self) -> String {

@@ -6,12 +6,13 @@
 //! [`history`]); pauses, run requests and the watched prefixes mirroring them ([`pauses`],
 //! [`triggers`], `mirror`); the slots and lines of concurrency groups (`groups`) and their gauges (`group_gauges`); runs of a job going on other nodes (`going`); etcd's space; every key ([`keys`]);
 //! the per-job gauges a leader exports (`job_gauges`); the `run_on` sets no live node has, and
-//! since when (`unserved`).
+//! since when (`unserved`); each node's runs per minute for the dashboard (`activity`).
 //!
 //! May import: `rules`, and the shared leaves at the top (`backoff`, `clock`, `repeats`,
 //! `metrics`, `readiness`, `secrets`, `text_table`). Never `running`, `serving`, the leader or
 //! the node.
 
+pub(crate) mod activity;
 pub(crate) mod claims;
 pub(crate) mod election;
 pub(crate) mod endpoints;

@@ -211,6 +211,7 @@ impl Term {
                 }
                 for record in &records {
                     crate::metrics::get().record_run(job.job_name(), record);
+                    crate::coord::activity::record(record);
                 }
             }
             let never_started = never_started.remove(&won.index).unwrap_or_default();

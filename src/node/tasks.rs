@@ -45,6 +45,13 @@ pub(super) fn spawn_node_tasks(
     let pauses = Arc::clone(&node.pauses);
     crate::metrics::get().count_pauses(move || pauses.in_force(crate::clock::now()));
     crate::coord::job_gauges::export();
+    tokio::spawn(crate::coord::activity::publish(
+        client.clone(),
+        node.keys.clone(),
+        node.node_id.clone(),
+        Arc::clone(&node.groups),
+        node.shutdown.clone(),
+    ));
     // Opened now: the first runs of the node list themselves going on it.
     node.groups.lease_now();
     tokio::spawn(crate::coord::going::follow_asks(

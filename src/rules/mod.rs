@@ -7,6 +7,7 @@
 //! May import: nothing of shardcron's outside this folder. No I/O, no clock: every function
 //! takes the instant it decides about.
 
+pub mod activity;
 pub mod assignment;
 pub mod bounds;
 pub(crate) mod catch_up;

@@ -92,6 +92,39 @@ fn the_dashboard_shows_the_fleet_and_its_trigger_button_runs_a_job() {
         Duration::from_secs(10),
         |text| text.contains("success"),
     );
+    step("the fleet strip: the last hour's runs per minute, by outcome");
+    browser.wait_for_element("#strip .bar[data-kind=\"success\"]", Duration::from_secs(40));
+    let bars = browser.script(
+        "return [...document.querySelectorAll('#strip .bar')].map((b) => [b.dataset.kind, Number(b.dataset.count), b.getAttribute('fill')]);",
+    );
+    let bars: Vec<(String, u64, String)> = serde_json::from_value(bars).expect("bars");
+    for (kind, _, fill) in &bars {
+        let wanted = match kind.as_str() {
+            "success" => "#2e9d5b",
+            "failure" => "#d1453b",
+            "held" => "#d9a21b",
+            _ => "#7b3fb5",
+        };
+        assert_eq!(fill, wanted, "a {kind} bar");
+    }
+    let drawn: u64 = bars.iter().map(|(_, count, _)| count).sum();
+    let activity: serde_json::Value =
+        serde_json::from_str(&http_get(port, "/api/v1/activity").1).expect("activity JSON");
+    let counted: u64 = activity["minutes"]
+        .as_array()
+        .expect("minutes")
+        .iter()
+        .map(|minute| {
+            ["success", "failure", "held", "lost"]
+                .iter()
+                .filter_map(|kind| minute[kind].as_u64())
+                .sum::<u64>()
+        })
+        .sum();
+    assert!(
+        drawn > 0 && drawn <= counted,
+        "the strip drew {drawn} runs, the API counts {counted}"
+    );
     let shards = browser.text("#shards");
     assert!(shards.contains("node-a") || shards.contains("node-b"), "{shards}");
     assert!(nodes.contains("eu-west"), "node-a's tags not shown:\n{nodes}");
@@ -137,6 +170,7 @@ fn the_dashboard_shows_the_fleet_and_its_trigger_button_runs_a_job() {
     assert!(last_run.contains("success"), "{last_run}");
     let ran = world.runs().iter().filter(|run| run.job == "yearly-cleanup").count();
     assert_eq!(ran, 1, "the button ran the job once");
+    browser.script("window.scrollTo(0, 0); return true;");
     save(&browser, &world, "dashboard-wide.png");
 
     browser.resize(390, 844);

@@ -375,6 +375,7 @@ impl Runs {
 
     fn report(&self, tick: &Tick, record: RunRecord) {
         crate::metrics::get().record_run(tick.job.job_name(), &record);
+        crate::coord::activity::record(&record);
         if let Some(request) = &tick.request {
             self.results.answer(request, record.clone());
         }

@@ -24,7 +24,7 @@ use crate::serving::http::Exposed;
 mod reads;
 mod writes;
 
-pub(super) use reads::{history, job, jobs, plan, run, status};
+pub(super) use reads::{activity, history, job, jobs, plan, run, status};
 pub(super) use writes::{pause, resume, trigger};
 
 /// An answer that is not a success.

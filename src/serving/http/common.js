@@ -47,6 +47,37 @@ function el(tag, attrs, ...children) {
   return node;
 }
 
+// Each kind of outcome's colour in the charts, and the legend's words for it.
+const COLOURS = {
+  success: ['#2e9d5b', 'succeeded'],
+  failure: ['#d1453b', 'failed, timed out or killed'],
+  held: ['#d9a21b', 'skipped, paused, replaced or group full'],
+  lost: ['#7b3fb5', 'lost or missed'],
+};
+
+function kind(run) {
+  if (run.outcome === 'exited') return run.exit_code === 0 ? 'success' : 'failure';
+  if (['skipped', 'paused', 'replaced', 'group_full'].includes(run.outcome)) return 'held';
+  if (['lost', 'missed'].includes(run.outcome)) return 'lost';
+  return 'failure';
+}
+
+// The legend of the charts' colours, into `list`.
+function legend(list) {
+  list.replaceChildren(...Object.values(COLOURS).map(([colour, text]) => {
+    const swatch = el('span', { class: 'swatch' });
+    swatch.style.background = colour;  // through the CSSOM: the policy allows no inline style
+    return el('li', null, swatch, text);
+  }));
+}
+
+function svg(tag, attrs, ...children) {
+  const node = document.createElementNS('http://www.w3.org/2000/svg', tag);
+  for (const [key, value] of Object.entries(attrs)) node.setAttribute(key, value);
+  node.append(...children);
+  return node;
+}
+
 // ---- time ----
 const pad = (n) => String(n).padStart(2, '0');
 const clock = (d) => `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;

@@ -180,6 +180,52 @@ function renderJobs() {
   empty.textContent = query ? 'No job matches the filter.' : 'No jobs.';
 }
 
+// ---- the fleet strip ----
+const ACTIVITY_EVERY_MS = 10000;  // nodes publish their counts every 10 s
+let activityRead = 0;
+let activity = null;
+
+// The last hour's runs per minute, a bar per minute stacked by kind of outcome.
+function renderStrip() {
+  if (!activity) return;
+  const chart = $('#strip');
+  const width = Math.max(320, chart.clientWidth || chart.parentNode.clientWidth);
+  const height = 90;
+  const margin = 12;
+  const base = 66;
+  const minutes = activity.minutes;
+  const most = Math.max(1, ...minutes.map((m) => m.success + m.failure + m.held + m.lost));
+  const slot = (width - 2 * margin) / minutes.length;
+  chart.setAttribute('viewBox', `0 0 ${width} ${height}`);
+  chart.setAttribute('width', width);
+  chart.setAttribute('height', height);
+  const parts = [svg('line', { x1: margin, x2: width - margin, y1: base, y2: base, class: 'axis' })];
+  minutes.forEach((minute, index) => {
+    let top = base;
+    for (const kind of ['success', 'failure', 'held', 'lost']) {
+      const count = minute[kind];
+      if (!count) continue;
+      const tall = (count / most) * (base - 8);
+      top -= tall;
+      parts.push(svg('rect', {
+        class: 'bar', 'data-kind': kind, 'data-count': count, 'data-minute': minute.at,
+        x: margin + index * slot + 0.5, y: top, width: Math.max(1, slot - 1), height: tall, fill: COLOURS[kind][0],
+      }, svg('title', {}, `${when(minute.at)}: ${count} ${COLOURS[kind][1]}`)));
+    }
+  });
+  for (const [x, anchor, text] of [[margin, 'start', '60 min ago'], [width / 2, 'middle', '30 min ago'], [width - margin, 'end', 'now']]) {
+    parts.push(svg('text', { x, y: 82, class: 'label', 'text-anchor': anchor }, text));
+  }
+  chart.replaceChildren(...parts);
+}
+
+async function refreshStrip() {
+  if (Date.now() - activityRead < ACTIVITY_EVERY_MS) return;
+  activityRead = Date.now();
+  activity = await read('api/v1/activity');
+  renderStrip();
+}
+
 async function refresh() {
   clearTimeout(timer);
   timer = 0;
@@ -198,6 +244,7 @@ async function refresh() {
     status = fleet;
     jobsPage = page;
     render();
+    await refreshStrip();
     $('#error').textContent = '';
     $('#updated').textContent = `updated ${clock(new Date())}`;
   } catch (err) {
@@ -222,5 +269,7 @@ $('#job-filter').addEventListener('input', () => {
 });
 $('#page-prev').addEventListener('click', () => { if (pageNo > 1) { pageNo -= 1; refresh(); } });
 $('#page-next').addEventListener('click', () => { pageNo += 1; refresh(); });
+legend($('#strip-legend'));
+window.addEventListener('resize', renderStrip);
 setInterval(tick, 1000);
 refresh();

@@ -6,21 +6,6 @@ const DAY_MS = 24 * 3600 * 1000;
 const name = decodeURIComponent(location.pathname.replace(/\/+$/, '').split('/').pop());
 const path = `api/v1/jobs/${encodeURIComponent(name)}`;
 
-// Each outcome's colour in the timeline, and the legend's words for it.
-const COLOURS = {
-  success: ['#2e9d5b', 'succeeded'],
-  failure: ['#d1453b', 'failed, timed out or killed'],
-  held: ['#d9a21b', 'skipped, paused, replaced or group full'],
-  lost: ['#7b3fb5', 'lost or missed'],
-};
-
-function kind(run) {
-  if (run.outcome === 'exited') return run.exit_code === 0 ? 'success' : 'failure';
-  if (['skipped', 'paused', 'replaced', 'group_full'].includes(run.outcome)) return 'held';
-  if (['lost', 'missed'].includes(run.outcome)) return 'lost';
-  return 'failure';
-}
-
 // When the command started: its end less its duration. A run that was not run has none.
 const startedAt = (run) => new Date(run.finished_at).getTime() - run.duration_ms;
 const ran = (run) => run.attempts > 0;
@@ -71,13 +56,6 @@ function renderNext(plan) {
     el('td', null, el('code', { text: fire.at })),
     el('td', null, el('code', { text: fire.at_utc }), rel(fire.at_utc)),
     el('td', { class: fire.note ? 'warn' : 'muted', text: fire.note || '—' }))));
-}
-
-function svg(tag, attrs, ...children) {
-  const node = document.createElementNS('http://www.w3.org/2000/svg', tag);
-  for (const [key, value] of Object.entries(attrs)) node.setAttribute(key, value);
-  node.append(...children);
-  return node;
 }
 
 // The last 24 h, or less when the history kept starts later: one mark per run at its tick.
@@ -189,11 +167,7 @@ async function refresh() {
   timer = setTimeout(refresh, REFRESH_MS);
 }
 
-$('#legend').replaceChildren(...Object.values(COLOURS).map(([colour, text]) => {
-  const swatch = el('span', { class: 'swatch' });
-  swatch.style.background = colour;  // through the CSSOM: the policy allows no inline style
-  return el('li', null, swatch, text);
-}));
+legend($('#legend'));
 $('#actions').addEventListener('click', (event) => {
   const button = event.target.closest('button[data-action]');
   if (button) act(name, button.dataset.action, button, refresh);

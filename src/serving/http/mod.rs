@@ -116,6 +116,7 @@ fn router(app: Arc<App>) -> Router {
         .route("/metrics", get(metrics))
         .route("/api/v1/status", get(api::status))
         .route("/api/v1/jobs", get(api::jobs))
+        .route("/api/v1/activity", get(api::activity))
         .route("/api/v1/plan", get(api::plan))
         .route("/api/v1/jobs/{name}", get(api::job))
         .route("/api/v1/jobs/{name}/history", get(api::history))

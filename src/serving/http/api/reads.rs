@@ -186,6 +186,31 @@ pub(in crate::serving::http) async fn job(
     Ok(Json(statuses.into_iter().next()).into_response())
 }
 
+/// `GET /api/v1/activity`: the fleet's runs per minute over the last hour, oldest minute first,
+/// by how they ended (each live node's own count, summed).
+pub(in crate::serving::http) async fn activity(State(app): State<Arc<App>>, headers: HeaderMap) -> Answer {
+    app.authorize_read(&headers)?;
+    let exposed = app.exposed()?;
+    let _permit = app.reads.permit().await?;
+    let hour = crate::coord::activity::read_fleet(&exposed.client, &app.keys(), Utc::now())
+        .await
+        .map_err(etcd_failed)?;
+    let minutes: Vec<serde_json::Value> = hour
+        .into_iter()
+        .map(|(start, counts)| {
+            let at = DateTime::from_timestamp(start, 0).unwrap_or_default();
+            json!({
+                "at": at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                "success": counts.success,
+                "failure": counts.failure,
+                "held": counts.held,
+                "lost": counts.lost,
+            })
+        })
+        .collect();
+    Ok(Json(json!({ "minutes": minutes })).into_response())
+}
+
 #[derive(Deserialize)]
 pub(in crate::serving::http) struct HistoryQuery {
     count: Option<usize>,
