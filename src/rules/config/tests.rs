@@ -117,6 +117,32 @@ fn retries_kill_grace_and_replace_validate() {
 }
 
 #[test]
+fn output_tail_and_log_output_validate() {
+    let job = |extra: &str| {
+        parse_str(&with_job(&format!(
+            "schedule = \"@hourly\"\ncommand = \"true\"\n{extra}"
+        )))
+    };
+    let config = job("output_tail = \"16KiB\"\nlog_output = \"tail\"").unwrap();
+    assert_eq!(config.jobs[0].output_tail, 16 * 1024);
+    assert_eq!(config.jobs[0].log_output, LogOutput::Tail);
+    let defaults = job("").unwrap();
+    assert_eq!(defaults.jobs[0].output_tail, 4096);
+    assert_eq!(defaults.jobs[0].log_output, LogOutput::All);
+    assert_eq!(job("output_tail = 0").unwrap().jobs[0].output_tail, 0);
+    for (bad, says) in [
+        ("output_tail = \"65KiB\"", "at most \"64KiB\""),
+        ("output_tail = \"4 potatoes\"", "unknown size unit"),
+        ("output_tail = -1", "is not a size"),
+        ("log_output = \"some\"", "unknown variant"),
+    ] {
+        let err = job(bad).unwrap_err().to_string();
+        assert!(err.contains(says), "{bad}: {err}");
+        assert!(err.contains("job \"backup\", field"), "{bad}: {err}");
+    }
+}
+
+#[test]
 fn a_missing_file_is_an_error_naming_it() {
     let err = load(Path::new("/nonexistent/jobs.toml")).unwrap_err();
     assert!(
