@@ -207,6 +207,14 @@ mod tests {
                 truncated: true
             }
         );
+        // Three leftover bytes of a 4-byte character: replaced, they would outgrow the cut.
+        assert_eq!(
+            kept(4, &["ab😀c".as_bytes()]),
+            Kept {
+                text: "c".into(),
+                truncated: true
+            }
+        );
     }
 
     #[test]

@@ -31,8 +31,9 @@ fn runs_with_output(config: &std::path::Path, job: &str) -> Vec<RunRecord> {
 #[test]
 fn a_run_keeps_the_tail_of_each_stream_in_its_history_and_the_api_serves_one_run() {
     let mut world = World::new();
-    // 10,000 bytes of "é" (2 bytes each) then "\nend\n": the last 4 KiB start inside an "é".
-    let chatty = r#"yes é | head -n 5000 | tr -d "\n"; printf "\nend\n"; echo "a line on stderr" >&2"#;
+    // 10,000 bytes of "😀" (4 bytes each) then "\nend\n": the last 4 KiB start with the last
+    // three bytes of a "😀".
+    let chatty = r#"yes 😀 | head -n 2500 | tr -d "\n"; printf "\nend\n"; echo "a line on stderr" >&2"#;
     let binary = r#"printf "\377\376 \033[31mred\n""#;
     let quiet = r#"echo quiet-marker"#;
     let tailed = r#"printf "tail-1\ntail-2\n""#;
@@ -68,10 +69,10 @@ fn a_run_keeps_the_tail_of_each_stream_in_its_history_and_the_api_serves_one_run
     assert!(output.stdout_truncated && !output.stderr_truncated, "{output:?}");
     assert_eq!(
         output.stdout.len(),
-        4095,
-        "4,096 bytes less the cut character's leftover byte"
+        4093,
+        "4,096 bytes less the cut character's leftover bytes"
     );
-    assert!(output.stdout.starts_with('é') && output.stdout.ends_with("é\nend\n"));
+    assert!(output.stdout.starts_with('😀') && output.stdout.ends_with("😀\nend\n"));
     assert_eq!(output.stderr, "a line on stderr\n");
 
     step("binary: stored with what is not UTF-8 replaced; --output escapes control characters");
