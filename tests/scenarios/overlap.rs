@@ -121,30 +121,49 @@ fn after_a_takeover_the_successor_skips_ticks_while_the_old_leaders_run_goes_on(
     // The successor's first ticks were claimed ahead by the old leader, which released them:
     // they are a backlog, and queue behind the old run as they would behind one on this node.
     // A live tick that meets it is skipped.
-    let records = history(&config, "long").expect("history");
-    let outcomes: Vec<String> = records
-        .iter()
-        .rev()
-        .map(|record| {
-            format!(
-                "{} {} {}",
-                record.scheduled_at.format("%S"),
-                record.node,
-                record.outcome
-            )
-        })
-        .collect();
-    eprintln!("outcomes by tick: {outcomes:?}");
     // Each tick due while the old run went on is recorded skipped, as beside a run on one node.
+    // A skip's record rides a later write, so it is waited for.
+    let mut due = Vec::new();
     let mut tick = first.tick + chrono::Duration::seconds(2);
     while (tick.timestamp_millis() as f64) / 1000.0 < old_ended - 0.1 {
-        let record = records.iter().find(|record| record.scheduled_at == tick);
-        assert!(
-            record.is_some_and(|record| record.outcome == Outcome::Skipped && record.node == successor_id),
-            "tick {tick}, due while the old run went on, is not recorded skipped by the successor: {outcomes:?}"
-        );
+        due.push(tick);
         tick += chrono::Duration::seconds(2);
     }
+    let outcomes = || -> Vec<String> {
+        let records = history(&config, "long").unwrap_or_default();
+        records
+            .iter()
+            .rev()
+            .map(|record| {
+                format!(
+                    "{} {} {}",
+                    record.scheduled_at.format("%S"),
+                    record.node,
+                    record.outcome
+                )
+            })
+            .collect()
+    };
+    let all_skipped = || {
+        let records = history(&config, "long").unwrap_or_default();
+        due.iter().all(|tick| {
+            records.iter().any(|record| {
+                record.scheduled_at == *tick && record.outcome == Outcome::Skipped && record.node == successor_id
+            })
+        })
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut recorded = all_skipped();
+    while !recorded && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+        recorded = all_skipped();
+    }
+    eprintln!("outcomes by tick: {:?}", outcomes());
+    assert!(
+        recorded,
+        "the ticks due while the old run went on ({due:?}) are not all recorded skipped by the successor: {:?}",
+        outcomes()
+    );
 }
 
 #[test]
