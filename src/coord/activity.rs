@@ -28,14 +28,17 @@ pub(crate) const PUBLISH_EVERY: Duration = Duration::from_secs(10);
 const MAX_VALUE: usize = 64 * 1024;
 
 /// This node's count, and whether it changed since it was last published.
-fn counted() -> &'static Mutex<(Activity, bool)> {
+fn counted() -> std::sync::MutexGuard<'static, (Activity, bool)> {
     static COUNTED: OnceLock<Mutex<(Activity, bool)>> = OnceLock::new();
-    COUNTED.get_or_init(Mutex::default)
+    COUNTED
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Counts a run this node recorded.
 pub(crate) fn record(record: &RunRecord) {
-    let mut counted = counted().lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let mut counted = counted();
     counted.0.record(record.finished_at, Kind::of(record));
     counted.1 = true;
 }
@@ -51,7 +54,7 @@ pub(crate) async fn publish(
     let key = keys.activity(&node_id);
     while sleep_or_cancel(PUBLISH_EVERY, &until).await {
         let value = {
-            let mut counted = counted().lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let mut counted = counted();
             if !counted.1 {
                 continue;
             }
@@ -60,13 +63,13 @@ pub(crate) async fn publish(
             serde_json::to_vec(&counted.0).unwrap_or_default()
         };
         let Some(lease) = groups.lease_now() else {
-            counted().lock().unwrap_or_else(|poisoned| poisoned.into_inner()).1 = true;
+            counted().1 = true;
             continue;
         };
         let options = PutOptions::new().with_lease(lease.lease());
         if let Err(err) = etcd::call(client.clone().put(key.as_str(), value, Some(options))).await {
             tracing::debug!(error = %err, "cannot publish this node's runs per minute; trying again");
-            counted().lock().unwrap_or_else(|poisoned| poisoned.into_inner()).1 = true;
+            counted().1 = true;
         }
     }
 }

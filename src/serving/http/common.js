@@ -78,6 +78,11 @@ function svg(tag, attrs, ...children) {
   return node;
 }
 
+// A pool shard or job that no live node has the tags to run: said, with since when.
+function unservedText(unserved) {
+  return unserved.since ? `no eligible node since ${when(unserved.since)}` : 'no eligible node';
+}
+
 // ---- time ----
 const pad = (n) => String(n).padStart(2, '0');
 const clock = (d) => `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;

@@ -78,10 +78,6 @@ function render() {
   renderJobs();
 }
 
-// A pool shard or job that no live node has the tags to run: said, with since when.
-function unservedText(unserved) {
-  return unserved.since ? `no eligible node since ${when(unserved.since)}` : 'no eligible node';
-}
 
 // Job rows are kept and updated in place, so a button found by a click (or a WebDriver test)
 // stays in the page across refreshes.

@@ -47,9 +47,6 @@ function renderJob(job, fleet) {
   $('[data-action="resume"]').classList.toggle('primary', !!p);
 }
 
-function unservedText(unserved) {
-  return unserved.since ? `no eligible node since ${when(unserved.since)}` : 'no eligible node';
-}
 
 function renderNext(plan) {
   $('#next tbody').replaceChildren(...plan.map((fire) => el('tr', null,
