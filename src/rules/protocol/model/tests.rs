@@ -127,11 +127,11 @@ fn the_claim_protocol_keeps_every_property_in_every_reachable_state() {
 
 #[test]
 fn pools_fanned_out_instances_and_a_run_on_rollout_keep_every_property() {
+    // One delivery each keeps the suite within its time; the deeper check before a release
+    // runs both, and the rollout at-least-once model also runs under a broken rule below.
     let models = [
         ("pool", pool(1, 2)),
         ("fan-out at-least-once", fan_out(Delivery::AtLeastOnce, 1, 2)),
-        ("fan-out at-most-once", fan_out(Delivery::AtMostOnce, 1, 2)),
-        ("rollout at-least-once", rollout(Delivery::AtLeastOnce, 2, 2)),
         ("rollout at-most-once", rollout(Delivery::AtMostOnce, 2, 2)),
     ];
     for (name, model) in models {
