@@ -9,6 +9,7 @@
 
 pub mod activity;
 pub mod assignment;
+pub mod backfill;
 pub mod bounds;
 pub(crate) mod catch_up;
 pub mod config;

@@ -1,0 +1,285 @@
+//! Backfill: every tick of a job's schedule in a past range run again, oldest first, through
+//! the leader of the job's shard. What may be asked (a past range of at most `max` ticks), and
+//! the record in etcd that the leaders serving it share: which ticks are claimed, which are
+//! going on where, how many are done, and whether it was cancelled. Pure: the caller passes
+//! the clock's reading and who is alive.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::rules::config::Job;
+use crate::rules::plan::{self, Fire};
+
+/// The most ticks one backfill runs unless `--max` says more.
+pub const DEFAULT_MAX: usize = 1000;
+
+/// The most `--max` may allow: the record lists every tick.
+pub const MAX_TICKS: usize = 100_000;
+
+/// The most backfill runs of a job at once (`--parallel`).
+pub const MAX_PARALLEL: u32 = 64;
+
+/// Why a backfill is refused before anything is written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    #[error("--from {from} is not before --to {to}")]
+    EmptyRange { from: DateTime<Utc>, to: DateTime<Utc> },
+    #[error("the range ends at {to}, in the future (now {now}): a backfill runs past ticks only; the schedule runs the rest")]
+    InTheFuture { to: DateTime<Utc>, now: DateTime<Utc> },
+    #[error(
+        "the range holds more than {max} ticks of the job's schedule: narrow it, or raise --max (at most {MAX_TICKS})"
+    )]
+    TooMany { max: usize },
+    #[error("the range holds no tick of the job's schedule")]
+    NoTick,
+    #[error("--max must be 1 to {MAX_TICKS}")]
+    Max,
+    #[error("--parallel must be 1 to {MAX_PARALLEL}")]
+    Parallel,
+}
+
+/// What an operator asks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ask {
+    pub from: DateTime<Utc>,
+    pub to: DateTime<Utc>,
+    pub max: usize,
+    pub parallel: u32,
+}
+
+/// The ticks of `job`'s schedule in `[from, to)`, oldest first, with their DST notes as `plan`
+/// prints them; refused if the range is not wholly past at `now`, or holds none or too many.
+pub fn ticks<'a>(job: &'a Job, ask: &Ask, now: DateTime<Utc>) -> Result<Vec<Fire<'a>>, Refused> {
+    if !(1..=MAX_TICKS).contains(&ask.max) {
+        return Err(Refused::Max);
+    }
+    if !(1..=MAX_PARALLEL).contains(&ask.parallel) {
+        return Err(Refused::Parallel);
+    }
+    if ask.from >= ask.to {
+        return Err(Refused::EmptyRange {
+            from: ask.from,
+            to: ask.to,
+        });
+    }
+    if ask.to > now {
+        return Err(Refused::InTheFuture { to: ask.to, now });
+    }
+    let (fires, cut) = plan::fires(&[job], ask.from, ask.to, ask.max);
+    if cut {
+        return Err(Refused::TooMany { max: ask.max });
+    }
+    if fires.is_empty() {
+        return Err(Refused::NoTick);
+    }
+    Ok(fires)
+}
+
+/// A tick a leader claimed and has not recorded done.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InFlight {
+    pub tick: DateTime<Utc>,
+    pub node: String,
+    /// The term of the leadership that claimed it.
+    pub term: i64,
+}
+
+/// The value of `/backfills/<job>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Backfill {
+    pub id: String,
+    pub requested_at: DateTime<Utc>,
+    pub from: DateTime<Utc>,
+    pub to: DateTime<Utc>,
+    /// Every tick to run, oldest first.
+    pub ticks: Vec<DateTime<Utc>>,
+    pub parallel: u32,
+    /// How many of `ticks` were claimed: the next to claim is `ticks[next]`.
+    pub next: usize,
+    pub done: usize,
+    pub in_flight: Vec<InFlight>,
+    pub cancelled: bool,
+}
+
+impl Backfill {
+    pub fn new(id: String, ask: &Ask, fires: &[Fire], now: DateTime<Utc>) -> Backfill {
+        Backfill {
+            id,
+            requested_at: now,
+            from: ask.from,
+            to: ask.to,
+            ticks: fires.iter().map(|fire| fire.at).collect(),
+            parallel: ask.parallel,
+            next: 0,
+            done: 0,
+            in_flight: Vec::new(),
+            cancelled: false,
+        }
+    }
+
+    /// The next tick to claim, if one may be claimed now: not once cancelled or all claimed,
+    /// nor while `parallel` are in flight.
+    pub fn next_claim(&self) -> Option<DateTime<Utc>> {
+        if self.cancelled || self.in_flight.len() >= self.parallel as usize {
+            return None;
+        }
+        self.ticks.get(self.next).copied()
+    }
+
+    /// `tick`, the one [`Backfill::next_claim`] gave, claimed by the leadership of `term` on `node`.
+    pub fn claim(&mut self, tick: DateTime<Utc>, node: &str, term: i64) {
+        if self.ticks.get(self.next) == Some(&tick) {
+            self.next += 1;
+            self.in_flight.push(InFlight {
+                tick,
+                node: node.to_string(),
+                term,
+            });
+        }
+    }
+
+    /// `tick`'s run was recorded: it is done. False if it was not in flight (already counted).
+    pub fn finish(&mut self, tick: DateTime<Utc>) -> bool {
+        let before = self.in_flight.len();
+        self.in_flight.retain(|flight| flight.tick != tick);
+        let finished = self.in_flight.len() < before;
+        if finished {
+            self.done += 1;
+        }
+        finished
+    }
+
+    /// The ticks in flight whose node is gone (by `alive`): their leader will never record
+    /// them, so a successor settles them as it settles a dead leader's claimed ticks, run again
+    /// or recorded lost by the job's `delivery`.
+    pub fn orphans(&self, alive: impl Fn(&str) -> bool) -> Vec<InFlight> {
+        self.in_flight
+            .iter()
+            .filter(|flight| !alive(&flight.node))
+            .cloned()
+            .collect()
+    }
+
+    /// Nothing is left to run or waited for: all done, or cancelled with none in flight.
+    pub fn is_over(&self) -> bool {
+        self.in_flight.is_empty() && (self.cancelled || self.next == self.ticks.len())
+    }
+
+    /// Done, and how many ticks in all.
+    pub fn progress(&self) -> (usize, usize) {
+        (self.done, self.ticks.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::{DateTime, Utc};
+
+    use super::{ticks, Ask, Backfill, Refused};
+    use crate::rules::config::Job;
+
+    fn at(minute: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(1_800_000_000 + minute * 60, 0).unwrap_or_default()
+    }
+
+    fn ask(from: i64, to: i64) -> Ask {
+        Ask {
+            from: at(from),
+            to: at(to),
+            max: 1000,
+            parallel: 1,
+        }
+    }
+
+    #[test]
+    fn the_ticks_of_a_past_range_oldest_first() {
+        let job = Job::for_tests("report", "* * * * *");
+        let fires = ticks(&job, &ask(0, 20), at(30)).expect("twenty ticks");
+        let ticks: Vec<DateTime<Utc>> = fires.iter().map(|fire| fire.at).collect();
+        assert_eq!(ticks, (0..20).map(at).collect::<Vec<_>>(), "from included, to excluded");
+    }
+
+    #[test]
+    fn refusals() {
+        let job = Job::for_tests("report", "* * * * *");
+        let yearly = Job::for_tests("yearly", "0 0 1 1 *");
+        let cases = [
+            (
+                &job,
+                ask(10, 10),
+                Refused::EmptyRange {
+                    from: at(10),
+                    to: at(10),
+                },
+            ),
+            (
+                &job,
+                ask(0, 40),
+                Refused::InTheFuture {
+                    to: at(40),
+                    now: at(30),
+                },
+            ),
+            (&job, Ask { max: 5, ..ask(0, 20) }, Refused::TooMany { max: 5 }),
+            (&yearly, ask(0, 20), Refused::NoTick),
+            (&job, Ask { max: 0, ..ask(0, 20) }, Refused::Max),
+            (
+                &job,
+                Ask {
+                    parallel: 0,
+                    ..ask(0, 20)
+                },
+                Refused::Parallel,
+            ),
+        ];
+        for (job, ask, refused) in cases {
+            assert_eq!(ticks(job, &ask, at(30)).map(|fires| fires.len()), Err(refused));
+        }
+        assert_eq!(
+            ticks(&job, &Ask { max: 20, ..ask(0, 20) }, at(30)).map(|fires| fires.len()),
+            Ok(20)
+        );
+    }
+
+    #[test]
+    fn claims_go_in_order_at_most_parallel_at_once_until_cancelled() {
+        let job = Job::for_tests("report", "* * * * *");
+        let ask = Ask {
+            parallel: 2,
+            ..ask(0, 4)
+        };
+        let fires = ticks(&job, &ask, at(30)).expect("ticks");
+        let mut backfill = Backfill::new("b1".into(), &ask, &fires, at(30));
+        for expected in [at(0), at(1)] {
+            let tick = backfill.next_claim().expect("a tick to claim");
+            assert_eq!(tick, expected);
+            backfill.claim(tick, "a", 7);
+        }
+        assert_eq!(backfill.next_claim(), None, "two in flight");
+        assert!(backfill.finish(at(1)));
+        assert!(!backfill.finish(at(1)), "counted once");
+        assert_eq!(backfill.next_claim(), Some(at(2)));
+        backfill.cancelled = true;
+        assert_eq!(backfill.next_claim(), None);
+        assert!(!backfill.is_over(), "a tick still in flight");
+        assert!(backfill.finish(at(0)));
+        assert!(backfill.is_over());
+        assert_eq!(backfill.progress(), (2, 4));
+    }
+
+    #[test]
+    fn a_gone_nodes_ticks_in_flight_are_orphans() {
+        let job = Job::for_tests("report", "* * * * *");
+        let ask = Ask {
+            parallel: 2,
+            ..ask(0, 4)
+        };
+        let fires = ticks(&job, &ask, at(30)).expect("ticks");
+        let mut backfill = Backfill::new("b1".into(), &ask, &fires, at(30));
+        backfill.claim(at(0), "a", 7);
+        backfill.claim(at(1), "b", 8);
+        let orphans = backfill.orphans(|node| node == "b");
+        assert_eq!(orphans.len(), 1);
+        assert_eq!(orphans[0].tick, at(0));
+    }
+}
