@@ -10,6 +10,7 @@
 //! /shardcron/<cluster>/nodes/<node-id>                     live members
 //! /shardcron/<cluster>/activity/<node-id>                  its runs per minute, the last hour
 //! /shardcron/<cluster>/unserved/<tags>                     a run_on set no live node has, since when
+//! /shardcron/<cluster>/backfills/<job>                     a job's backfill: its ticks, claimed, done
 //! /shardcron/<cluster>/pauses/<job>                        a job's pause (`*`: every job's)
 //! /shardcron/<cluster>/runs/<job>/<tick>                   the job's last runs (`history`)
 //! /shardcron/<cluster>/triggers/<job>/<id>                 a run asked for by hand, not yet taken
@@ -209,6 +210,11 @@ impl Keys {
             .into_iter()
             .find(|known| known.segment() == ask)?;
         Some((fence.parse().ok()?, ask, job))
+    }
+
+    /// A job's backfill: the ticks of a past range its shard's leaders run again.
+    pub(crate) fn backfill(&self, job: &str) -> String {
+        format!("{}backfills/{job}", self.root)
     }
 
     pub(crate) fn pauses_prefix(&self) -> String {

@@ -13,6 +13,7 @@
 //! the node.
 
 pub(crate) mod activity;
+pub(crate) mod backfills;
 pub(crate) mod claims;
 pub(crate) mod election;
 pub(crate) mod endpoints;
