@@ -32,6 +32,8 @@ pub(crate) struct NodeContext {
     pub(crate) groups: Arc<crate::coord::groups::Groups>,
     /// Runs asked for by hand that no leader took yet, mirrored from etcd.
     pub(crate) triggers: Arc<crate::coord::triggers::Triggers>,
+    /// The jobs' backfills, mirrored from etcd, and the backfill ticks this node holds.
+    pub(crate) backfills: Arc<crate::coord::backfills::Backfills>,
     /// Finished runs' results waiting to be written, for claims of their shard to carry.
     pub(crate) results: Arc<ResultQueue>,
     pub(crate) claim_lead: ClaimLead,

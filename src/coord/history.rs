@@ -223,8 +223,8 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// The key of a run in its job's history: ticks sort by time, and a manual run after the
-/// schedule's tick of the same second.
+/// The key of a run in its job's history: ticks sort by time, and a manual run or a backfill
+/// after the schedule's tick of the same second.
 fn key(keys: &Keys, job: &str, record: &RunRecord) -> String {
     key_of(keys, job, record.scheduled_at, record.trigger)
 }
@@ -239,6 +239,7 @@ pub(crate) fn key_of(keys: &Keys, job: &str, at: DateTime<Utc>, trigger: Trigger
             at.timestamp(),
             at.timestamp_subsec_millis()
         ),
+        Trigger::Backfill => format!("{}{:012}-backfill", keys.job_runs_prefix(job), at.timestamp()),
     }
 }
 
@@ -306,15 +307,15 @@ pub async fn read(
         .collect())
 }
 
-/// The run of `job` at `at` in its history: its tick's, or one asked for by hand at that
-/// millisecond.
+/// The run of `job` at `at` in its history: its tick's, one asked for by hand at that
+/// millisecond, or its backfill's.
 pub async fn read_run(
     client: &etcd_client::Client,
     keys: &Keys,
     job: &str,
     at: DateTime<Utc>,
 ) -> Result<Option<RunRecord>, CoordError> {
-    let reads = [Trigger::Schedule, Trigger::Manual].map(|trigger| TxnOp::get(key_of(keys, job, at, trigger), None));
+    let reads = [Trigger::Schedule, Trigger::Manual, Trigger::Backfill].map(|trigger| TxnOp::get(key_of(keys, job, at, trigger), None));
     let read = etcd::call(client.clone().txn(Txn::new().and_then(reads))).await?;
     Ok(read
         .op_responses()

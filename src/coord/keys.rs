@@ -214,7 +214,11 @@ impl Keys {
 
     /// A job's backfill: the ticks of a past range its shard's leaders run again.
     pub(crate) fn backfill(&self, job: &str) -> String {
-        format!("{}backfills/{job}", self.root)
+        format!("{}{job}", self.backfills_prefix())
+    }
+
+    pub(crate) fn backfills_prefix(&self) -> String {
+        format!("{}backfills/", self.root)
     }
 
     pub(crate) fn pauses_prefix(&self) -> String {

@@ -10,6 +10,7 @@ use chrono::{DateTime, Utc};
 use tokio::sync::watch;
 use tokio_util::task::AbortOnDropHandle;
 
+use super::backfill::Backlog;
 use super::wake::{self, Known};
 use super::{read_successes, Late, Term, TermEnd, WonTicks};
 use crate::clock;
@@ -25,6 +26,16 @@ use crate::rules::protocol::counts_gone;
 /// clock, or a stall, and catches up what passed instead of firing it: more than an etcd
 /// election or a loaded machine delays a claim.
 const OVERDUE_LIMIT: chrono::Duration = chrono::Duration::seconds(2);
+
+/// How soon a term looks again at backfill ticks that wait for a pause or a live run to end.
+const BACKFILL_LOOK: std::time::Duration = std::time::Duration::from_secs(1);
+
+async fn sleep_until_some(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
 
 /// The next tick of each job, earliest first.
 pub(super) type Queue = BinaryHeap<Reverse<(DateTime<Utc>, usize)>>;
@@ -47,6 +58,8 @@ struct Firing {
     /// The next instant and whether every job due then is at-least-once: worked out once per
     /// instant, not at every wake.
     ahead_allowed: Option<(DateTime<Utc>, bool)>,
+    /// When to look at backfill ticks that wait for a pause or a live run to end.
+    backfills_look: Option<tokio::time::Instant>,
 }
 
 /// What woke the loop between instants.
@@ -62,6 +75,8 @@ enum Event {
     Reloaded,
     /// Runs asked for by hand.
     Requests,
+    /// A backfill record changed, or ticks of one waited.
+    Backfills,
     /// Room for late runs: backlogs that waited for it can be claimed.
     LateRoom,
     /// Half of a backlog claimed in parts has started.
@@ -102,6 +117,7 @@ impl Term {
             last_fired: None,
             claimed: None,
             ahead_allowed: None,
+            backfills_look: None,
         };
         if let Err(end) = self.catch_up_all(claimer, book, &mut firing, now).await {
             return end;
@@ -113,13 +129,14 @@ impl Term {
             book.entries().iter().map(|entry| Arc::clone(&entry.job)).collect(),
         )));
         let mut requests = self.node.triggers.subscribe();
+        let mut backfill_changes = self.node.backfills.subscribe();
         firing.shard_counts = fleet.borrow().families();
         loop {
             // Before any wait: what an instant found overdue after it is compared with.
             let before_wait = clock::Reading::take();
             let next = firing.queue.peek().map(|Reverse((due, _))| *due);
             let flow = match self
-                .next_event(book, &mut firing, &mut fleet, &mut reloads, &mut requests, next)
+                .next_event(book, &mut firing, &mut fleet, &mut reloads, &mut requests, &mut backfill_changes, next)
                 .await
             {
                 Event::Wake => self.fire_next(claimer, book, &mut firing, next, before_wait).await,
@@ -128,6 +145,10 @@ impl Term {
                 Event::Fleet(open) => self.on_fleet_change(book, &mut firing, &mut fleet, open).await,
                 Event::Reloaded => Err(TermEnd::JobsReloaded(std::mem::take(book))),
                 Event::Requests => self.serve_requests(claimer, book).await.map_err(TermEnd::from),
+                Event::Backfills => self.serve_backfills(book).await.map_err(TermEnd::from).map(|backlog| {
+                    firing.backfills_look =
+                        (backlog == Backlog::Waits).then(|| tokio::time::Instant::now() + BACKFILL_LOOK);
+                }),
                 Event::LateRoom => self.catch_up_more(claimer, book, &mut firing).await,
                 Event::Refill => {
                     // Only those down to half: the others' records are not rewritten at every
@@ -158,6 +179,7 @@ impl Term {
         fleet: &mut watch::Receiver<FleetView>,
         reloads: &mut watch::Receiver<Arc<Loaded>>,
         requests: &mut watch::Receiver<u64>,
+        backfill_changes: &mut watch::Receiver<u64>,
         next: Option<DateTime<Utc>>,
     ) -> Event {
         if let Some(due) = next.filter(|due| firing.ahead_allowed.is_none_or(|(at, _)| at != *due)) {
@@ -214,6 +236,9 @@ impl Term {
             Ok(()) = reloads.changed() => Event::Reloaded,
             // Runs asked for by hand: between instants, like the backlogs.
             Ok(()) = requests.changed(), if between_instants => Event::Requests,
+            // Backfills: between instants too, behind the live ticks.
+            Ok(()) = backfill_changes.changed(), if between_instants => Event::Backfills,
+            _ = sleep_until_some(firing.backfills_look), if between_instants && firing.backfills_look.is_some() => Event::Backfills,
             // Jobs whose backlogs waited for room: claimed between instants, never while an
             // instant claimed ahead waits to fire.
             _ = self.node.runs.late_room(), if !firing.behind.is_empty() && between_instants => Event::LateRoom,

@@ -11,6 +11,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tracing::Instrument;
 
+mod backfill;
 mod fire;
 mod takeover;
 mod term;

@@ -22,7 +22,7 @@ use crate::rules::config::Loaded;
 use crate::rules::config::{Job, Overlap};
 use crate::rules::protocol::Want;
 use crate::rules::record::{Claim, Going};
-use crate::running::runner::Tick;
+use crate::running::runner::{Origin, Tick};
 
 /// One leadership of one shard.
 pub(super) struct Term {
@@ -180,14 +180,14 @@ impl Term {
             starts: Arc::clone(&self.starts),
             caught_up: late != Late::OnTime,
             redelivered: late == Late::Redelivered,
-            request: None,
+            origin: Origin::Schedule,
             elsewhere: self.elsewhere(job, entry.record()),
         }
     }
 
     /// The runs of `job` going on other nodes that `record` lists and this node has not seen
     /// end; none for a job whose runs may overlap, or that runs only here.
-    fn elsewhere(&self, job: &Job, record: Option<&Claim>) -> Vec<Going> {
+    pub(super) fn elsewhere(&self, job: &Job, record: Option<&Claim>) -> Vec<Going> {
         if job.overlap == Overlap::Allow || job.instance_of.is_some() {
             return Vec::new();
         }
@@ -237,7 +237,7 @@ impl Term {
                         .get_or_create(&crate::metrics::JobLabel::new(job.job_name()))
                         .inc();
                     self.node.runs.start(vec![Tick {
-                        request: Some(request.id.clone()),
+                        origin: Origin::Request(request.id.clone()),
                         ..self.tick(book, index, request.requested_at, fence, Late::OnTime)
                     }]);
                 }

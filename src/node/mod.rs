@@ -17,6 +17,7 @@ mod tasks;
 
 use crate::backoff::Backoff;
 use crate::context::NodeContext;
+use crate::coord::backfills::Backfills;
 use crate::coord::claims::ClaimLead;
 use crate::coord::election;
 use crate::coord::groups::Groups;
@@ -90,6 +91,7 @@ pub async fn run(
     });
     let pauses = Arc::new(Pauses::default());
     let groups = Arc::new(Groups::new(client.clone(), keys.clone(), cluster.lease_ttl));
+    let backfills = Arc::new(Backfills::default());
     let node = Arc::new(NodeContext {
         node_id: options.node_id.clone(),
         keys,
@@ -101,10 +103,12 @@ pub async fn run(
             Arc::clone(&pauses),
             Arc::clone(&groups),
             Arc::clone(&options.child_env),
+            Arc::clone(&backfills),
         ),
         pauses,
         groups,
         triggers: Arc::default(),
+        backfills,
         results,
         claim_lead: ClaimLead::new(),
         started_here: Arc::default(),

@@ -181,12 +181,13 @@ impl Sessions {
             .map_err(failed("cannot register this node in etcd"))?;
         // Read before any shard is led: a node that starts, or campaigns again, while a job is
         // paused must not run one tick of it.
-        let (pauses, triggers, groups) = tokio::try_join!(
+        let (pauses, triggers, groups, backfills) = tokio::try_join!(
             mirror::load(&self.client, &node.keys, node.pauses.as_ref()),
             mirror::load(&self.client, &node.keys, node.triggers.as_ref()),
             mirror::load(&self.client, &node.keys, node.groups.as_ref()),
+            mirror::load(&self.client, &node.keys, node.backfills.as_ref()),
         )
-        .map_err(failed("cannot read the pauses, run requests and concurrency groups"))?;
+        .map_err(failed("cannot read the pauses, run requests, concurrency groups and backfills"))?;
         let mut tasks = JoinSet::new();
         let view = tasks::watch_fleet(&mut tasks, node, session, member);
         let entered = tokio::select! {
@@ -201,6 +202,7 @@ impl Sessions {
                 pauses,
                 triggers,
                 groups,
+                backfills,
             },
             candidacies,
         })

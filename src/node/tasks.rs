@@ -11,6 +11,7 @@ use tokio::task::JoinSet;
 
 use super::NodeOptions;
 use crate::context::NodeContext;
+use crate::coord::backfills;
 use crate::coord::election::Leadership;
 use crate::coord::fleet;
 use crate::coord::mirror;
@@ -18,7 +19,8 @@ use crate::coord::session::Session;
 use crate::coord::view::{self, FleetView};
 use crate::leader;
 use crate::readiness::Stage;
-use crate::rules::config::Etcd;
+use crate::rules::backfill::InFlight;
+use crate::rules::config::{Delivery, Etcd};
 use crate::rules::record::Member;
 
 /// The node's tasks that outlive sessions; they end with the process or its shutdown.
@@ -95,6 +97,7 @@ pub(super) struct Mirrored {
     pub(super) pauses: i64,
     pub(super) triggers: i64,
     pub(super) groups: i64,
+    pub(super) backfills: i64,
 }
 
 /// A session's tasks once it entered the elections: the mirrors of pauses, run requests and
@@ -128,6 +131,13 @@ pub(super) fn lead(
         Arc::clone(&node.groups),
         mirrored.groups,
     ));
+    tasks.spawn(mirror::keep(
+        session.clone(),
+        node.keys.clone(),
+        Arc::clone(&node.backfills),
+        mirrored.backfills,
+    ));
+    tasks.spawn(give_back_unheld_backfills(Arc::clone(node), session.clone()));
     tasks.spawn(crate::coord::unserved::keep(
         session.clone(),
         node.keys.clone(),
@@ -151,6 +161,33 @@ pub(super) fn lead(
             view.clone(),
             candidacy,
         ));
+    }
+}
+
+/// Gives back the backfill ticks the records list in flight on this node that it does not hold:
+/// claimed by an earlier run of the node, they will never be counted otherwise.
+async fn give_back_unheld_backfills(node: Arc<NodeContext>, session: Session) {
+    let mut changed = node.backfills.subscribe();
+    loop {
+        for job in node.backfills.unheld_on(&node.node_id) {
+            let delivery = node
+                .jobs
+                .borrow()
+                .by_shard
+                .iter()
+                .flatten()
+                .find(|known| known.name == job)
+                .map_or(Delivery::AtLeastOnce, |known| known.delivery);
+            let backfills = &node.backfills;
+            let orphaned = |flight: &InFlight| flight.node == node.node_id && !backfills.holds(&job, flight.tick);
+            if let Err(err) = backfills::settle_orphans(&session.client(), &node.keys, &job, delivery, orphaned).await {
+                tracing::warn!(job, error = %err, "cannot give back this node's backfill ticks from before it started; trying again at the next change");
+            }
+        }
+        tokio::select! {
+            result = changed.changed() => if result.is_err() { return },
+            _ = session.ended().cancelled() => return,
+        }
     }
 }
 

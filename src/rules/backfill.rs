@@ -1,8 +1,8 @@
 //! Backfill: every tick of a job's schedule in a past range run again, oldest first, through
 //! the leader of the job's shard. What may be asked (a past range of at most `max` ticks), and
 //! the record in etcd that the leaders serving it share: which ticks are claimed, which are
-//! going on where, how many are done, and whether it was cancelled. Pure: the caller passes
-//! the clock's reading and who is alive.
+//! going on where, how many are done, which go again, and whether it was cancelled. Pure: the
+//! caller passes the clock's reading and which nodes went.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -75,13 +75,31 @@ pub fn ticks<'a>(job: &'a Job, ask: &Ask, now: DateTime<Utc>) -> Result<Vec<Fire
     Ok(fires)
 }
 
-/// A tick a leader claimed and has not recorded done.
+/// A tick a leader claimed and whose run has not been counted yet.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InFlight {
     pub tick: DateTime<Utc>,
     pub node: String,
     /// The term of the leadership that claimed it.
     pub term: i64,
+    /// Claimed again after its node went while it was in flight: it may have run.
+    #[serde(default)]
+    pub redelivered: bool,
+}
+
+/// A tick given back to be claimed again, before the ticks not claimed yet.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Again {
+    pub tick: DateTime<Utc>,
+    /// It was in flight on a node that went: it may have run (`CRON_REDELIVERED`).
+    pub redelivered: bool,
+}
+
+/// The next tick a leader may claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Next {
+    pub tick: DateTime<Utc>,
+    pub redelivered: bool,
 }
 
 /// The value of `/backfills/<job>`.
@@ -94,10 +112,18 @@ pub struct Backfill {
     /// Every tick to run, oldest first.
     pub ticks: Vec<DateTime<Utc>>,
     pub parallel: u32,
-    /// How many of `ticks` were claimed: the next to claim is `ticks[next]`.
+    /// How many of `ticks` were claimed a first time: the next is `ticks[next]`.
     pub next: usize,
+    /// Ticks whose run ended (and at-most-once ticks recorded lost).
     pub done: usize,
+    /// Of `done`, the at-most-once ticks recorded lost: their node went while they were in
+    /// flight.
+    #[serde(default)]
+    pub lost: usize,
     pub in_flight: Vec<InFlight>,
+    /// Given back, claimed before `ticks[next]`, oldest first.
+    #[serde(default)]
+    pub again: Vec<Again>,
     pub cancelled: bool,
 }
 
@@ -112,57 +138,101 @@ impl Backfill {
             parallel: ask.parallel,
             next: 0,
             done: 0,
+            lost: 0,
             in_flight: Vec::new(),
+            again: Vec::new(),
             cancelled: false,
         }
     }
 
     /// The next tick to claim, if one may be claimed now: not once cancelled or all claimed,
-    /// nor while `parallel` are in flight.
-    pub fn next_claim(&self) -> Option<DateTime<Utc>> {
+    /// nor while `parallel` are in flight. Ticks given back come first.
+    pub fn next_claim(&self) -> Option<Next> {
         if self.cancelled || self.in_flight.len() >= self.parallel as usize {
             return None;
         }
-        self.ticks.get(self.next).copied()
-    }
-
-    /// `tick`, the one [`Backfill::next_claim`] gave, claimed by the leadership of `term` on `node`.
-    pub fn claim(&mut self, tick: DateTime<Utc>, node: &str, term: i64) {
-        if self.ticks.get(self.next) == Some(&tick) {
-            self.next += 1;
-            self.in_flight.push(InFlight {
-                tick,
-                node: node.to_string(),
-                term,
+        if let Some(again) = self.again.first() {
+            return Some(Next {
+                tick: again.tick,
+                redelivered: again.redelivered,
             });
         }
+        self.ticks.get(self.next).map(|&tick| Next {
+            tick,
+            redelivered: false,
+        })
     }
 
-    /// `tick`'s run was recorded: it is done. False if it was not in flight (already counted).
-    pub fn finish(&mut self, tick: DateTime<Utc>) -> bool {
-        let before = self.in_flight.len();
-        self.in_flight.retain(|flight| flight.tick != tick);
-        let finished = self.in_flight.len() < before;
+    /// `next`, the one [`Backfill::next_claim`] gave, claimed by the leadership of `term` on
+    /// `node`.
+    pub fn claim(&mut self, next: Next, node: &str, term: i64) {
+        if self.again.first().is_some_and(|again| again.tick == next.tick) {
+            self.again.remove(0);
+        } else if self.ticks.get(self.next) == Some(&next.tick) {
+            self.next += 1;
+        } else {
+            return;
+        }
+        self.in_flight.push(InFlight {
+            tick: next.tick,
+            node: node.to_string(),
+            term,
+            redelivered: next.redelivered,
+        });
+    }
+
+    fn take_in_flight(&mut self, tick: DateTime<Utc>, node: &str) -> Option<InFlight> {
+        let at = self
+            .in_flight
+            .iter()
+            .position(|flight| flight.tick == tick && flight.node == node)?;
+        Some(self.in_flight.remove(at))
+    }
+
+    /// `tick`'s run on `node` ended and was recorded: it is done. False if it was not in flight
+    /// there (counted already, or settled as its node's orphan).
+    pub fn finish(&mut self, tick: DateTime<Utc>, node: &str) -> bool {
+        let finished = self.take_in_flight(tick, node).is_some();
         if finished {
             self.done += 1;
         }
         finished
     }
 
-    /// The ticks in flight whose node is gone (by `alive`): their leader will never record
-    /// them, so a successor settles them as it settles a dead leader's claimed ticks, run again
-    /// or recorded lost by the job's `delivery`.
-    pub fn orphans(&self, alive: impl Fn(&str) -> bool) -> Vec<InFlight> {
-        self.in_flight
-            .iter()
-            .filter(|flight| !alive(&flight.node))
-            .cloned()
-            .collect()
+    /// `tick`, in flight on `node`, is to be claimed again: it did not start (a pause came,
+    /// the leadership ended first), or `redelivered`: its node went and it may have run.
+    pub fn give_back(&mut self, tick: DateTime<Utc>, node: &str, redelivered: bool) -> bool {
+        let Some(flight) = self.take_in_flight(tick, node) else {
+            return false;
+        };
+        let again = Again {
+            tick,
+            redelivered: redelivered || flight.redelivered,
+        };
+        let at = self.again.partition_point(|other| other.tick < tick);
+        self.again.insert(at, again);
+        true
+    }
+
+    /// `tick`, in flight on `node` when that node went, is recorded lost (an at-most-once
+    /// job): counted done, never run again.
+    pub fn record_lost(&mut self, tick: DateTime<Utc>, node: &str) -> bool {
+        let lost = self.take_in_flight(tick, node).is_some();
+        if lost {
+            self.done += 1;
+            self.lost += 1;
+        }
+        lost
+    }
+
+    /// The ticks in flight that `orphaned` says will never be counted by their node.
+    pub fn orphans(&self, orphaned: impl Fn(&InFlight) -> bool) -> Vec<InFlight> {
+        self.in_flight.iter().filter(|flight| orphaned(flight)).cloned().collect()
     }
 
     /// Nothing is left to run or waited for: all done, or cancelled with none in flight.
     pub fn is_over(&self) -> bool {
-        self.in_flight.is_empty() && (self.cancelled || self.next == self.ticks.len())
+        self.in_flight.is_empty() && (self.cancelled || (self.next == self.ticks.len() && self.again.is_empty()))
     }
 
     /// Done, and how many ticks in all.
@@ -251,24 +321,24 @@ mod tests {
         let fires = ticks(&job, &ask, at(30)).expect("ticks");
         let mut backfill = Backfill::new("b1".into(), &ask, &fires, at(30));
         for expected in [at(0), at(1)] {
-            let tick = backfill.next_claim().expect("a tick to claim");
-            assert_eq!(tick, expected);
-            backfill.claim(tick, "a", 7);
+            let next = backfill.next_claim().expect("a tick to claim");
+            assert_eq!(next.tick, expected);
+            backfill.claim(next, "a", 7);
         }
         assert_eq!(backfill.next_claim(), None, "two in flight");
-        assert!(backfill.finish(at(1)));
-        assert!(!backfill.finish(at(1)), "counted once");
-        assert_eq!(backfill.next_claim(), Some(at(2)));
+        assert!(backfill.finish(at(1), "a"));
+        assert!(!backfill.finish(at(1), "a"), "counted once");
+        assert_eq!(backfill.next_claim().map(|next| next.tick), Some(at(2)));
         backfill.cancelled = true;
         assert_eq!(backfill.next_claim(), None);
         assert!(!backfill.is_over(), "a tick still in flight");
-        assert!(backfill.finish(at(0)));
+        assert!(backfill.finish(at(0), "a"));
         assert!(backfill.is_over());
         assert_eq!(backfill.progress(), (2, 4));
     }
 
     #[test]
-    fn a_gone_nodes_ticks_in_flight_are_orphans() {
+    fn a_gone_nodes_ticks_go_back_first_flagged_or_are_recorded_lost() {
         let job = Job::for_tests("report", "* * * * *");
         let ask = Ask {
             parallel: 2,
@@ -276,10 +346,25 @@ mod tests {
         };
         let fires = ticks(&job, &ask, at(30)).expect("ticks");
         let mut backfill = Backfill::new("b1".into(), &ask, &fires, at(30));
-        backfill.claim(at(0), "a", 7);
-        backfill.claim(at(1), "b", 8);
-        let orphans = backfill.orphans(|node| node == "b");
+        for node in ["a", "b"] {
+            let next = backfill.next_claim().expect("a tick");
+            backfill.claim(next, node, 7);
+        }
+        let orphans = backfill.orphans(|flight| flight.node == "a");
         assert_eq!(orphans.len(), 1);
         assert_eq!(orphans[0].tick, at(0));
+        assert!(backfill.give_back(at(0), "a", true));
+        assert!(!backfill.give_back(at(0), "a", true), "once");
+        assert!(!backfill.finish(at(0), "a"), "its node's late end counts nothing");
+        let next = backfill.next_claim().expect("the given back tick first");
+        assert_eq!((next.tick, next.redelivered), (at(0), true));
+        backfill.claim(next, "b", 9);
+        assert!(backfill.record_lost(at(1), "b"));
+        let next = backfill.next_claim().expect("then the next unclaimed tick");
+        assert_eq!((next.tick, next.redelivered), (at(2), false));
+        assert!(backfill.finish(at(0), "b"));
+        assert_eq!(backfill.progress(), (2, 4));
+        assert_eq!(backfill.lost, 1);
+        assert!(!backfill.is_over());
     }
 }

@@ -174,6 +174,8 @@ pub enum Trigger {
     Schedule,
     /// A run asked for with `shardcron trigger`.
     Manual,
+    /// A past tick run again by `shardcron backfill`.
+    Backfill,
 }
 
 impl Trigger {
@@ -182,6 +184,7 @@ impl Trigger {
         match self {
             Trigger::Schedule => "schedule",
             Trigger::Manual => "manual",
+            Trigger::Backfill => "backfill",
         }
     }
 }

@@ -50,27 +50,45 @@ pub struct Tick {
     pub caught_up: bool,
     /// An earlier leader claimed this tick and never started it.
     pub redelivered: bool,
-    /// The request a run asked for by hand answers; `None` for a tick of the schedule.
-    pub request: Option<String>,
+    /// What asked for the run: the schedule, a request by hand, or a backfill.
+    pub origin: Origin,
     /// Runs of the job going on other nodes as its record lists them, not seen ended: a tick
     /// of an `overlap = "skip"` or `"replace"` job waits for them (or skips, or has them
     /// stopped) before it starts.
     pub elsewhere: Vec<Going>,
 }
 
+/// What asked for a run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    /// A tick of the job's schedule, owed to the job's record.
+    Schedule,
+    /// `shardcron trigger`: the id of the request the run answers.
+    Request(String),
+    /// `shardcron backfill`: the id of the backfill whose record counts the tick.
+    Backfill(String),
+}
+
 impl Tick {
-    /// `CRON_TRIGGER`: a tick of the schedule, or a run asked for by `shardcron trigger`.
+    /// `CRON_TRIGGER`: a tick of the schedule, a run asked for by `shardcron trigger`, or a past
+    /// tick run again by `shardcron backfill`.
     pub fn trigger(&self) -> Trigger {
-        match self.request {
-            Some(_) => Trigger::Manual,
-            None => Trigger::Schedule,
+        match self.origin {
+            Origin::Schedule => Trigger::Schedule,
+            Origin::Request(_) => Trigger::Manual,
+            Origin::Backfill(_) => Trigger::Backfill,
         }
+    }
+
+    /// A run no record of the schedule owes: it starts without a ticket of its leadership.
+    pub fn is_asked(&self) -> bool {
+        self.origin != Origin::Schedule
     }
 
     /// The tick, or a requested run's request time to the millisecond.
     pub fn scheduled_at_text(&self) -> String {
         let precision = match self.trigger() {
-            Trigger::Schedule => SecondsFormat::Secs,
+            Trigger::Schedule | Trigger::Backfill => SecondsFormat::Secs,
             Trigger::Manual => SecondsFormat::Millis,
         };
         self.scheduled_at.to_rfc3339_opts(precision, true)

@@ -18,7 +18,7 @@ use crate::coord::starts::StartedHere;
 use crate::rules::config::Overlap;
 use crate::rules::protocol::elsewhere::{self, Verdict};
 use crate::rules::record::Going;
-use crate::running::runner::{self, Tick};
+use crate::running::runner::{self, Origin, Tick};
 
 /// How often a tick waiting for another node's run looks whether it still goes.
 const LOOK_EVERY: Duration = Duration::from_millis(500);
@@ -117,7 +117,7 @@ impl Runs {
     /// so it must be stopped.
     pub(super) fn list_going(&self, tick: &Tick) -> Option<Session> {
         let job = &tick.job;
-        if job.overlap == Overlap::Allow || job.instance_of.is_some() || tick.request.is_some() {
+        if job.overlap == Overlap::Allow || job.instance_of.is_some() || matches!(tick.origin, Origin::Request(_)) {
             return None;
         }
         let lease = self.groups.lease_now()?;

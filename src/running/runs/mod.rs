@@ -11,15 +11,17 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::clock;
+use crate::coord::backfills::{Backfills, Settle};
 use crate::coord::groups::Groups;
 use crate::coord::pauses::Pauses;
 use crate::coord::results::ResultQueue;
 use crate::rules::config::{Delivery, Overlap};
 use crate::rules::record::{Outcome, RunRecord};
-use crate::running::runner::{self, Tick};
+use crate::running::runner::{self, Origin, Tick};
 use crate::secrets::ChildEnv;
 use overlap::{may_overlap, overlaps, Running, Skip};
 
+mod backfill;
 mod elsewhere;
 pub(crate) use elsewhere::AskedHere;
 mod overlap;
@@ -62,6 +64,11 @@ pub struct Runs {
     groups: Arc<Groups>,
     /// What every command's environment starts from, made once for the node.
     child_env: Arc<ChildEnv>,
+    /// The backfills' records and the backfill ticks this node holds: a backfill run counts
+    /// its tick there when it ends.
+    backfills: Arc<Backfills>,
+    /// Told when a job's last backfill run on this node ends.
+    backfills_ended: Arc<tokio::sync::Notify>,
 }
 
 /// Room for late ticks held by a leader while it claims them (see [`Runs::reserve_late`]).
@@ -100,6 +107,9 @@ struct JobRuns {
     /// How long the job's last run on this node took: a backlog grows only behind runs longer
     /// than the job's period.
     last_took: Option<chrono::Duration>,
+    /// Of `pending`, the backfill runs: they take no turn, and the job's live ticks wait for
+    /// them to end.
+    backfilling: usize,
 }
 
 impl Runs {
@@ -109,6 +119,7 @@ impl Runs {
         pauses: Arc<Pauses>,
         groups: Arc<Groups>,
         child_env: Arc<ChildEnv>,
+        backfills: Arc<Backfills>,
     ) -> Runs {
         let cores = std::thread::available_parallelism().map_or(2, usize::from);
         Runs {
@@ -122,6 +133,8 @@ impl Runs {
             pauses,
             groups,
             child_env,
+            backfills,
+            backfills_ended: Arc::default(),
         }
     }
 
@@ -148,6 +161,11 @@ impl Runs {
         let job = &first.job;
         let mut jobs = self.jobs.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let runs = jobs.entry(job.name.clone()).or_default();
+        if matches!(first.origin, Origin::Backfill(_)) {
+            runs.pending += 1;
+            runs.backfilling += 1;
+            return Some(Entry { turn: None, met: None });
+        }
         let now = clock::now();
         // The run going when this one came, if it may overlap it: decided once that run has
         // ended or has run the time between the two ticks.
@@ -329,10 +347,11 @@ impl Runs {
 
     /// Whether `tick` may be settled without a run now (see [`crate::coord::starts::Starts::settle`]).
     fn settle(&self, tick: &Tick) -> bool {
-        let may = match tick.request {
-            // A requested run is no tick of the schedule: its leadership owes it to no record.
-            Some(_) => tick.starts.may_spawn(),
-            None => tick.starts.settle(&tick.job.name, tick.scheduled_at),
+        // A requested or backfilled run is no tick of the schedule: its leadership owes it to
+        // no record.
+        let may = match tick.is_asked() {
+            true => tick.starts.may_spawn(),
+            false => tick.starts.settle(&tick.job.name, tick.scheduled_at),
         };
         if !may {
             self.not_starting(tick);
@@ -342,12 +361,20 @@ impl Runs {
 
     /// A claimed tick this node does not start. A tick of the schedule stays pending in etcd,
     /// and the next leader delivers it or records it lost; a requested run is recorded lost
-    /// here, since no record lists it.
+    /// here, since no record lists it; a backfill tick goes back to its backfill's record.
     fn not_starting(&self, tick: &Tick) {
-        if tick.request.is_some() {
-            tracing::warn!(requested_at = %tick.scheduled_at_text(), "lost: a run asked for by hand was claimed, and this node no longer leads the shard or its lease may have expired before it started");
-            self.report(tick, not_run(tick, Outcome::Lost));
-            return;
+        match &tick.origin {
+            Origin::Request(_) => {
+                tracing::warn!(requested_at = %tick.scheduled_at_text(), "lost: a run asked for by hand was claimed, and this node no longer leads the shard or its lease may have expired before it started");
+                self.report(tick, not_run(tick, Outcome::Lost));
+                return;
+            }
+            Origin::Backfill(id) => {
+                tracing::info!("not starting a backfill tick: this node no longer leads the shard, or its lease may have expired; it goes back to be claimed again");
+                self.settle_backfill(tick, id, Settle::Again);
+                return;
+            }
+            Origin::Schedule => {}
         }
         let next = match tick.job.delivery {
             Delivery::AtLeastOnce => "the next leader runs it",
@@ -358,14 +385,22 @@ impl Runs {
         }
     }
 
-    /// Whether a pause stops `tick`; if one does, the tick is recorded `paused`.
+    /// Whether a pause stops `tick`; if one does, the tick is recorded `paused` (a backfill
+    /// tick, stopped only by a pause that holds now, goes back to its backfill's record).
     fn paused(&self, tick: &Tick) -> bool {
-        let Some(pause) = self
-            .pauses
-            .stopping(tick.job.job_name(), tick.scheduled_at, clock::now())
-        else {
+        let now = clock::now();
+        let due = match tick.origin {
+            Origin::Backfill(_) => now,
+            _ => tick.scheduled_at,
+        };
+        let Some(pause) = self.pauses.stopping(tick.job.job_name(), due, now) else {
             return false;
         };
+        if let Origin::Backfill(id) = &tick.origin {
+            tracing::info!(until = ?pause.until, "paused: the backfill tick goes back to be run once the pause ends");
+            self.settle_backfill(tick, id, Settle::Again);
+            return true;
+        }
         if self.settle(tick) {
             tracing::info!(until = ?pause.until, reason = ?pause.reason, "paused: not run");
             self.report(tick, not_run(tick, Outcome::Paused));
@@ -376,10 +411,13 @@ impl Runs {
     fn report(&self, tick: &Tick, record: RunRecord) {
         crate::metrics::get().record_run(tick.job.job_name(), &record);
         crate::coord::activity::record(&record);
-        if let Some(request) = &tick.request {
+        if let Origin::Request(request) = &tick.origin {
             self.results.answer(request, record.clone());
         }
         self.results.push_run(&tick.job, record);
+        if let Origin::Backfill(id) = &tick.origin {
+            self.settle_backfill(tick, id, Settle::Done);
+        }
     }
 
     /// Kills every running command's process group now.

@@ -17,7 +17,7 @@ use crate::coord::groups::Slot;
 use crate::rules::groups::Group;
 use crate::rules::record::{Outcome, RunRecord};
 use crate::running::runner::slot::{self, NoSlot};
-use crate::running::runner::{self, Tick};
+use crate::running::runner::{self, Origin, Tick};
 
 /// How often a tick waiting for a group slot looks for a pause of its job.
 const PAUSE_LOOK: std::time::Duration = std::time::Duration::from_millis(500);
@@ -35,9 +35,14 @@ impl Runs {
     /// Runs `ticks`, a sequence [`Runs::enter`] counted, one after another.
     pub(super) async fn sequence(self, ticks: Vec<Tick>, entry: Entry) {
         let job = Arc::clone(&ticks[0].job);
+        let backfill = matches!(ticks[0].origin, Origin::Backfill(_));
         let Some(turn) = self.wait_turn(&entry, &ticks).await else {
             return;
         };
+        if entry.turn.is_some() && !backfill {
+            // A live tick never overlaps a backfill run of a `skip` or `replace` job.
+            self.backfills_over(&job.name).await;
+        }
         if self.behind_longer_run(entry.met, &ticks) {
             self.release_turn(&job.name);
             return;
@@ -51,6 +56,10 @@ impl Runs {
         for tick in ticks {
             let span = runner::span(&tick);
             self.run_tick(tick, &turn).instrument(span).await;
+        }
+        if backfill {
+            self.leave_backfill(&job.name);
+            return;
         }
         self.mark_running(&job.name, None);
         self.release_turn(&job.name);
@@ -153,11 +162,11 @@ impl Runs {
             },
             None => None,
         };
-        // A requested run needs no ticket: no record lists it as owed. Its first attempt checks
+        // A requested or backfilled run needs no ticket: no record of the schedule owes it. Its first attempt checks
         // the leadership and the lease right before the spawn, as retries do.
-        let ticket = match tick.request {
-            Some(_) => None,
-            None => match tick.starts.begin(&job.name, tick.scheduled_at).await {
+        let ticket = match tick.is_asked() {
+            true => None,
+            false => match tick.starts.begin(&job.name, tick.scheduled_at).await {
                 Some(ticket) => Some(ticket),
                 None => {
                     self.not_starting(&tick);
@@ -172,7 +181,10 @@ impl Runs {
             caught_up: tick.caught_up,
             fence: tick.fence,
         };
-        self.mark_running(&job.name, Some(running));
+        let backfill = matches!(tick.origin, Origin::Backfill(_));
+        if !backfill {
+            self.mark_running(&job.name, Some(running));
+        }
         let listed = self.list_going(&tick);
         let lapsed = listed
             .as_ref()
@@ -189,7 +201,9 @@ impl Runs {
         let run = runner::run(&tick, &stops, ticket, &self.child_env, slots);
         let record = holding_permit(run, late).await;
         self.unlist_going(&tick);
-        self.took(&job.name, clock::now() - since);
+        if !backfill {
+            self.took(&job.name, clock::now() - since);
+        }
         match record {
             Some(record) => self.report(&tick, record),
             None => self.not_starting(&tick),

@@ -1,0 +1,106 @@
+//! A term's part in its jobs' backfills: it claims their ticks oldest first, each in a
+//! transaction guarded by its leadership (the transaction's revision is the run's fence), while
+//! the job is not paused and no live run of it goes on (for `overlap = "skip"` or `"replace"`),
+//! and settles the ticks in flight on nodes that went.
+
+use std::sync::Arc;
+
+use super::term::Term;
+use super::Late;
+use crate::clock;
+use crate::coord::backfills::{self, Claimed, Settle};
+use crate::coord::claims::{Book, Halt};
+use crate::rules::backfill::InFlight;
+use crate::running::runner::{Origin, Tick};
+
+/// Whether a term's backfills have ticks that wait for something no record change announces
+/// (a pause's end, the end of a live run): the term looks again soon.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Backlog {
+    Settled,
+    Waits,
+}
+
+impl Term {
+    /// Claims and starts the backfill ticks of this shard's jobs that may start now.
+    pub(super) async fn serve_backfills(&self, book: &Book) -> Result<Backlog, Halt> {
+        let mut backlog = Backlog::Settled;
+        for name in self.node.backfills.with_work(|job| book.index_of(job).is_some()) {
+            if let Some(index) = book.index_of(&name) {
+                if self.serve_backfill(book, index).await? == Backlog::Waits {
+                    backlog = Backlog::Waits;
+                }
+            }
+        }
+        Ok(backlog)
+    }
+
+    async fn serve_backfill(&self, book: &Book, index: usize) -> Result<Backlog, Halt> {
+        let job = Arc::clone(book.job(index));
+        let client = &self.session.client();
+        let keys = &self.node.keys;
+        let me = self.node.node_id.as_str();
+        let held = &self.node.backfills;
+        let members = Arc::clone(&self.fleet.borrow().members);
+        // This node's own unheld ticks are an earlier run's; another node's are orphans once
+        // that node left the fleet.
+        let orphaned = |flight: &InFlight| match flight.node == me {
+            true => !held.holds(&job.name, flight.tick),
+            false => !members.contains_key(&flight.node),
+        };
+        if let Err(err) = backfills::settle_orphans(client, keys, &job.name, job.delivery, orphaned).await {
+            tracing::warn!(job = %job.name, error = %err, "cannot read the job's backfill; trying again shortly");
+            return Ok(Backlog::Waits);
+        }
+        loop {
+            let read = match backfills::read(client, keys, &job.name).await {
+                Ok(Some(read)) => read,
+                Ok(None) => return Ok(Backlog::Settled),
+                Err(err) => {
+                    tracing::warn!(job = %job.name, error = %err, "cannot read the job's backfill; trying again shortly");
+                    return Ok(Backlog::Waits);
+                }
+            };
+            let (backfill, revision) = read;
+            // None while `parallel` are in flight: their ends change the record.
+            let Some(next) = backfill.next_claim() else {
+                return Ok(Backlog::Settled);
+            };
+            let now = clock::now();
+            if self.node.pauses.stopping(job.job_name(), now, now).is_some()
+                || !self.node.runs.idle_for_backfill(&job.name, job.overlap)
+                || !self.elsewhere(&job, book.entries()[index].record()).is_empty()
+            {
+                return Ok(Backlog::Waits);
+            }
+            let mut claimed = backfill.clone();
+            claimed.claim(next, me, self.leadership.term);
+            held.hold(&job.name, next.tick);
+            let answer = backfills::claim(client, keys, &self.leadership, &job.name, revision, &claimed).await;
+            match answer {
+                Ok(Claimed::Ours(fence)) => {
+                    let (done, total) = backfill.progress();
+                    tracing::info!(job = %job.name, backfill = %backfill.id, tick = %next.tick, fence, done, total, redelivered = next.redelivered, "starting a backfill run");
+                    self.node.runs.start(vec![Tick {
+                        origin: Origin::Backfill(backfill.id.clone()),
+                        redelivered: next.redelivered,
+                        elsewhere: Vec::new(),
+                        ..self.tick(book, index, next.tick, fence, Late::OnTime)
+                    }]);
+                }
+                Ok(Claimed::Changed) => held.release(&job.name, next.tick),
+                Ok(Claimed::Deposed) => {
+                    held.release(&job.name, next.tick);
+                    return Err(Halt::Deposed);
+                }
+                Err(err) => {
+                    // The claim may have landed: give the tick back if it did.
+                    tracing::warn!(job = %job.name, error = %err, "a backfill claim's answer was lost; giving its tick back if it landed");
+                    backfills::settle_tick(client, keys, &job.name, &backfill.id, next.tick, me, Settle::Again).await;
+                    held.release(&job.name, next.tick);
+                    return Ok(Backlog::Waits);
+                }
+            }
+        }
+    }
+}
