@@ -225,7 +225,7 @@ pub(crate) async fn settle_orphans(
     delivery: Delivery,
     orphaned: impl Fn(&InFlight) -> bool,
 ) -> Result<usize, CoordError> {
-    let settled = std::cell::Cell::new(0);
+    let settled = std::sync::atomic::AtomicUsize::new(0);
     let written = update(client, keys, job, None, |backfill| {
         let orphans = backfill.orphans(&orphaned);
         for orphan in &orphans {
@@ -234,7 +234,7 @@ pub(crate) async fn settle_orphans(
                 Delivery::AtMostOnce => backfill.record_lost(orphan.tick, &orphan.node),
             };
         }
-        settled.set(orphans.len());
+        settled.store(orphans.len(), std::sync::atomic::Ordering::Relaxed);
         !orphans.is_empty()
     })
     .await?;
@@ -245,8 +245,8 @@ pub(crate) async fn settle_orphans(
         Delivery::AtLeastOnce => "run again, flagged redelivered",
         Delivery::AtMostOnce => "recorded lost",
     };
-    tracing::warn!(job, ticks = settled.get(), next, "backfill ticks were in flight on a node that went, or on an earlier run of this one");
-    Ok(settled.get())
+    tracing::warn!(job, ticks = settled.load(std::sync::atomic::Ordering::Relaxed), next, "backfill ticks were in flight on a node that went, or on an earlier run of this one");
+    Ok(settled.into_inner())
 }
 
 /// The backfills every node sees, kept current by a watch while the node has a session, and
