@@ -27,6 +27,7 @@ fn main() -> ExitCode {
         Command::Status(args) => cli::reading::status(args),
         Command::History(args) => cli::reading::history(args),
         Command::Trigger(args) => return exit(cli::control::trigger(args)),
+        Command::Backfill(args) => return exit(cli::backfill::backfill(args)),
         Command::Pause(args) => cli::control::pause(args),
         Command::Resume(args) => cli::control::resume(args),
     };

@@ -224,6 +224,26 @@ pub fn next(args: &NextArgs) -> Result<()> {
     Ok(())
 }
 
+/// One line of `plan` (and of `backfill --dry-run`): the instant in the job's zone, the job, its
+/// shard and placement, and the DST rule that decided the instant, if one did.
+pub(super) fn write_fire(out: &mut impl Write, fire: &plan::Fire) -> Result<()> {
+    let zone = fire.job.schedule.zone();
+    write!(
+        out,
+        "{} {} shard={}{} zone={}",
+        format_instant(fire.at, zone),
+        fire.job.name,
+        fire.job.pool_shard,
+        placement(fire.job),
+        zone
+    )?;
+    match fire.dst {
+        Some(rule) => writeln!(out, " note=\"{}\"", rule.note())?,
+        None => writeln!(out)?,
+    }
+    Ok(())
+}
+
 pub fn plan(args: &PlanArgs) -> Result<()> {
     let config = args.config.load()?;
     let (from, to) = args.window()?;
@@ -237,20 +257,7 @@ pub fn plan(args: &PlanArgs) -> Result<()> {
         writeln!(out)?;
     } else {
         for fire in &fires {
-            let zone = fire.job.schedule.zone();
-            write!(
-                out,
-                "{} {} shard={}{} zone={}",
-                format_instant(fire.at, zone),
-                fire.job.name,
-                fire.job.pool_shard,
-                placement(fire.job),
-                zone
-            )?;
-            match fire.dst {
-                Some(rule) => writeln!(out, " note=\"{}\"", rule.note())?,
-                None => writeln!(out)?,
-            }
+            write_fire(&mut out, fire)?;
         }
     }
     out.flush()?;

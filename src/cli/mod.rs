@@ -12,6 +12,7 @@
 //! no error ([`is_broken_pipe`]).
 
 mod args;
+pub mod backfill;
 pub mod check;
 pub mod control;
 pub mod docs;
@@ -71,6 +72,10 @@ pub enum Command {
     /// Run a job now, through its shard's leader: the same claim, fence, overlap policy and
     /// pause as a tick of its schedule, which does not move.
     Trigger(control::TriggerArgs),
+    /// Run every tick of a job's schedule in a past range again, oldest first, through its
+    /// shard's leader (`CRON_TRIGGER=backfill`, `CRON_SCHEDULED_AT` the tick), and show the
+    /// progress; `--dry-run` prints the ticks, `--cancel` stops the rest.
+    Backfill(backfill::BackfillArgs),
     /// Show a job's last runs, newest first, as kept in etcd (`[cluster] history`).
     History(reading::HistoryArgs),
     /// Pause jobs: from their next tick, every node claims their ticks and records them

@@ -75,6 +75,12 @@ pub fn ticks<'a>(job: &'a Job, ask: &Ask, now: DateTime<Utc>) -> Result<Vec<Fire
     Ok(fires)
 }
 
+/// A new backfill's id: what its runs count their ticks in, so that a run of a cancelled
+/// backfill never counts in the next one.
+pub fn new_id() -> String {
+    format!("{:016x}", rand::random::<u64>())
+}
+
 /// A tick a leader claimed and whose run has not been counted yet.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InFlight {
