@@ -14,6 +14,7 @@
 mod support;
 
 mod scenarios {
+    mod backfill;
     mod bad_commands;
     mod chaos;
     mod cli;

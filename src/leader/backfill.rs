@@ -10,7 +10,11 @@ use super::Late;
 use crate::clock;
 use crate::coord::backfills::{self, Claimed, Settle};
 use crate::coord::claims::{Book, Halt};
+use crate::coord::going;
 use crate::rules::backfill::InFlight;
+use crate::rules::config::Job;
+use crate::rules::protocol::elsewhere::{self, Verdict};
+use crate::rules::record::Claim;
 use crate::running::runner::{Origin, Tick};
 
 /// Whether a term's backfills have ticks that wait for something no record change announces
@@ -62,14 +66,16 @@ impl Term {
                 }
             };
             let (backfill, revision) = read;
-            // None while `parallel` are in flight: their ends change the record.
+            // None while `parallel` are in flight: the ends of those on this node change the
+            // record; another node's may be an orphan once the fleet sees that node gone.
             let Some(next) = backfill.next_claim() else {
-                return Ok(Backlog::Settled);
+                let elsewhere = backfill.in_flight.iter().any(|flight| flight.node != me);
+                return Ok(if elsewhere { Backlog::Waits } else { Backlog::Settled });
             };
             let now = clock::now();
             if self.node.pauses.stopping(job.job_name(), now, now).is_some()
                 || !self.node.runs.idle_for_backfill(&job.name, job.overlap)
-                || !self.elsewhere(&job, book.entries()[index].record()).is_empty()
+                || self.beside_listed_runs(&job, book.entries()[index].record()).await
             {
                 return Ok(Backlog::Waits);
             }
@@ -102,5 +108,21 @@ impl Term {
                 }
             }
         }
+    }
+
+    /// Whether runs of `job` that its record lists going on other nodes keep its backfill
+    /// waiting: those etcd shows ended (their end recorded, or their node's lease gone) are
+    /// marked seen ended, the rest wait. Nothing is asked of their nodes: a backfill waits.
+    async fn beside_listed_runs(&self, job: &Job, record: Option<&Claim>) -> bool {
+        let mut waiting = false;
+        for run in self.elsewhere(job, record) {
+            match going::look(&self.session.client(), &self.node.keys, &job.name, &run).await {
+                Some(shown) if matches!(elsewhere::verdict(&shown, &run), Verdict::Ended) => {
+                    self.starts.here().ended_elsewhere(&job.name, run.fence);
+                }
+                _ => waiting = true,
+            }
+        }
+        waiting
     }
 }

@@ -1,0 +1,214 @@
+//! Backfill against a real etcd: every tick of a past range of a per-minute job run once, in
+//! order, each with its historic `CRON_SCHEDULED_AT`, `CRON_TRIGGER=backfill` and a fresh
+//! fence; the leader SIGKILLed after five, the rest run once on the next leader; a second
+//! backfill cancelled part way; and what is refused before anything is written.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use chrono::{DateTime, DurationRound, SecondsFormat, Utc};
+
+use crate::support::*;
+
+/// One line a run of the job wrote: at its start or its end.
+#[derive(Debug, Clone)]
+struct Mark {
+    start: bool,
+    trigger: String,
+    tick: DateTime<Utc>,
+    fence: i64,
+    node: String,
+    redelivered: bool,
+}
+
+fn marks(path: &Path) -> Vec<Mark> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split(' ').collect();
+            let [what, trigger, tick, fence, node, redelivered] = fields[..] else {
+                return None;
+            };
+            Some(Mark {
+                start: what == "start",
+                trigger: trigger.to_string(),
+                tick: DateTime::parse_from_rfc3339(tick).ok()?.with_timezone(&Utc),
+                fence: fence.parse().ok()?,
+                node: node.to_string(),
+                redelivered: redelivered == "1",
+            })
+        })
+        .collect()
+}
+
+fn backfill_marks(path: &Path, range: &[DateTime<Utc>]) -> Vec<Mark> {
+    marks(path)
+        .into_iter()
+        .filter(|mark| mark.trigger == "backfill" && range.contains(&mark.tick))
+        .collect()
+}
+
+fn shardcron(config: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(SHARDCRON)
+        .args(args)
+        .arg("--config")
+        .arg(config)
+        .output()
+        .expect("run shardcron")
+}
+
+fn rfc3339(at: DateTime<Utc>) -> String {
+    at.to_rfc3339_opts(SecondsFormat::Secs, true)
+}
+
+/// The job's backfill record as etcd holds it.
+fn record(world: &World) -> Option<serde_json::Value> {
+    let value = world.etcd_value("/shardcron/test/backfills/report")?;
+    serde_json::from_slice(&value).ok()
+}
+
+fn done(world: &World) -> u64 {
+    record(world).and_then(|record| record["done"].as_u64()).unwrap_or(0)
+}
+
+fn over(world: &World, id: &str) -> bool {
+    record(world).is_some_and(|record| {
+        record["id"] == id
+            && record["in_flight"].as_array().is_some_and(Vec::is_empty)
+            && (record["cancelled"] == true
+                || (record["next"] == record["ticks"].as_array().map_or(0, Vec::len)
+                    && record["again"].as_array().is_none_or(Vec::is_empty)))
+    })
+}
+
+#[test]
+fn a_backfill_runs_each_past_tick_once_in_order_through_a_leader_kill_and_stops_when_cancelled() {
+    let mut world = World::new();
+    let marks_file = world.runs_file();
+    let command = format!(
+        "echo \"start $CRON_TRIGGER $CRON_SCHEDULED_AT $CRON_FENCE $CRON_NODE ${{CRON_REDELIVERED:-0}}\" >> {file}; sleep 0.4; echo \"end $CRON_TRIGGER $CRON_SCHEDULED_AT $CRON_FENCE $CRON_NODE ${{CRON_REDELIVERED:-0}}\" >> {file}",
+        file = marks_file.display()
+    );
+    let config = world.write_config_tables(
+        "jobs.toml",
+        1,
+        2,
+        &[("report", format!("schedule = \"* * * * *\"\ncommand = '{command}'\n"))],
+    );
+    let now = Utc::now().duration_trunc(chrono::Duration::minutes(1)).expect("a minute");
+    let from = now - chrono::Duration::minutes(40);
+    let to = from + chrono::Duration::minutes(20);
+    let range: Vec<DateTime<Utc>> = (0..20).map(|minute| from + chrono::Duration::minutes(minute)).collect();
+
+    step("refused before anything is written: the future, more than --max, an unknown job, a dry run prints the ticks");
+    let future = rfc3339(Utc::now() + chrono::Duration::hours(1));
+    for (args, says) in [
+        (vec!["backfill", "report", "--from", &rfc3339(from), "--to", &future], "in the future"),
+        (vec!["backfill", "report", "--from", &rfc3339(from), "--to", &rfc3339(to), "--max", "5"], "--max"),
+        (vec!["backfill", "nobody", "--from", &rfc3339(from), "--to", &rfc3339(to)], "no job \"nobody\""),
+    ] {
+        let out = shardcron(&config, &args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains(says), "{args:?}: {stderr}");
+    }
+    let dry = shardcron(&config, &["backfill", "report", "--from", &rfc3339(from), "--to", &rfc3339(to), "--dry-run"]);
+    let printed = String::from_utf8_lossy(&dry.stdout);
+    assert!(dry.status.success(), "{}", String::from_utf8_lossy(&dry.stderr));
+    assert_eq!(printed.lines().count(), 20, "{printed}");
+    assert!(printed.lines().all(|line| line.contains(" report shard=0")), "{printed}");
+    assert!(record(&world).is_none(), "a refusal or a dry run wrote a record");
+
+    step("start a and b; ask for 20 ticks");
+    world.node("a", &config).start();
+    world.node("b", &config).start();
+    wait_for(Duration::from_secs(20), "a leader of the shard", || world.leader_of(&config, 0).is_some());
+    let asked = shardcron(&config, &["backfill", "report", "--from", &rfc3339(from), "--to", &rfc3339(to), "--detach"]);
+    let said = String::from_utf8_lossy(&asked.stdout);
+    assert!(asked.status.success() && said.contains("20 ticks"), "{said} {}", String::from_utf8_lossy(&asked.stderr));
+    let id = record(&world).expect("the record")["id"].as_str().expect("an id").to_string();
+
+    step("SIGKILL the leader once 5 ticks are done");
+    wait_for(Duration::from_secs(30), "5 backfill ticks done", || done(&world) >= 5);
+    let (leader, _) = world.leader_of(&config, 0).expect("a leader");
+    let killed = world.nodes.iter().position(|node| node.id == leader).expect("ours");
+    world.nodes[killed].signal(libc::SIGKILL);
+    let survivor = world.nodes[1 - killed].id.clone();
+    step(&format!("{leader} killed with {} done; {survivor} serves the rest", done(&world)));
+    wait_for(Duration::from_secs(60), "the backfill over", || over(&world, &id));
+    let record = record(&world).expect("the record");
+    assert_eq!(record["done"], 20, "{record}");
+
+    step("every tick ran to its end once, in order, with a fresh fence; the rest on the survivor");
+    let seen = backfill_marks(&marks_file, &range);
+    let starts: Vec<&Mark> = seen.iter().filter(|mark| mark.start).collect();
+    let mut by_tick: BTreeMap<DateTime<Utc>, Vec<&Mark>> = BTreeMap::new();
+    for start in &starts {
+        by_tick.entry(start.tick).or_default().push(start);
+    }
+    assert_eq!(by_tick.keys().copied().collect::<Vec<_>>(), range, "every tick of the range started");
+    let first_starts: Vec<DateTime<Utc>> = {
+        let mut firsts = Vec::new();
+        for start in &starts {
+            if !firsts.contains(&start.tick) {
+                firsts.push(start.tick);
+            }
+        }
+        firsts
+    };
+    assert_eq!(first_starts, range, "oldest first");
+    let mut repeated = 0;
+    for (tick, runs) in &by_tick {
+        if runs.len() > 1 {
+            // Only a tick in flight on the killed node at the kill may start again: flagged, fenced
+            // higher, on the survivor.
+            repeated += 1;
+            assert_eq!(runs.len(), 2, "{tick}: {runs:?}");
+            assert!(runs[0].node == leader && runs[1].node == survivor && runs[1].redelivered, "{tick}: {runs:?}");
+            assert!(runs[1].fence > runs[0].fence, "{tick}: {runs:?}");
+        } else {
+            assert!(!runs[0].redelivered, "{tick}: {runs:?}");
+        }
+    }
+    assert!(repeated <= 1, "{repeated} ticks ran twice");
+    let ended: Vec<DateTime<Utc>> = seen.iter().filter(|mark| !mark.start).map(|mark| mark.tick).collect();
+    assert!(range.iter().all(|tick| ended.contains(tick)), "a tick never ran to its end: {ended:?}");
+    step(&format!("{repeated} tick in flight at the kill ran again, flagged"));
+    let fences: Vec<i64> = starts.iter().map(|start| start.fence).collect();
+    assert!(fences.windows(2).all(|pair| pair[0] < pair[1]), "fences grow: {fences:?}");
+    let ends = seen.iter().filter(|mark| !mark.start && mark.node == survivor).count();
+    assert!(ends >= 15, "{ends} ticks ended on the survivor, expected the 15 after the kill at least");
+    let late = starts.iter().skip(6).all(|start| start.node == survivor);
+    assert!(late, "ticks after the kill ran on the killed node: {starts:?}");
+
+    step("history shows the runs with trigger backfill");
+    let history = shardcron(&config, &["history", "report", "--json", "-n", "5"]);
+    let records: Vec<serde_json::Value> = serde_json::from_slice(&history.stdout).expect("history JSON");
+    assert!(
+        records.iter().any(|entry| entry["trigger"] == "backfill"),
+        "{}",
+        String::from_utf8_lossy(&history.stdout)
+    );
+
+    step("a second backfill, cancelled after 3: the rest never start");
+    let earlier_from = from - chrono::Duration::minutes(20);
+    let earlier: Vec<DateTime<Utc>> = (0..20).map(|minute| earlier_from + chrono::Duration::minutes(minute)).collect();
+    let asked = shardcron(&config, &["backfill", "report", "--from", &rfc3339(earlier_from), "--to", &rfc3339(from), "--detach"]);
+    assert!(asked.status.success(), "{}", String::from_utf8_lossy(&asked.stderr));
+    let second = self::record(&world).expect("the record")["id"].as_str().expect("an id").to_string();
+    assert_ne!(second, id);
+    wait_for(Duration::from_secs(30), "3 ticks of the second backfill done", || done(&world) >= 3);
+    let cancel = shardcron(&config, &["backfill", "report", "--cancel"]);
+    let said = String::from_utf8_lossy(&cancel.stdout);
+    assert!(cancel.status.success() && said.contains("cancelled"), "{said}");
+    wait_for(Duration::from_secs(30), "the cancelled backfill over", || over(&world, &second));
+    let started = backfill_marks(&marks_file, &earlier).iter().filter(|mark| mark.start).count();
+    std::thread::sleep(Duration::from_secs(2));
+    let later = backfill_marks(&marks_file, &earlier).iter().filter(|mark| mark.start).count();
+    assert_eq!(started, later, "a tick started after the cancel was over");
+    assert!(started <= 5, "{started} of 20 ticks started though the backfill was cancelled after 3");
+    let done_then = done(&world);
+    assert!((3..20).contains(&done_then), "{done_then}");
+}
