@@ -104,7 +104,7 @@ pub fn backfill(args: &BackfillArgs) -> Result<ExitCode> {
         print(format_args!(
             "backfill {} asked: {} ticks from {} to {}, {} at a time (id {})\n",
             job.name,
-            record.ticks.len(),
+            record.total,
             ask.from.to_rfc3339(),
             ask.to.to_rfc3339(),
             ask.parallel,
@@ -215,7 +215,7 @@ mod tests {
         };
         let fires = ticks(&job, &ask, at(10)).expect("ticks");
         let mut backfill = Backfill::new("b".into(), &ask, &fires, at(10));
-        let next = backfill.next_claim().expect("a tick");
+        let next = backfill.next_claim(&job).expect("a tick");
         backfill.claim(next, "a", 1);
         backfill.finish(next.tick, "a");
         assert_eq!(

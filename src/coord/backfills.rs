@@ -396,7 +396,7 @@ mod tests {
 
         // A leader's claim lands, then the cancel: the claim stays.
         let (mut claimed, _) = read(&client, &keys, "report").await.expect("read").expect("the record");
-        let next = claimed.next_claim().expect("a tick");
+        let next = claimed.next_claim(&job).expect("a tick");
         claimed.claim(next, "a", 3);
         client
             .clone()

@@ -68,7 +68,15 @@ impl Term {
             let (backfill, revision) = read;
             // None while `parallel` are in flight: the ends of those on this node change the
             // record; another node's may be an orphan once the fleet sees that node gone.
-            let Some(next) = backfill.next_claim() else {
+            let Some(next) = backfill.next_claim(&job) else {
+                if backfill.clone().ran_out(&job) && !backfill.cancelled {
+                    tracing::warn!(job = %job.name, backfill = %backfill.id, claimed = backfill.claimed, total = backfill.total, "the job's schedule has fewer ticks in the backfill's range than when it was asked for (a reload changed it): the backfill ends with those it has");
+                    if let Err(err) = backfills::update(client, keys, &job.name, Some(&backfill.id), |record| record.ran_out(&job)).await {
+                        tracing::warn!(job = %job.name, error = %err, "cannot write the backfill's new total; trying again shortly");
+                        return Ok(Backlog::Waits);
+                    }
+                    continue;
+                }
                 let elsewhere = backfill.in_flight.iter().any(|flight| flight.node != me);
                 return Ok(if elsewhere { Backlog::Waits } else { Backlog::Settled });
             };

@@ -13,7 +13,7 @@ use crate::rules::plan::{self, Fire};
 /// The most ticks one backfill runs unless `--max` says more.
 pub const DEFAULT_MAX: usize = 1000;
 
-/// The most `--max` may allow: the record lists every tick.
+/// The most `--max` may allow.
 pub const MAX_TICKS: usize = 100_000;
 
 /// The most backfill runs of a job at once (`--parallel`).
@@ -108,18 +108,21 @@ pub struct Next {
     pub redelivered: bool,
 }
 
-/// The value of `/backfills/<job>`.
+/// The value of `/backfills/<job>`: a few hundred bytes whatever the range (a leader works out
+/// each next tick from the job's schedule), since every claim writes it whole.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Backfill {
     pub id: String,
     pub requested_at: DateTime<Utc>,
     pub from: DateTime<Utc>,
     pub to: DateTime<Utc>,
-    /// Every tick to run, oldest first.
-    pub ticks: Vec<DateTime<Utc>>,
+    /// The ticks of the schedule in `[from, to)` when it was asked for.
+    pub total: usize,
     pub parallel: u32,
-    /// How many of `ticks` were claimed a first time: the next is `ticks[next]`.
-    pub next: usize,
+    /// How many ticks were claimed a first time.
+    pub claimed: usize,
+    /// The newest tick claimed a first time: the next is the schedule's first after it.
+    pub cursor: Option<DateTime<Utc>>,
     /// Ticks whose run ended (and at-most-once ticks recorded lost).
     pub done: usize,
     /// Of `done`, the at-most-once ticks recorded lost: their node went while they were in
@@ -140,9 +143,10 @@ impl Backfill {
             requested_at: now,
             from: ask.from,
             to: ask.to,
-            ticks: fires.iter().map(|fire| fire.at).collect(),
+            total: fires.len(),
             parallel: ask.parallel,
-            next: 0,
+            claimed: 0,
+            cursor: None,
             done: 0,
             lost: 0,
             in_flight: Vec::new(),
@@ -151,9 +155,21 @@ impl Backfill {
         }
     }
 
+    /// The first tick of `job`'s schedule not claimed yet, if one is left in the range.
+    fn unclaimed(&self, job: &Job) -> Option<DateTime<Utc>> {
+        if self.claimed >= self.total {
+            return None;
+        }
+        let tick = match self.cursor {
+            Some(cursor) => job.schedule.next_after(cursor)?,
+            None => plan::fires(&[job], self.from, self.to, 1).0.first()?.at,
+        };
+        (tick < self.to).then_some(tick)
+    }
+
     /// The next tick to claim, if one may be claimed now: not once cancelled or all claimed,
     /// nor while `parallel` are in flight. Ticks given back come first.
-    pub fn next_claim(&self) -> Option<Next> {
+    pub fn next_claim(&self, job: &Job) -> Option<Next> {
         if self.cancelled || self.in_flight.len() >= self.parallel as usize {
             return None;
         }
@@ -163,10 +179,20 @@ impl Backfill {
                 redelivered: again.redelivered,
             });
         }
-        self.ticks.get(self.next).map(|&tick| Next {
+        self.unclaimed(job).map(|tick| Next {
             tick,
             redelivered: false,
         })
+    }
+
+    /// Whether the schedule now has fewer ticks in the range than when the backfill was asked
+    /// for (a reload changed it) and all it has were claimed: the total is cut to them.
+    pub fn ran_out(&mut self, job: &Job) -> bool {
+        let out = self.claimed < self.total && self.unclaimed(job).is_none();
+        if out {
+            self.total = self.claimed;
+        }
+        out
     }
 
     /// `next`, the one [`Backfill::next_claim`] gave, claimed by the leadership of `term` on
@@ -174,8 +200,9 @@ impl Backfill {
     pub fn claim(&mut self, next: Next, node: &str, term: i64) {
         if self.again.first().is_some_and(|again| again.tick == next.tick) {
             self.again.remove(0);
-        } else if self.ticks.get(self.next) == Some(&next.tick) {
-            self.next += 1;
+        } else if self.cursor.is_none_or(|cursor| cursor < next.tick) && self.claimed < self.total {
+            self.cursor = Some(next.tick);
+            self.claimed += 1;
         } else {
             return;
         }
@@ -238,12 +265,12 @@ impl Backfill {
 
     /// Nothing is left to run or waited for: all done, or cancelled with none in flight.
     pub fn is_over(&self) -> bool {
-        self.in_flight.is_empty() && (self.cancelled || (self.next == self.ticks.len() && self.again.is_empty()))
+        self.in_flight.is_empty() && (self.cancelled || (self.claimed >= self.total && self.again.is_empty()))
     }
 
     /// Done, and how many ticks in all.
     pub fn progress(&self) -> (usize, usize) {
-        (self.done, self.ticks.len())
+        (self.done, self.total)
     }
 }
 
@@ -327,16 +354,16 @@ mod tests {
         let fires = ticks(&job, &ask, at(30)).expect("ticks");
         let mut backfill = Backfill::new("b1".into(), &ask, &fires, at(30));
         for expected in [at(0), at(1)] {
-            let next = backfill.next_claim().expect("a tick to claim");
+            let next = backfill.next_claim(&job).expect("a tick to claim");
             assert_eq!(next.tick, expected);
             backfill.claim(next, "a", 7);
         }
-        assert_eq!(backfill.next_claim(), None, "two in flight");
+        assert_eq!(backfill.next_claim(&job), None, "two in flight");
         assert!(backfill.finish(at(1), "a"));
         assert!(!backfill.finish(at(1), "a"), "counted once");
-        assert_eq!(backfill.next_claim().map(|next| next.tick), Some(at(2)));
+        assert_eq!(backfill.next_claim(&job).map(|next| next.tick), Some(at(2)));
         backfill.cancelled = true;
-        assert_eq!(backfill.next_claim(), None);
+        assert_eq!(backfill.next_claim(&job), None);
         assert!(!backfill.is_over(), "a tick still in flight");
         assert!(backfill.finish(at(0), "a"));
         assert!(backfill.is_over());
@@ -353,7 +380,7 @@ mod tests {
         let fires = ticks(&job, &ask, at(30)).expect("ticks");
         let mut backfill = Backfill::new("b1".into(), &ask, &fires, at(30));
         for node in ["a", "b"] {
-            let next = backfill.next_claim().expect("a tick");
+            let next = backfill.next_claim(&job).expect("a tick");
             backfill.claim(next, node, 7);
         }
         let orphans = backfill.orphans(|flight| flight.node == "a");
@@ -362,15 +389,32 @@ mod tests {
         assert!(backfill.give_back(at(0), "a", true));
         assert!(!backfill.give_back(at(0), "a", true), "once");
         assert!(!backfill.finish(at(0), "a"), "its node's late end counts nothing");
-        let next = backfill.next_claim().expect("the given back tick first");
+        let next = backfill.next_claim(&job).expect("the given back tick first");
         assert_eq!((next.tick, next.redelivered), (at(0), true));
         backfill.claim(next, "b", 9);
         assert!(backfill.record_lost(at(1), "b"));
-        let next = backfill.next_claim().expect("then the next unclaimed tick");
+        let next = backfill.next_claim(&job).expect("then the next unclaimed tick");
         assert_eq!((next.tick, next.redelivered), (at(2), false));
         assert!(backfill.finish(at(0), "b"));
         assert_eq!(backfill.progress(), (2, 4));
         assert_eq!(backfill.lost, 1);
         assert!(!backfill.is_over());
+    }
+
+    #[test]
+    fn a_schedule_with_fewer_ticks_after_a_reload_ends_the_backfill_with_those_it_has() {
+        let job = Job::for_tests("report", "* * * * *");
+        let ask = ask(0, 4);
+        let fires = ticks(&job, &ask, at(30)).expect("ticks");
+        let mut backfill = Backfill::new("b1".into(), &ask, &fires, at(30));
+        let next = backfill.next_claim(&job).expect("a tick");
+        backfill.claim(next, "a", 1);
+        assert!(backfill.finish(next.tick, "a"));
+        let hourly = Job::for_tests("report", "0 * * * *");
+        assert_eq!(backfill.next_claim(&hourly), None, "the next hour is past the range");
+        assert!(!backfill.clone().ran_out(&job), "the old schedule has ticks left");
+        assert!(backfill.ran_out(&hourly));
+        assert_eq!(backfill.progress(), (1, 1));
+        assert!(backfill.is_over());
     }
 }

@@ -79,7 +79,7 @@ fn over(world: &World, id: &str) -> bool {
         record["id"] == id
             && record["in_flight"].as_array().is_some_and(Vec::is_empty)
             && (record["cancelled"] == true
-                || (record["next"] == record["ticks"].as_array().map_or(0, Vec::len)
+                || (record["claimed"] == record["total"]
                     && record["again"].as_array().is_none_or(Vec::is_empty)))
     })
 }
