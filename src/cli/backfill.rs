@@ -138,7 +138,12 @@ fn cancel(args: &BackfillArgs, config: &Config) -> Result<ExitCode> {
 
 /// Follows the backfill `id` of `job` until it is over, showing done / total (a bar on a
 /// terminal, a line per change otherwise).
-async fn follow(client: &etcd_client::Client, keys: &crate::coord::keys::Keys, job: &str, id: &str) -> Result<ExitCode> {
+async fn follow(
+    client: &etcd_client::Client,
+    keys: &crate::coord::keys::Keys,
+    job: &str,
+    id: &str,
+) -> Result<ExitCode> {
     let terminal = std::io::stderr().is_terminal();
     let mut shown = None;
     loop {
@@ -222,6 +227,9 @@ mod tests {
             progress_line("report", &backfill, true),
             "backfill report [#######-----------------------] 1/4 done, 0 running"
         );
-        assert_eq!(progress_line("report", &backfill, false), "backfill report: 1/4 done, 0 running");
+        assert_eq!(
+            progress_line("report", &backfill, false),
+            "backfill report: 1/4 done, 0 running"
+        );
     }
 }

@@ -140,7 +140,11 @@ pub(crate) async fn update(
 
 /// Cancels `job`'s backfill: no tick is claimed after it, those in flight end as they will.
 /// Returns the record as cancelled; `None` if the job has no backfill.
-pub(crate) async fn cancel(client: &etcd_client::Client, keys: &Keys, job: &str) -> Result<Option<Backfill>, CoordError> {
+pub(crate) async fn cancel(
+    client: &etcd_client::Client,
+    keys: &Keys,
+    job: &str,
+) -> Result<Option<Backfill>, CoordError> {
     let cancelled = update(client, keys, job, None, |backfill| {
         let changed = !backfill.cancelled;
         backfill.cancelled = true;
@@ -245,7 +249,12 @@ pub(crate) async fn settle_orphans(
         Delivery::AtLeastOnce => "run again, flagged redelivered",
         Delivery::AtMostOnce => "recorded lost",
     };
-    tracing::warn!(job, ticks = settled.load(std::sync::atomic::Ordering::Relaxed), next, "backfill ticks were in flight on a node that went, or on an earlier run of this one");
+    tracing::warn!(
+        job,
+        ticks = settled.load(std::sync::atomic::Ordering::Relaxed),
+        next,
+        "backfill ticks were in flight on a node that went, or on an earlier run of this one"
+    );
     Ok(settled.into_inner())
 }
 
@@ -333,7 +342,10 @@ impl Mirror for Backfills {
 
     fn apply(&self, keys: &Keys, key: &[u8], put: Option<Put>) {
         let prefix = keys.backfills_prefix();
-        let Some(job) = std::str::from_utf8(key).ok().and_then(|key| key.strip_prefix(prefix.as_str())) else {
+        let Some(job) = std::str::from_utf8(key)
+            .ok()
+            .and_then(|key| key.strip_prefix(prefix.as_str()))
+        else {
             return;
         };
         match put.map(|put| decode(put.value)) {

@@ -315,7 +315,8 @@ pub async fn read_run(
     job: &str,
     at: DateTime<Utc>,
 ) -> Result<Option<RunRecord>, CoordError> {
-    let reads = [Trigger::Schedule, Trigger::Manual, Trigger::Backfill].map(|trigger| TxnOp::get(key_of(keys, job, at, trigger), None));
+    let reads = [Trigger::Schedule, Trigger::Manual, Trigger::Backfill]
+        .map(|trigger| TxnOp::get(key_of(keys, job, at, trigger), None));
     let read = etcd::call(client.clone().txn(Txn::new().and_then(reads))).await?;
     Ok(read
         .op_responses()

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use super::term::Term;
-use super::Late;
+use super::{Backlog, Late};
 use crate::clock;
 use crate::coord::backfills::{self, Claimed, Settle};
 use crate::coord::claims::{Book, Halt};
@@ -16,14 +16,6 @@ use crate::rules::config::Job;
 use crate::rules::protocol::elsewhere::{self, Verdict};
 use crate::rules::record::Claim;
 use crate::running::runner::{Origin, Tick};
-
-/// Whether a term's backfills have ticks that wait for something no record change announces
-/// (a pause's end, the end of a live run): the term looks again soon.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Backlog {
-    Settled,
-    Waits,
-}
 
 impl Term {
     /// Claims and starts the backfill ticks of this shard's jobs that may start now.
@@ -71,7 +63,11 @@ impl Term {
             let Some(next) = backfill.next_claim(&job) else {
                 if backfill.clone().ran_out(&job) && !backfill.cancelled {
                     tracing::warn!(job = %job.name, backfill = %backfill.id, claimed = backfill.claimed, total = backfill.total, "the job's schedule has fewer ticks in the backfill's range than when it was asked for (a reload changed it): the backfill ends with those it has");
-                    if let Err(err) = backfills::update(client, keys, &job.name, Some(&backfill.id), |record| record.ran_out(&job)).await {
+                    if let Err(err) = backfills::update(client, keys, &job.name, Some(&backfill.id), |record| {
+                        record.ran_out(&job)
+                    })
+                    .await
+                    {
                         tracing::warn!(job = %job.name, error = %err, "cannot write the backfill's new total; trying again shortly");
                         return Ok(Backlog::Waits);
                     }

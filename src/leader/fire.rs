@@ -10,9 +10,8 @@ use chrono::{DateTime, Utc};
 use tokio::sync::watch;
 use tokio_util::task::AbortOnDropHandle;
 
-use super::backfill::Backlog;
 use super::wake::{self, Known};
-use super::{read_successes, Late, Term, TermEnd, WonTicks};
+use super::{read_successes, Backlog, Late, Term, TermEnd, WonTicks};
 use crate::clock;
 use crate::coord::claims::{Book, Claimer};
 use crate::coord::results::RIDE_WINDOW;
@@ -60,6 +59,13 @@ struct Firing {
     ahead_allowed: Option<(DateTime<Utc>, bool)>,
     /// When to look at backfill ticks that wait for a pause or a live run to end.
     backfills_look: Option<tokio::time::Instant>,
+}
+
+/// What operators asked of the fleet, as the node's mirrors announce it: runs by hand, and
+/// backfills.
+struct Asked {
+    requests: watch::Receiver<u64>,
+    backfills: watch::Receiver<u64>,
 }
 
 /// What woke the loop between instants.
@@ -128,15 +134,17 @@ impl Term {
             self.node.keys.clone(),
             book.entries().iter().map(|entry| Arc::clone(&entry.job)).collect(),
         )));
-        let mut requests = self.node.triggers.subscribe();
-        let mut backfill_changes = self.node.backfills.subscribe();
+        let mut asked = Asked {
+            requests: self.node.triggers.subscribe(),
+            backfills: self.node.backfills.subscribe(),
+        };
         firing.shard_counts = fleet.borrow().families();
         loop {
             // Before any wait: what an instant found overdue after it is compared with.
             let before_wait = clock::Reading::take();
             let next = firing.queue.peek().map(|Reverse((due, _))| *due);
             let flow = match self
-                .next_event(book, &mut firing, &mut fleet, &mut reloads, &mut requests, &mut backfill_changes, next)
+                .next_event(book, &mut firing, &mut fleet, &mut reloads, &mut asked, next)
                 .await
             {
                 Event::Wake => self.fire_next(claimer, book, &mut firing, next, before_wait).await,
@@ -178,8 +186,7 @@ impl Term {
         firing: &mut Firing,
         fleet: &mut watch::Receiver<FleetView>,
         reloads: &mut watch::Receiver<Arc<Loaded>>,
-        requests: &mut watch::Receiver<u64>,
-        backfill_changes: &mut watch::Receiver<u64>,
+        asked: &mut Asked,
         next: Option<DateTime<Utc>>,
     ) -> Event {
         if let Some(due) = next.filter(|due| firing.ahead_allowed.is_none_or(|(at, _)| at != *due)) {
@@ -235,9 +242,9 @@ impl Term {
             changed = fleet.changed() => Event::Fleet(changed.is_ok()),
             Ok(()) = reloads.changed() => Event::Reloaded,
             // Runs asked for by hand: between instants, like the backlogs.
-            Ok(()) = requests.changed(), if between_instants => Event::Requests,
+            Ok(()) = asked.requests.changed(), if between_instants => Event::Requests,
             // Backfills: between instants too, behind the live ticks.
-            Ok(()) = backfill_changes.changed(), if between_instants => Event::Backfills,
+            Ok(()) = asked.backfills.changed(), if between_instants => Event::Backfills,
             _ = sleep_until_some(firing.backfills_look), if between_instants && firing.backfills_look.is_some() => Event::Backfills,
             // Jobs whose backlogs waited for room: claimed between instants, never while an
             // instant claimed ahead waits to fire.

@@ -35,6 +35,15 @@ use crate::rules::config::Loaded;
 /// tick's fence.
 pub(super) type WonTicks = Vec<(usize, i64)>;
 
+/// Whether a term's backfills have ticks that wait for something no record change announces
+/// (a pause's end, the end of a live run, a gone node leaving the fleet view): the term looks
+/// again soon.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Backlog {
+    Settled,
+    Waits,
+}
+
 /// At most how long a leadership that hands over or stops waits for the runs it was spawning,
 /// so that its last write of starts includes theirs.
 pub(super) const SPAWNS_SETTLE: Duration = Duration::from_secs(2);

@@ -187,7 +187,9 @@ impl Sessions {
             mirror::load(&self.client, &node.keys, node.groups.as_ref()),
             mirror::load(&self.client, &node.keys, node.backfills.as_ref()),
         )
-        .map_err(failed("cannot read the pauses, run requests, concurrency groups and backfills"))?;
+        .map_err(failed(
+            "cannot read the pauses, run requests, concurrency groups and backfills",
+        ))?;
         let mut tasks = JoinSet::new();
         let view = tasks::watch_fleet(&mut tasks, node, session, member);
         let entered = tokio::select! {

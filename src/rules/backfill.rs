@@ -260,7 +260,11 @@ impl Backfill {
 
     /// The ticks in flight that `orphaned` says will never be counted by their node.
     pub fn orphans(&self, orphaned: impl Fn(&InFlight) -> bool) -> Vec<InFlight> {
-        self.in_flight.iter().filter(|flight| orphaned(flight)).cloned().collect()
+        self.in_flight
+            .iter()
+            .filter(|flight| orphaned(flight))
+            .cloned()
+            .collect()
     }
 
     /// Nothing is left to run or waited for: all done, or cancelled with none in flight.

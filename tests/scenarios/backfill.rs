@@ -79,8 +79,7 @@ fn over(world: &World, id: &str) -> bool {
         record["id"] == id
             && record["in_flight"].as_array().is_some_and(Vec::is_empty)
             && (record["cancelled"] == true
-                || (record["claimed"] == record["total"]
-                    && record["again"].as_array().is_none_or(Vec::is_empty)))
+                || (record["claimed"] == record["total"] && record["again"].as_array().is_none_or(Vec::is_empty)))
     })
 }
 
@@ -98,7 +97,9 @@ fn a_backfill_runs_each_past_tick_once_in_order_through_a_leader_kill_and_stops_
         2,
         &[("report", format!("schedule = \"* * * * *\"\ncommand = '{command}'\n"))],
     );
-    let now = Utc::now().duration_trunc(chrono::Duration::minutes(1)).expect("a minute");
+    let now = Utc::now()
+        .duration_trunc(chrono::Duration::minutes(1))
+        .expect("a minute");
     let from = now - chrono::Duration::minutes(40);
     let to = from + chrono::Duration::minutes(20);
     let range: Vec<DateTime<Utc>> = (0..20).map(|minute| from + chrono::Duration::minutes(minute)).collect();
@@ -106,29 +107,97 @@ fn a_backfill_runs_each_past_tick_once_in_order_through_a_leader_kill_and_stops_
     step("refused before anything is written: the future, more than --max, an unknown job, a dry run prints the ticks");
     let future = rfc3339(Utc::now() + chrono::Duration::hours(1));
     for (args, says) in [
-        (vec!["backfill", "report", "--from", &rfc3339(from), "--to", &future], "in the future"),
-        (vec!["backfill", "report", "--from", &rfc3339(from), "--to", &rfc3339(to), "--max", "5"], "--max"),
-        (vec!["backfill", "nobody", "--from", &rfc3339(from), "--to", &rfc3339(to)], "no job \"nobody\""),
+        (
+            vec!["backfill", "report", "--from", &rfc3339(from), "--to", &future],
+            "in the future",
+        ),
+        (
+            vec![
+                "backfill",
+                "report",
+                "--from",
+                &rfc3339(from),
+                "--to",
+                &rfc3339(to),
+                "--max",
+                "5",
+            ],
+            "--max",
+        ),
+        (
+            vec!["backfill", "nobody", "--from", &rfc3339(from), "--to", &rfc3339(to)],
+            "no job \"nobody\"",
+        ),
     ] {
         let out = shardcron(&config, &args);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success() && stderr.contains(says), "{args:?}: {stderr}");
     }
-    let dry = shardcron(&config, &["backfill", "report", "--from", &rfc3339(from), "--to", &rfc3339(to), "--dry-run"]);
+    let dry = shardcron(
+        &config,
+        &[
+            "backfill",
+            "report",
+            "--from",
+            &rfc3339(from),
+            "--to",
+            &rfc3339(to),
+            "--dry-run",
+        ],
+    );
     let printed = String::from_utf8_lossy(&dry.stdout);
     assert!(dry.status.success(), "{}", String::from_utf8_lossy(&dry.stderr));
     assert_eq!(printed.lines().count(), 20, "{printed}");
-    assert!(printed.lines().all(|line| line.contains(" report shard=0")), "{printed}");
+    assert!(
+        printed.lines().all(|line| line.contains(" report shard=0")),
+        "{printed}"
+    );
     assert!(record(&world).is_none(), "a refusal or a dry run wrote a record");
 
     step("start a and b; ask for 20 ticks");
-    world.node("a", &config).start();
-    world.node("b", &config).start();
-    wait_for(Duration::from_secs(20), "a leader of the shard", || world.leader_of(&config, 0).is_some());
-    let asked = shardcron(&config, &["backfill", "report", "--from", &rfc3339(from), "--to", &rfc3339(to), "--detach"]);
+    let token = "a-token-of-sixteen-bytes-or-more";
+    let mut ports = BTreeMap::new();
+    for id in ["a", "b"] {
+        let port = shardcron::etcd_server::free_port().expect("port");
+        world
+            .node(id, &config)
+            .args(&[
+                "--http-addr",
+                &port.to_string(),
+                "--api-token-env",
+                "BACKFILL_TEST_TOKEN",
+            ])
+            .env(&[("BACKFILL_TEST_TOKEN", token)])
+            .start();
+        ports.insert(id.to_string(), port);
+    }
+    wait_for(Duration::from_secs(20), "a leader of the shard", || {
+        world.leader_of(&config, 0).is_some()
+    });
+    let asked = shardcron(
+        &config,
+        &[
+            "backfill",
+            "report",
+            "--from",
+            &rfc3339(from),
+            "--to",
+            &rfc3339(to),
+            "--detach",
+        ],
+    );
     let said = String::from_utf8_lossy(&asked.stdout);
-    assert!(asked.status.success() && said.contains("20 ticks"), "{said} {}", String::from_utf8_lossy(&asked.stderr));
-    let id = record(&world).expect("the record")["id"].as_str().expect("an id").to_string();
+    assert!(
+        asked.status.success() && said.contains("20 ticks"),
+        "{said} {}",
+        String::from_utf8_lossy(&asked.stderr)
+    );
+    let id = record(&world).expect("the record")["id"]
+        .as_str()
+        .expect("an id")
+        .to_string();
+    let going = world.status(&config).backfills;
+    assert!(going.len() == 1 && going[0].job == "report" && going[0].backfill.total == 20 && !going[0].over);
 
     step("SIGKILL the leader once 5 ticks are done");
     wait_for(Duration::from_secs(30), "5 backfill ticks done", || done(&world) >= 5);
@@ -136,7 +205,10 @@ fn a_backfill_runs_each_past_tick_once_in_order_through_a_leader_kill_and_stops_
     let killed = world.nodes.iter().position(|node| node.id == leader).expect("ours");
     world.nodes[killed].signal(libc::SIGKILL);
     let survivor = world.nodes[1 - killed].id.clone();
-    step(&format!("{leader} killed with {} done; {survivor} serves the rest", done(&world)));
+    step(&format!(
+        "{leader} killed with {} done; {survivor} serves the rest",
+        done(&world)
+    ));
     wait_for(Duration::from_secs(60), "the backfill over", || over(&world, &id));
     let record = record(&world).expect("the record");
     assert_eq!(record["done"], 20, "{record}");
@@ -148,7 +220,11 @@ fn a_backfill_runs_each_past_tick_once_in_order_through_a_leader_kill_and_stops_
     for start in &starts {
         by_tick.entry(start.tick).or_default().push(start);
     }
-    assert_eq!(by_tick.keys().copied().collect::<Vec<_>>(), range, "every tick of the range started");
+    assert_eq!(
+        by_tick.keys().copied().collect::<Vec<_>>(),
+        range,
+        "every tick of the range started"
+    );
     let first_starts: Vec<DateTime<Utc>> = {
         let mut firsts = Vec::new();
         for start in &starts {
@@ -166,7 +242,10 @@ fn a_backfill_runs_each_past_tick_once_in_order_through_a_leader_kill_and_stops_
             // higher, on the survivor.
             repeated += 1;
             assert_eq!(runs.len(), 2, "{tick}: {runs:?}");
-            assert!(runs[0].node == leader && runs[1].node == survivor && runs[1].redelivered, "{tick}: {runs:?}");
+            assert!(
+                runs[0].node == leader && runs[1].node == survivor && runs[1].redelivered,
+                "{tick}: {runs:?}"
+            );
             assert!(runs[1].fence > runs[0].fence, "{tick}: {runs:?}");
         } else {
             assert!(!runs[0].redelivered, "{tick}: {runs:?}");
@@ -174,12 +253,21 @@ fn a_backfill_runs_each_past_tick_once_in_order_through_a_leader_kill_and_stops_
     }
     assert!(repeated <= 1, "{repeated} ticks ran twice");
     let ended: Vec<DateTime<Utc>> = seen.iter().filter(|mark| !mark.start).map(|mark| mark.tick).collect();
-    assert!(range.iter().all(|tick| ended.contains(tick)), "a tick never ran to its end: {ended:?}");
+    assert!(
+        range.iter().all(|tick| ended.contains(tick)),
+        "a tick never ran to its end: {ended:?}"
+    );
     step(&format!("{repeated} tick in flight at the kill ran again, flagged"));
     let fences: Vec<i64> = starts.iter().map(|start| start.fence).collect();
-    assert!(fences.windows(2).all(|pair| pair[0] < pair[1]), "fences grow: {fences:?}");
+    assert!(
+        fences.windows(2).all(|pair| pair[0] < pair[1]),
+        "fences grow: {fences:?}"
+    );
     let ends = seen.iter().filter(|mark| !mark.start && mark.node == survivor).count();
-    assert!(ends >= 15, "{ends} ticks ended on the survivor, expected the 15 after the kill at least");
+    assert!(
+        ends >= 15,
+        "{ends} ticks ended on the survivor, expected the 15 after the kill at least"
+    );
     let late = starts.iter().skip(6).all(|start| start.node == survivor);
     assert!(late, "ticks after the kill ran on the killed node: {starts:?}");
 
@@ -192,23 +280,65 @@ fn a_backfill_runs_each_past_tick_once_in_order_through_a_leader_kill_and_stops_
         String::from_utf8_lossy(&history.stdout)
     );
 
-    step("a second backfill, cancelled after 3: the rest never start");
+    step("a second backfill through the API (a dry run first; a third refused while it goes), cancelled after 3: the rest never start");
+    let port = ports[&survivor];
+    let auth = format!("Bearer {token}");
+    let post = |path: &str, body: &str| {
+        http_request(
+            port,
+            "POST",
+            path,
+            &[("Authorization", auth.as_str()), ("Content-Type", "application/json")],
+            body,
+        )
+    };
     let earlier_from = from - chrono::Duration::minutes(20);
-    let earlier: Vec<DateTime<Utc>> = (0..20).map(|minute| earlier_from + chrono::Duration::minutes(minute)).collect();
-    let asked = shardcron(&config, &["backfill", "report", "--from", &rfc3339(earlier_from), "--to", &rfc3339(from), "--detach"]);
-    assert!(asked.status.success(), "{}", String::from_utf8_lossy(&asked.stderr));
-    let second = self::record(&world).expect("the record")["id"].as_str().expect("an id").to_string();
+    let earlier: Vec<DateTime<Utc>> = (0..20)
+        .map(|minute| earlier_from + chrono::Duration::minutes(minute))
+        .collect();
+    let body = format!(r#"{{"from": "{}", "to": "{}"}}"#, rfc3339(earlier_from), rfc3339(from));
+    let dry = post(
+        "/api/v1/jobs/report/backfill",
+        &body.replace('}', r#", "dry_run": true}"#),
+    );
+    assert_eq!(dry.status, 200, "{}", dry.body);
+    assert_eq!(dry.json()["ticks"].as_array().map(Vec::len), Some(20), "{}", dry.body);
+    let future = post(
+        "/api/v1/jobs/report/backfill",
+        &format!(r#"{{"from": "{}", "to": "{future}"}}"#, rfc3339(from)),
+    );
+    assert_eq!(future.status, 400, "{}", future.body);
+    let asked = post("/api/v1/jobs/report/backfill", &body);
+    assert_eq!(asked.status, 202, "{}", asked.body);
+    let second = asked.json()["backfill"]["id"].as_str().expect("an id").to_string();
     assert_ne!(second, id);
-    wait_for(Duration::from_secs(30), "3 ticks of the second backfill done", || done(&world) >= 3);
+    let again = post("/api/v1/jobs/report/backfill", &body);
+    assert_eq!(again.status, 409, "{}", again.body);
+    let progress = http_request(port, "GET", "/api/v1/jobs/report/backfill", &[], "");
+    assert_eq!(progress.json()["backfill"]["id"], second.as_str(), "{}", progress.body);
+    wait_for(Duration::from_secs(30), "3 ticks of the second backfill done", || {
+        done(&world) >= 3
+    });
     let cancel = shardcron(&config, &["backfill", "report", "--cancel"]);
     let said = String::from_utf8_lossy(&cancel.stdout);
     assert!(cancel.status.success() && said.contains("cancelled"), "{said}");
-    wait_for(Duration::from_secs(30), "the cancelled backfill over", || over(&world, &second));
-    let started = backfill_marks(&marks_file, &earlier).iter().filter(|mark| mark.start).count();
+    wait_for(Duration::from_secs(30), "the cancelled backfill over", || {
+        over(&world, &second)
+    });
+    let started = backfill_marks(&marks_file, &earlier)
+        .iter()
+        .filter(|mark| mark.start)
+        .count();
     std::thread::sleep(Duration::from_secs(2));
-    let later = backfill_marks(&marks_file, &earlier).iter().filter(|mark| mark.start).count();
+    let later = backfill_marks(&marks_file, &earlier)
+        .iter()
+        .filter(|mark| mark.start)
+        .count();
     assert_eq!(started, later, "a tick started after the cancel was over");
-    assert!(started <= 5, "{started} of 20 ticks started though the backfill was cancelled after 3");
+    assert!(
+        started <= 5,
+        "{started} of 20 ticks started though the backfill was cancelled after 3"
+    );
     let done_then = done(&world);
     assert!((3..20).contains(&done_then), "{done_then}");
 }

@@ -33,7 +33,11 @@ impl Runs {
             if going == 0 {
                 return;
             }
-            tracing::info!(job, backfill_runs = going, "waiting for the job's backfill runs to end before its tick");
+            tracing::info!(
+                job,
+                backfill_runs = going,
+                "waiting for the job's backfill runs to end before its tick"
+            );
             ended.await;
         }
     }
@@ -58,7 +62,12 @@ impl Runs {
         let client = self.groups.client().clone();
         let keys = self.groups.keys().clone();
         let held = Arc::clone(&self.backfills);
-        let (job, id, at, node) = (tick.job.name.clone(), id.to_string(), tick.scheduled_at, tick.node.clone());
+        let (job, id, at, node) = (
+            tick.job.name.clone(),
+            id.to_string(),
+            tick.scheduled_at,
+            tick.node.clone(),
+        );
         self.tracker.spawn(async move {
             backfills::settle_tick(&client, &keys, &job, &id, at, &node, settle).await;
             held.release(&job, at);

@@ -1,5 +1,5 @@
-//! The JSON API: the reads and writes of `status`, `history`, `plan`, `trigger`, `pause` and
-//! `resume`, with the same semantics as those commands.
+//! The JSON API: the reads and writes of `status`, `history`, `plan`, `trigger`, `pause`,
+//! `resume` and `backfill`, with the same semantics as those commands.
 //!
 //! Every error is `{"error": "..."}` with a status that says what to do next: 400 fix the
 //! request, 401 send the right token, 403 writes are off on this node, 404 no such job, 413 the
@@ -7,8 +7,8 @@
 //! connection yet, etcd failed or too many reads run at once (retry), 504 no leader took a run
 //! in time.
 //!
-//! This file holds the errors, the tokens' checks and what reads and writes share; `reads` and
-//! `writes` the handlers.
+//! This file holds the errors, the tokens' checks and what reads and writes share; `reads`,
+//! `writes` and `backfill` the handlers.
 
 use std::sync::Arc;
 
@@ -21,9 +21,11 @@ use super::Served;
 use crate::rules::config::Job;
 use crate::serving::http::Exposed;
 
+mod backfill;
 mod reads;
 mod writes;
 
+pub(super) use backfill::{ask as backfill, cancel as cancel_backfill, progress as backfill_progress};
 pub(super) use reads::{activity, history, job, jobs, plan, run, status};
 pub(super) use writes::{pause, resume, trigger};
 

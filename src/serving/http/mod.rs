@@ -6,9 +6,10 @@
 //! - `GET /metrics`: Prometheus metrics.
 //! - `GET /api/v1/status`, `/api/v1/jobs`, `/api/v1/jobs/{name}` (one job),
 //!   `/api/v1/jobs/{name}/history`, `/api/v1/jobs/{name}/runs/{tick}` (one run, with its
-//!   output), `/api/v1/plan`: reads, open to whoever reaches the listener unless a read token is set. `POST
-//!   /api/v1/jobs/{name}/trigger|pause|resume`: writes, with `Authorization: Bearer TOKEN` (see
-//!   `api`).
+//!   output), `/api/v1/jobs/{name}/backfill` (its progress), `/api/v1/plan`: reads, open to
+//!   whoever reaches the listener unless a read token is set. `POST
+//!   /api/v1/jobs/{name}/trigger|pause|resume|backfill|backfill/cancel`: writes, with
+//!   `Authorization: Bearer TOKEN` (see `api`).
 //! - `GET /`: the dashboard, a page served from the binary that reads and writes through the API;
 //!   `GET /jobs/{name}`: a job's page (its history, a timeline, each run's output).
 //!
@@ -124,6 +125,11 @@ fn router(app: Arc<App>) -> Router {
         .route("/api/v1/jobs/{name}/trigger", post(api::trigger))
         .route("/api/v1/jobs/{name}/pause", post(api::pause))
         .route("/api/v1/jobs/{name}/resume", post(api::resume))
+        .route(
+            "/api/v1/jobs/{name}/backfill",
+            post(api::backfill).get(api::backfill_progress),
+        )
+        .route("/api/v1/jobs/{name}/backfill/cancel", post(api::cancel_backfill))
         .fallback(not_found)
         .layer(axum::middleware::from_fn_with_state(Arc::clone(&app), guard::guard))
         .with_state(app)

@@ -23,6 +23,7 @@ use crate::coord::etcd::{self, CoordError};
 use crate::coord::groups::{GroupView, Kept};
 use crate::coord::keys::{JobRecord, Keys};
 use crate::coord::pauses::{self, Pause};
+use crate::rules::backfill::Backfill;
 use crate::rules::config::{Cluster, GroupsByName, Job};
 use crate::rules::pools::{Elections, FanOut, Tags};
 use crate::rules::record::{Claim, RunRecord};
@@ -39,7 +40,20 @@ pub struct Status {
     /// The config's concurrency groups, by name; absent when it has none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub groups: Vec<GroupStatus>,
+    /// Each job's backfill, going or the last one, by job name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub backfills: Vec<BackfillStatus>,
     pub jobs: Vec<JobStatus>,
+}
+
+/// A job's backfill as `status` shows it: its record, and whether it is over.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BackfillStatus {
+    pub job: String,
+    /// Every tick counted, or cancelled with none running.
+    pub over: bool,
+    #[serde(flatten)]
+    pub backfill: Backfill,
 }
 
 /// A concurrency group as etcd shows it: its limit, the attempts holding its slots and those
@@ -185,6 +199,8 @@ pub struct Document<J: Borrow<Job>> {
     shards: Vec<ShardStatus>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     groups: Vec<GroupStatus>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    backfills: Vec<BackfillStatus>,
     jobs: LazyJobs<J>,
 }
 
@@ -199,6 +215,7 @@ impl<J: Borrow<Job>> Document<J> {
             nodes: self.nodes,
             shards: self.shards,
             groups: self.groups,
+            backfills: self.backfills,
             jobs,
         }
     }
@@ -284,6 +301,16 @@ pub async fn read_document<J: Borrow<Job>>(
     }
     let now = clock::now();
     let pauses = pauses::in_force(client, &keys, now).await?;
+    let mut backfills: Vec<BackfillStatus> = crate::coord::backfills::read_all(client, &keys)
+        .await?
+        .into_iter()
+        .map(|(job, backfill)| BackfillStatus {
+            job,
+            over: backfill.is_over(),
+            backfill,
+        })
+        .collect();
+    backfills.sort_by(|one, other| one.job.cmp(&other.job));
     Ok(Document {
         cluster: cluster.name.clone(),
         shard_count: cluster.shards,
@@ -291,6 +318,7 @@ pub async fn read_document<J: Borrow<Job>>(
         nodes: fleet.nodes,
         shards: fleet.shards,
         groups,
+        backfills,
         jobs: LazyJobs {
             jobs,
             records: RefCell::new(records),

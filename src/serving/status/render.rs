@@ -8,14 +8,58 @@ use crate::text_table;
 /// The human-readable form: nodes, shard leaders and jobs as aligned tables.
 pub fn render(status: &Status) -> String {
     format!(
-        "cluster {} ({} shards, config digest {})\n\n{}\n{}\n{}{}",
+        "cluster {} ({} shards, config digest {})\n\n{}\n{}\n{}{}{}",
         status.cluster,
         status.shard_count,
         status.digest,
         nodes_table(status),
         shards_table(status),
         groups_table(status),
+        backfills_table(status),
         jobs_table(status)
+    )
+}
+
+/// The jobs' backfills, when there are any: nothing otherwise.
+fn backfills_table(status: &Status) -> String {
+    if status.backfills.is_empty() {
+        return String::new();
+    }
+    let rows: Vec<Vec<String>> = status
+        .backfills
+        .iter()
+        .map(|entry| {
+            let backfill = &entry.backfill;
+            let state = match (entry.over, backfill.cancelled) {
+                (true, true) => "cancelled",
+                (true, false) => "done",
+                (false, true) => "cancelling",
+                (false, false) => "going",
+            };
+            let running: Vec<String> = backfill
+                .in_flight
+                .iter()
+                .map(|flight| {
+                    format!(
+                        "{}@{}",
+                        flight.tick.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                        flight.node
+                    )
+                })
+                .collect();
+            vec![
+                entry.job.clone(),
+                format!("{}/{}", backfill.done, backfill.total),
+                state.to_string(),
+                backfill.from.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                backfill.to.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                if running.is_empty() { dash() } else { running.join(",") },
+            ]
+        })
+        .collect();
+    format!(
+        "{}\n",
+        text_table::table(&["BACKFILL", "DONE", "STATE", "FROM", "TO", "RUNNING"], &rows)
     )
 }
 

@@ -20,7 +20,7 @@ use crate::serving::http::{App, Served};
 impl Served {
     /// What a write to job `name` needs first: the token, a connected node, the job, and the
     /// request's body, read only once the token passed.
-    async fn write_to_job<T: serde::de::DeserializeOwned + Default>(
+    pub(super) async fn write_to_job<T: serde::de::DeserializeOwned + Default>(
         &self,
         headers: &HeaderMap,
         name: &str,
