@@ -348,15 +348,21 @@ mod tests {
         );
     }
 
-    #[test]
-    fn claims_go_in_order_at_most_parallel_at_once_until_cancelled() {
+    /// A per-minute job's backfill of 4 ticks, 2 at a time.
+    fn four_ticks_two_at_a_time() -> (Job, Backfill) {
         let job = Job::for_tests("report", "* * * * *");
         let ask = Ask {
             parallel: 2,
             ..ask(0, 4)
         };
         let fires = ticks(&job, &ask, at(30)).expect("ticks");
-        let mut backfill = Backfill::new("b1".into(), &ask, &fires, at(30));
+        let backfill = Backfill::new("b1".into(), &ask, &fires, at(30));
+        (job, backfill)
+    }
+
+    #[test]
+    fn claims_go_in_order_at_most_parallel_at_once_until_cancelled() {
+        let (job, mut backfill) = four_ticks_two_at_a_time();
         for expected in [at(0), at(1)] {
             let next = backfill.next_claim(&job).expect("a tick to claim");
             assert_eq!(next.tick, expected);
@@ -376,13 +382,7 @@ mod tests {
 
     #[test]
     fn a_gone_nodes_ticks_go_back_first_flagged_or_are_recorded_lost() {
-        let job = Job::for_tests("report", "* * * * *");
-        let ask = Ask {
-            parallel: 2,
-            ..ask(0, 4)
-        };
-        let fires = ticks(&job, &ask, at(30)).expect("ticks");
-        let mut backfill = Backfill::new("b1".into(), &ask, &fires, at(30));
+        let (job, mut backfill) = four_ticks_two_at_a_time();
         for node in ["a", "b"] {
             let next = backfill.next_claim(&job).expect("a tick");
             backfill.claim(next, node, 7);

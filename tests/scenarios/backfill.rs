@@ -60,6 +60,22 @@ fn shardcron(config: &Path, args: &[&str]) -> std::process::Output {
         .expect("run shardcron")
 }
 
+/// `shardcron backfill report` of `[from, to)` with `flag`.
+fn backfill_range(config: &Path, from: DateTime<Utc>, to: DateTime<Utc>, flag: &str) -> std::process::Output {
+    shardcron(
+        config,
+        &[
+            "backfill",
+            "report",
+            "--from",
+            &rfc3339(from),
+            "--to",
+            &rfc3339(to),
+            flag,
+        ],
+    )
+}
+
 fn rfc3339(at: DateTime<Utc>) -> String {
     at.to_rfc3339_opts(SecondsFormat::Secs, true)
 }
@@ -133,18 +149,7 @@ fn a_backfill_runs_each_past_tick_once_in_order_through_a_leader_kill_and_stops_
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success() && stderr.contains(says), "{args:?}: {stderr}");
     }
-    let dry = shardcron(
-        &config,
-        &[
-            "backfill",
-            "report",
-            "--from",
-            &rfc3339(from),
-            "--to",
-            &rfc3339(to),
-            "--dry-run",
-        ],
-    );
+    let dry = backfill_range(&config, from, to, "--dry-run");
     let printed = String::from_utf8_lossy(&dry.stdout);
     assert!(dry.status.success(), "{}", String::from_utf8_lossy(&dry.stderr));
     assert_eq!(printed.lines().count(), 20, "{printed}");
@@ -174,18 +179,7 @@ fn a_backfill_runs_each_past_tick_once_in_order_through_a_leader_kill_and_stops_
     wait_for(Duration::from_secs(20), "a leader of the shard", || {
         world.leader_of(&config, 0).is_some()
     });
-    let asked = shardcron(
-        &config,
-        &[
-            "backfill",
-            "report",
-            "--from",
-            &rfc3339(from),
-            "--to",
-            &rfc3339(to),
-            "--detach",
-        ],
-    );
+    let asked = backfill_range(&config, from, to, "--detach");
     let said = String::from_utf8_lossy(&asked.stdout);
     assert!(
         asked.status.success() && said.contains("20 ticks"),
