@@ -104,10 +104,15 @@ impl Term {
                     return Err(Halt::Deposed);
                 }
                 Err(err) => {
-                    // The claim may have landed: give the tick back if it did.
+                    // The claim may have landed: its tick goes back if it did, off the firing
+                    // loop, held until then so no orphan check takes it for an earlier run's.
                     tracing::warn!(job = %job.name, error = %err, "a backfill claim's answer was lost; giving its tick back if it landed");
-                    backfills::settle_tick(client, keys, &job.name, &backfill.id, next.tick, me, Settle::Again).await;
-                    held.release(&job.name, next.tick);
+                    let (client, keys, held) = (client.clone(), keys.clone(), Arc::clone(held));
+                    let (name, id, me) = (job.name.clone(), backfill.id.clone(), me.to_string());
+                    tokio::spawn(async move {
+                        backfills::settle_tick(&client, &keys, &name, &id, next.tick, &me, Settle::Again).await;
+                        held.release(&name, next.tick);
+                    });
                     return Ok(Backlog::Waits);
                 }
             }
