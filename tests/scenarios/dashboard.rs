@@ -324,6 +324,39 @@ fn a_jobs_page_draws_its_runs_and_shows_their_output() {
         .script("return document.querySelector('#timeline .mark[data-outcome=\"skipped\"]').getAttribute('fill');");
     assert_eq!(fill, serde_json::json!("#d9a21b"));
 
+    step("a backfill's progress on the job's page");
+    let to = chrono::Utc::now() - chrono::Duration::minutes(1);
+    let from = to - chrono::Duration::seconds(10);
+    let asked = std::process::Command::new(SHARDCRON)
+        .args([
+            "backfill",
+            "slow",
+            "--detach",
+            "--from",
+            &from.to_rfc3339(),
+            "--to",
+            &to.to_rfc3339(),
+            "--config",
+        ])
+        .arg(&config)
+        .output()
+        .expect("backfill");
+    assert!(asked.status.success(), "{}", String::from_utf8_lossy(&asked.stderr));
+    browser.open(&format!("http://127.0.0.1:{port}/jobs/slow"));
+    let facts = browser.wait_for_text("#facts", "the backfill's progress", Duration::from_secs(15), |text| {
+        text.contains("Backfill")
+    });
+    // Its runs of 3 s wait for the live ones, so it is still going.
+    assert!(facts.contains("/5 done") && facts.contains("going"), "{facts}");
+    let record = world.status(&config).backfills;
+    let done = record
+        .first()
+        .map(|entry| entry.backfill.done)
+        .expect("slow's backfill");
+    let bar = browser.script("const p = document.querySelector('#backfill-progress'); return p.max;");
+    assert_eq!(bar, serde_json::json!(5));
+    assert!(done < 5, "{done}");
+
     browser.open(&format!("http://127.0.0.1:{port}/jobs/flaky"));
     browser.resize(390, 844);
     browser.wait_for_element("#timeline .mark", Duration::from_secs(10));

@@ -1,6 +1,7 @@
 'use strict';
-// A job's page: what it is and where it runs, its next fire times, its history as a table and
-// as a timeline, each run's output on demand, and the trigger, pause and resume buttons.
+// A job's page: what it is and where it runs, its backfill's progress, its next fire times, its
+// history as a table and as a timeline, each run's output on demand, and the trigger, pause and
+// resume buttons.
 const REFRESH_MS = 5000;
 const DAY_MS = 24 * 3600 * 1000;
 const name = decodeURIComponent(location.pathname.replace(/\/+$/, '').split('/').pop());
@@ -19,7 +20,17 @@ function fact(label, ...value) {
   return el('tr', null, el('th', { text: label }), el('td', null, ...value));
 }
 
-function renderJob(job, fleet) {
+// The job's backfill, going or the last one: done of total, and its state.
+function backfillFact(shown) {
+  const b = shown.backfill;
+  const state = shown.over ? (b.cancelled ? 'cancelled' : 'done') : (b.cancelled ? 'cancelling' : 'going');
+  const running = b.in_flight.map((f) => `${f.tick} on ${f.node}`).join(', ');
+  return fact('Backfill', el('progress', { id: 'backfill-progress', max: String(b.total), value: String(b.done) }),
+    ` ${b.done}/${b.total} done · `, el('span', { class: shown.over ? 'muted' : 'warn', text: state }),
+    ` · ${b.from} to ${b.to}`, running ? ` · running ${running}` : null);
+}
+
+function renderJob(job, fleet, backfill) {
   document.title = `shardcron — ${job.name}`;
   $('#job-name').textContent = job.name;
   $('#cluster').textContent = `— ${fleet.cluster}`;
@@ -40,6 +51,7 @@ function renderJob(job, fleet) {
       : [el('span', { class: 'muted', text: 'never' })])),
   ];
   if (job.group) rows.push(fact('Group', el('code', { text: job.group })));
+  if (backfill) rows.push(backfillFact(backfill));
   $('#facts tbody').replaceChildren(...rows);
   const chips = [[p ? 'paused' : 'active', p ? 'warn' : '']];
   if (job.no_eligible_node) chips.push([unservedText(job.no_eligible_node), 'bad']);
@@ -144,14 +156,15 @@ async function showOutput(tick) {
 async function refresh() {
   clearTimeout(timer);
   try {
-    const [job, fleet, history, plan] = await Promise.all([
+    const [job, fleet, history, plan, backfill] = await Promise.all([
       read(path),
       read('api/v1/status?jobs=false'),
       read(`${path}/history?count=1000`).catch(() => []),
       read(`api/v1/plan?job=${encodeURIComponent(name)}&for=36500d&limit=5`),
+      read(`${path}/backfill`).catch(() => null),  // 404: the job never had one
     ]);
     runs = history;
-    renderJob(job, fleet);
+    renderJob(job, fleet, backfill);
     renderNext(plan.fires);
     renderTimeline();
     renderHistory();
