@@ -194,7 +194,10 @@ fn progress_line(job: &str, backfill: &Backfill, terminal: bool) -> String {
     if !terminal {
         return format!("backfill {job}: {done}/{total} done, {running} running");
     }
-    let filled = (done * WIDTH).checked_div(total).unwrap_or(WIDTH);
+    // Saturating: the record comes from etcd.
+    let filled = (done.min(total).saturating_mul(WIDTH))
+        .checked_div(total)
+        .unwrap_or(WIDTH);
     format!(
         "backfill {job} [{}{}] {done}/{total} done, {running} running",
         "#".repeat(filled),
@@ -221,8 +224,8 @@ mod tests {
         let fires = ticks(&job, &ask, at(10)).expect("ticks");
         let mut backfill = Backfill::new("b".into(), &ask, &fires, at(10));
         let next = backfill.next_claim(&job).expect("a tick");
-        backfill.claim(next, "a", 1);
-        backfill.finish(next.tick, "a");
+        backfill.claim(next, "a", 1, "c1");
+        backfill.finish(next.tick, "c1");
         assert_eq!(
             progress_line("report", &backfill, true),
             "backfill report [#######-----------------------] 1/4 done, 0 running"
@@ -230,6 +233,11 @@ mod tests {
         assert_eq!(
             progress_line("report", &backfill, false),
             "backfill report: 1/4 done, 0 running"
+        );
+        backfill.done = usize::MAX;
+        assert!(
+            progress_line("report", &backfill, true).contains(&"#".repeat(30)),
+            "a record from etcd counting more than its total fills the bar, no panic"
         );
     }
 }

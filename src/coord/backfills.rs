@@ -5,7 +5,7 @@
 //! that keeps the claims written before it. Every node mirrors the records: the leaders learn of
 //! work, and each node gives back the ticks an earlier run of it claimed and never counted.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -186,7 +186,7 @@ pub(crate) async fn claim(
     Ok(if unchanged { Claimed::Deposed } else { Claimed::Changed })
 }
 
-/// Counts `tick`, claimed on `node` for backfill `id`, done or gives it back; retried for
+/// Counts `tick`, claimed as `claim` for backfill `id`, done or gives it back; retried for
 /// [`SETTLE_FOR`], after which the tick is left in flight for the orphan rule.
 pub(crate) async fn settle_tick(
     client: &etcd_client::Client,
@@ -194,15 +194,15 @@ pub(crate) async fn settle_tick(
     job: &str,
     id: &str,
     tick: DateTime<Utc>,
-    node: &str,
+    claim: &str,
     settle: Settle,
 ) -> bool {
     let deadline = tokio::time::Instant::now() + SETTLE_FOR;
     let mut backoff = crate::backoff::Backoff::coordination();
     loop {
         let written = update(client, keys, job, Some(id), |backfill| match settle {
-            Settle::Done => backfill.finish(tick, node),
-            Settle::Again => backfill.give_back(tick, node, false),
+            Settle::Done => backfill.finish(tick, claim),
+            Settle::Again => backfill.give_back(tick, claim, false),
         })
         .await;
         match written {
@@ -234,8 +234,8 @@ pub(crate) async fn settle_orphans(
         let orphans = backfill.orphans(&orphaned);
         for orphan in &orphans {
             match delivery {
-                Delivery::AtLeastOnce => backfill.give_back(orphan.tick, &orphan.node, true),
-                Delivery::AtMostOnce => backfill.record_lost(orphan.tick, &orphan.node),
+                Delivery::AtLeastOnce => backfill.give_back(orphan.tick, &orphan.claim, true),
+                Delivery::AtMostOnce => backfill.record_lost(orphan.tick, &orphan.claim),
             };
         }
         settled.store(orphans.len(), std::sync::atomic::Ordering::Relaxed);
@@ -263,7 +263,8 @@ pub(crate) async fn settle_orphans(
 #[derive(Debug)]
 pub(crate) struct Backfills {
     records: Mutex<HashMap<String, Backfill>>,
-    held: Mutex<HashSet<(String, DateTime<Utc>)>>,
+    /// By job and tick, the claim this node holds.
+    held: Mutex<HashMap<(String, DateTime<Utc>), String>>,
     changed: watch::Sender<u64>,
 }
 
@@ -306,26 +307,32 @@ impl Backfills {
         lock(&self.records)
             .iter()
             .filter(|(job, backfill)| {
-                backfill
-                    .in_flight
-                    .iter()
-                    .any(|flight| flight.node == node && !held.contains(&((*job).clone(), flight.tick)))
+                backfill.in_flight.iter().any(|flight| {
+                    flight.node == node && held.get(&((*job).clone(), flight.tick)) != Some(&flight.claim)
+                })
             })
             .map(|(job, _)| job.clone())
             .collect()
     }
 
-    /// Marks a tick this node is about to claim: held until [`Backfills::release`].
-    pub(crate) fn hold(&self, job: &str, tick: DateTime<Utc>) {
-        lock(&self.held).insert((job.to_string(), tick));
+    /// Marks claim `claim` of a tick this node is about to make: held until
+    /// [`Backfills::release`] of that claim.
+    pub(crate) fn hold(&self, job: &str, tick: DateTime<Utc>, claim: &str) {
+        lock(&self.held).insert((job.to_string(), tick), claim.to_string());
     }
 
-    pub(crate) fn release(&self, job: &str, tick: DateTime<Utc>) {
-        lock(&self.held).remove(&(job.to_string(), tick));
+    /// Ends the hold of `claim`, unless a later claim of the tick holds it now.
+    pub(crate) fn release(&self, job: &str, tick: DateTime<Utc>, claim: &str) {
+        let mut held = lock(&self.held);
+        let key = (job.to_string(), tick);
+        if held.get(&key).is_some_and(|holding| holding == claim) {
+            held.remove(&key);
+        }
     }
 
-    pub(crate) fn holds(&self, job: &str, tick: DateTime<Utc>) -> bool {
-        lock(&self.held).contains(&(job.to_string(), tick))
+    /// Whether this node holds `flight`'s claim.
+    pub(crate) fn holds(&self, job: &str, flight: &InFlight) -> bool {
+        lock(&self.held).get(&(job.to_string(), flight.tick)) == Some(&flight.claim)
     }
 }
 
@@ -409,7 +416,7 @@ mod tests {
         // A leader's claim lands, then the cancel: the claim stays.
         let (mut claimed, _) = read(&client, &keys, "report").await.expect("read").expect("the record");
         let next = claimed.next_claim(&job).expect("a tick");
-        claimed.claim(next, "a", 3);
+        claimed.claim(next, "a", 3, "c1");
         client
             .clone()
             .put(
@@ -436,7 +443,7 @@ mod tests {
         ));
 
         let (mut ending, _) = read(&client, &keys, "report").await.expect("read").expect("the record");
-        ending.finish(next.tick, "a");
+        ending.finish(next.tick, "c1");
         client
             .clone()
             .put(

@@ -4,6 +4,9 @@
 //! and settles the ticks in flight on nodes that went.
 
 use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use super::term::Term;
 use super::{Backlog, Late};
@@ -11,19 +14,28 @@ use crate::clock;
 use crate::coord::backfills::{self, Claimed, Settle};
 use crate::coord::claims::{Book, Halt};
 use crate::coord::going;
-use crate::rules::backfill::InFlight;
+use crate::rules::backfill::{self, InFlight};
 use crate::rules::config::Job;
 use crate::rules::protocol::elsewhere::{self, Verdict};
 use crate::rules::record::Claim;
-use crate::running::runner::{Origin, Tick};
+use crate::running::runner::{BackfillClaim, Origin, Tick};
+
+/// How long one look at the backfills may go on starting etcd calls: the firing loop waits for
+/// it, so the rest waits for the next look.
+const SERVE_BUDGET: Duration = Duration::from_millis(200);
 
 impl Term {
-    /// Claims and starts the backfill ticks of this shard's jobs that may start now.
+    /// Claims and starts the backfill ticks of this shard's jobs that may start now, within
+    /// [`SERVE_BUDGET`].
     pub(super) async fn serve_backfills(&self, book: &Book) -> Result<Backlog, Halt> {
+        let until = Instant::now() + SERVE_BUDGET;
         let mut backlog = Backlog::Settled;
         for name in self.node.backfills.with_work(|job| book.index_of(job).is_some()) {
+            if Instant::now() >= until {
+                return Ok(Backlog::Waits);
+            }
             if let Some(index) = book.index_of(&name) {
-                if self.serve_backfill(book, index).await? == Backlog::Waits {
+                if self.serve_backfill(book, index, until).await? == Backlog::Waits {
                     backlog = Backlog::Waits;
                 }
             }
@@ -31,7 +43,7 @@ impl Term {
         Ok(backlog)
     }
 
-    async fn serve_backfill(&self, book: &Book, index: usize) -> Result<Backlog, Halt> {
+    async fn serve_backfill(&self, book: &Book, index: usize, until: Instant) -> Result<Backlog, Halt> {
         let job = Arc::clone(book.job(index));
         let client = &self.session.client();
         let keys = &self.node.keys;
@@ -41,7 +53,7 @@ impl Term {
         // This node's own unheld ticks are an earlier run's; another node's are orphans once
         // that node left the fleet.
         let orphaned = |flight: &InFlight| match flight.node == me {
-            true => !held.holds(&job.name, flight.tick),
+            true => !held.holds(&job.name, flight),
             false => !members.contains_key(&flight.node),
         };
         if let Err(err) = backfills::settle_orphans(client, keys, &job.name, job.delivery, orphaned).await {
@@ -77,30 +89,35 @@ impl Term {
                 return Ok(if elsewhere { Backlog::Waits } else { Backlog::Settled });
             };
             let now = clock::now();
-            if self.node.pauses.stopping(job.job_name(), now, now).is_some()
+            if Instant::now() >= until
+                || self.node.pauses.stopping(job.job_name(), now, now).is_some()
                 || !self.node.runs.idle_for_backfill(&job.name, job.overlap)
                 || self.beside_listed_runs(&job, book.entries()[index].record()).await
             {
                 return Ok(Backlog::Waits);
             }
+            let claim = backfill::new_id();
             let mut claimed = backfill.clone();
-            claimed.claim(next, me, self.leadership.term);
-            held.hold(&job.name, next.tick);
+            claimed.claim(next, me, self.leadership.term, &claim);
+            held.hold(&job.name, next.tick, &claim);
             let answer = backfills::claim(client, keys, &self.leadership, &job.name, revision, &claimed).await;
             match answer {
                 Ok(Claimed::Ours(fence)) => {
                     let (done, total) = backfill.progress();
                     tracing::info!(job = %job.name, backfill = %backfill.id, tick = %next.tick, fence, done, total, redelivered = next.redelivered, "starting a backfill run");
                     self.node.runs.start(vec![Tick {
-                        origin: Origin::Backfill(backfill.id.clone()),
+                        origin: Origin::Backfill(BackfillClaim {
+                            backfill: backfill.id.clone(),
+                            claim,
+                        }),
                         redelivered: next.redelivered,
                         elsewhere: Vec::new(),
                         ..self.tick(book, index, next.tick, fence, Late::OnTime)
                     }]);
                 }
-                Ok(Claimed::Changed) => held.release(&job.name, next.tick),
+                Ok(Claimed::Changed) => held.release(&job.name, next.tick, &claim),
                 Ok(Claimed::Deposed) => {
-                    held.release(&job.name, next.tick);
+                    held.release(&job.name, next.tick, &claim);
                     return Err(Halt::Deposed);
                 }
                 Err(err) => {
@@ -108,10 +125,10 @@ impl Term {
                     // loop, held until then so no orphan check takes it for an earlier run's.
                     tracing::warn!(job = %job.name, error = %err, "a backfill claim's answer was lost; giving its tick back if it landed");
                     let (client, keys, held) = (client.clone(), keys.clone(), Arc::clone(held));
-                    let (name, id, me) = (job.name.clone(), backfill.id.clone(), me.to_string());
+                    let (name, id) = (job.name.clone(), backfill.id.clone());
                     tokio::spawn(async move {
-                        backfills::settle_tick(&client, &keys, &name, &id, next.tick, &me, Settle::Again).await;
-                        held.release(&name, next.tick);
+                        backfills::settle_tick(&client, &keys, &name, &id, next.tick, &claim, Settle::Again).await;
+                        held.release(&name, next.tick, &claim);
                     });
                     return Ok(Backlog::Waits);
                 }

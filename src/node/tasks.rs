@@ -167,6 +167,9 @@ pub(super) fn lead(
 /// Gives back the backfill ticks the records list in flight on this node that it does not hold:
 /// claimed by an earlier run of the node, they will never be counted otherwise.
 async fn give_back_unheld_backfills(node: Arc<NodeContext>, session: Session) {
+    // Looked at again this often while some are left (a failed write, or a count given up on,
+    // which changes no record).
+    const AGAIN: std::time::Duration = std::time::Duration::from_secs(5);
     let mut changed = node.backfills.subscribe();
     loop {
         for job in node.backfills.unheld_on(&node.node_id) {
@@ -179,13 +182,15 @@ async fn give_back_unheld_backfills(node: Arc<NodeContext>, session: Session) {
                 .find(|known| known.name == job)
                 .map_or(Delivery::AtLeastOnce, |known| known.delivery);
             let backfills = &node.backfills;
-            let orphaned = |flight: &InFlight| flight.node == node.node_id && !backfills.holds(&job, flight.tick);
+            let orphaned = |flight: &InFlight| flight.node == node.node_id && !backfills.holds(&job, flight);
             if let Err(err) = backfills::settle_orphans(&session.client(), &node.keys, &job, delivery, orphaned).await {
                 tracing::warn!(job, error = %err, "cannot give back this node's backfill ticks from before it started; trying again at the next change");
             }
         }
+        let left = !node.backfills.unheld_on(&node.node_id).is_empty();
         tokio::select! {
             result = changed.changed() => if result.is_err() { return },
+            _ = tokio::time::sleep(AGAIN), if left => {}
             _ = session.ended().cancelled() => return,
         }
     }

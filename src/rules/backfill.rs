@@ -91,6 +91,10 @@ pub struct InFlight {
     /// Claimed again after its node went while it was in flight: it may have run.
     #[serde(default)]
     pub redelivered: bool,
+    /// This claim's own id: a tick given back may be claimed again, on the same node too, and a
+    /// late count or give-back of the earlier claim must not settle the later one.
+    #[serde(default)]
+    pub claim: String,
 }
 
 /// A tick given back to be claimed again, before the ticks not claimed yet.
@@ -170,7 +174,9 @@ impl Backfill {
     /// The next tick to claim, if one may be claimed now: not once cancelled or all claimed,
     /// nor while `parallel` are in flight. Ticks given back come first.
     pub fn next_claim(&self, job: &Job) -> Option<Next> {
-        if self.cancelled || self.in_flight.len() >= self.parallel as usize {
+        // Bounded again here: the record comes from etcd.
+        let parallel = self.parallel.clamp(1, MAX_PARALLEL) as usize;
+        if self.cancelled || self.in_flight.len() >= parallel {
             return None;
         }
         if let Some(again) = self.again.first() {
@@ -196,8 +202,8 @@ impl Backfill {
     }
 
     /// `next`, the one [`Backfill::next_claim`] gave, claimed by the leadership of `term` on
-    /// `node`.
-    pub fn claim(&mut self, next: Next, node: &str, term: i64) {
+    /// `node` as claim `claim` (an id of [`new_id`]).
+    pub fn claim(&mut self, next: Next, node: &str, term: i64, claim: &str) {
         if self.again.first().is_some_and(|again| again.tick == next.tick) {
             self.again.remove(0);
         } else if self.cursor.is_none_or(|cursor| cursor < next.tick) && self.claimed < self.total {
@@ -211,31 +217,32 @@ impl Backfill {
             node: node.to_string(),
             term,
             redelivered: next.redelivered,
+            claim: claim.to_string(),
         });
     }
 
-    fn take_in_flight(&mut self, tick: DateTime<Utc>, node: &str) -> Option<InFlight> {
+    fn take_in_flight(&mut self, tick: DateTime<Utc>, claim: &str) -> Option<InFlight> {
         let at = self
             .in_flight
             .iter()
-            .position(|flight| flight.tick == tick && flight.node == node)?;
+            .position(|flight| flight.tick == tick && flight.claim == claim)?;
         Some(self.in_flight.remove(at))
     }
 
-    /// `tick`'s run on `node` ended and was recorded: it is done. False if it was not in flight
-    /// there (counted already, or settled as its node's orphan).
-    pub fn finish(&mut self, tick: DateTime<Utc>, node: &str) -> bool {
-        let finished = self.take_in_flight(tick, node).is_some();
+    /// The run of `tick` by claim `claim` ended and was recorded: it is done. False if that
+    /// claim is not in flight (counted already, or settled as its node's orphan).
+    pub fn finish(&mut self, tick: DateTime<Utc>, claim: &str) -> bool {
+        let finished = self.take_in_flight(tick, claim).is_some();
         if finished {
             self.done += 1;
         }
         finished
     }
 
-    /// `tick`, in flight on `node`, is to be claimed again: it did not start (a pause came,
-    /// the leadership ended first), or `redelivered`: its node went and it may have run.
-    pub fn give_back(&mut self, tick: DateTime<Utc>, node: &str, redelivered: bool) -> bool {
-        let Some(flight) = self.take_in_flight(tick, node) else {
+    /// `tick`, in flight by claim `claim`, is to be claimed again: it did not start (a pause
+    /// came, the leadership ended first), or `redelivered`: its node went and it may have run.
+    pub fn give_back(&mut self, tick: DateTime<Utc>, claim: &str, redelivered: bool) -> bool {
+        let Some(flight) = self.take_in_flight(tick, claim) else {
             return false;
         };
         let again = Again {
@@ -247,10 +254,10 @@ impl Backfill {
         true
     }
 
-    /// `tick`, in flight on `node` when that node went, is recorded lost (an at-most-once
+    /// `tick`, in flight by claim `claim` when its node went, is recorded lost (an at-most-once
     /// job): counted done, never run again.
-    pub fn record_lost(&mut self, tick: DateTime<Utc>, node: &str) -> bool {
-        let lost = self.take_in_flight(tick, node).is_some();
+    pub fn record_lost(&mut self, tick: DateTime<Utc>, claim: &str) -> bool {
+        let lost = self.take_in_flight(tick, claim).is_some();
         if lost {
             self.done += 1;
             self.lost += 1;
@@ -366,16 +373,16 @@ mod tests {
         for expected in [at(0), at(1)] {
             let next = backfill.next_claim(&job).expect("a tick to claim");
             assert_eq!(next.tick, expected);
-            backfill.claim(next, "a", 7);
+            backfill.claim(next, "a", 7, &format!("a{}", next.tick));
         }
         assert_eq!(backfill.next_claim(&job), None, "two in flight");
-        assert!(backfill.finish(at(1), "a"));
-        assert!(!backfill.finish(at(1), "a"), "counted once");
+        assert!(backfill.finish(at(1), &format!("a{}", at(1))));
+        assert!(!backfill.finish(at(1), &format!("a{}", at(1))), "counted once");
         assert_eq!(backfill.next_claim(&job).map(|next| next.tick), Some(at(2)));
         backfill.cancelled = true;
         assert_eq!(backfill.next_claim(&job), None);
         assert!(!backfill.is_over(), "a tick still in flight");
-        assert!(backfill.finish(at(0), "a"));
+        assert!(backfill.finish(at(0), &format!("a{}", at(0))));
         assert!(backfill.is_over());
         assert_eq!(backfill.progress(), (2, 4));
     }
@@ -385,7 +392,7 @@ mod tests {
         let (job, mut backfill) = four_ticks_two_at_a_time();
         for node in ["a", "b"] {
             let next = backfill.next_claim(&job).expect("a tick");
-            backfill.claim(next, node, 7);
+            backfill.claim(next, node, 7, node);
         }
         let orphans = backfill.orphans(|flight| flight.node == "a");
         assert_eq!(orphans.len(), 1);
@@ -395,11 +402,15 @@ mod tests {
         assert!(!backfill.finish(at(0), "a"), "its node's late end counts nothing");
         let next = backfill.next_claim(&job).expect("the given back tick first");
         assert_eq!((next.tick, next.redelivered), (at(0), true));
-        backfill.claim(next, "b", 9);
+        backfill.claim(next, "a", 9, "a-again");
+        assert!(
+            !backfill.finish(at(0), "a"),
+            "the earlier claim's late count settles nothing"
+        );
         assert!(backfill.record_lost(at(1), "b"));
         let next = backfill.next_claim(&job).expect("then the next unclaimed tick");
         assert_eq!((next.tick, next.redelivered), (at(2), false));
-        assert!(backfill.finish(at(0), "b"));
+        assert!(backfill.finish(at(0), "a-again"));
         assert_eq!(backfill.progress(), (2, 4));
         assert_eq!(backfill.lost, 1);
         assert!(!backfill.is_over());
@@ -412,8 +423,8 @@ mod tests {
         let fires = ticks(&job, &ask, at(30)).expect("ticks");
         let mut backfill = Backfill::new("b1".into(), &ask, &fires, at(30));
         let next = backfill.next_claim(&job).expect("a tick");
-        backfill.claim(next, "a", 1);
-        assert!(backfill.finish(next.tick, "a"));
+        backfill.claim(next, "a", 1, "c1");
+        assert!(backfill.finish(next.tick, "c1"));
         let hourly = Job::for_tests("report", "0 * * * *");
         assert_eq!(backfill.next_claim(&hourly), None, "the next hour is past the range");
         assert!(!backfill.clone().ran_out(&job), "the old schedule has ticks left");

@@ -65,8 +65,15 @@ pub enum Origin {
     Schedule,
     /// `shardcron trigger`: the id of the request the run answers.
     Request(String),
-    /// `shardcron backfill`: the id of the backfill whose record counts the tick.
-    Backfill(String),
+    /// `shardcron backfill`: the backfill whose record counts the tick, and which claim of it.
+    Backfill(BackfillClaim),
+}
+
+/// A backfill tick's claim: the backfill's id and the claim's own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackfillClaim {
+    pub backfill: String,
+    pub claim: String,
 }
 
 impl Tick {
@@ -77,6 +84,16 @@ impl Tick {
             Origin::Schedule => Trigger::Schedule,
             Origin::Request(_) => Trigger::Manual,
             Origin::Backfill(_) => Trigger::Backfill,
+        }
+    }
+
+    /// When the tick counts as due, for pauses and a concurrency group's line and wait: its
+    /// tick, or `now` for a backfill's, whose tick is long past (a pause that ended, or a
+    /// deadline from then, must not settle it).
+    pub fn due_at(&self, now: DateTime<Utc>) -> DateTime<Utc> {
+        match self.origin {
+            Origin::Backfill(_) => now,
+            _ => self.scheduled_at,
         }
     }
 

@@ -29,18 +29,12 @@ pub enum NoSlot {
 /// the job's next tick; never past the job's `starting_deadline`.
 pub fn wait_until(tick: &Tick, group: &Group, now: DateTime<Utc>) -> DateTime<Utc> {
     let longest = now + MAX_WAIT;
+    let due = tick.due_at(now);
     let by_wait = match group.wait {
         Some(wait) => now + wait,
-        None => tick
-            .job
-            .schedule
-            .next_after(tick.scheduled_at.max(now))
-            .unwrap_or(longest),
+        None => tick.job.schedule.next_after(due.max(now)).unwrap_or(longest),
     };
-    let by_deadline = tick
-        .job
-        .starting_deadline
-        .map_or(longest, |deadline| tick.scheduled_at + deadline);
+    let by_deadline = tick.job.starting_deadline.map_or(longest, |deadline| due + deadline);
     by_wait.min(by_deadline).min(longest)
 }
 
@@ -53,7 +47,8 @@ pub async fn take(
     stops: &Stops<'_>,
     other: impl Future<Output = ()>,
 ) -> Result<Slot, NoSlot> {
-    let until = wait_until(tick, group, clock::now());
+    let now = clock::now();
+    let until = wait_until(tick, group, now);
     let give_up = async {
         tokio::select! {
             _ = clock::sleep_past(until) => NoSlot::Full,
@@ -64,7 +59,7 @@ pub async fn take(
         }
     };
     let place = Place {
-        due: tick.scheduled_at,
+        due: tick.due_at(now),
         job: tick.job.name.clone(),
         fence: tick.fence,
     };

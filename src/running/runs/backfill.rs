@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::Runs;
 use crate::coord::backfills::{self, Settle};
 use crate::rules::config::Overlap;
-use crate::running::runner::Tick;
+use crate::running::runner::{BackfillClaim, Tick};
 
 impl Runs {
     /// Whether a backfill tick of `job` may start here now: always for `overlap = "allow"`;
@@ -56,21 +56,16 @@ impl Runs {
         self.backfills_ended.notify_waiters();
     }
 
-    /// Counts `tick` of backfill `id` done, or gives it back, in its record; the node holds the
-    /// tick until that is written (or given up on), so its own orphan check leaves it alone.
-    pub(super) fn settle_backfill(&self, tick: &Tick, id: &str, settle: Settle) {
+    /// Counts `tick`'s claim done, or gives it back, in its backfill's record; the node holds
+    /// the claim until that is written (or given up on), so its own orphan check leaves it alone.
+    pub(super) fn settle_backfill(&self, tick: &Tick, claimed: &BackfillClaim, settle: Settle) {
         let client = self.groups.client().clone();
         let keys = self.groups.keys().clone();
         let held = Arc::clone(&self.backfills);
-        let (job, id, at, node) = (
-            tick.job.name.clone(),
-            id.to_string(),
-            tick.scheduled_at,
-            tick.node.clone(),
-        );
+        let (job, at, claimed) = (tick.job.name.clone(), tick.scheduled_at, claimed.clone());
         self.tracker.spawn(async move {
-            backfills::settle_tick(&client, &keys, &job, &id, at, &node, settle).await;
-            held.release(&job, at);
+            backfills::settle_tick(&client, &keys, &job, &claimed.backfill, at, &claimed.claim, settle).await;
+            held.release(&job, at, &claimed.claim);
         });
     }
 }

@@ -369,9 +369,9 @@ impl Runs {
                 self.report(tick, not_run(tick, Outcome::Lost));
                 return;
             }
-            Origin::Backfill(id) => {
+            Origin::Backfill(claim) => {
                 tracing::info!("not starting a backfill tick: this node no longer leads the shard, or its lease may have expired; it goes back to be claimed again");
-                self.settle_backfill(tick, id, Settle::Again);
+                self.settle_backfill(tick, claim, Settle::Again);
                 return;
             }
             Origin::Schedule => {}
@@ -389,16 +389,12 @@ impl Runs {
     /// tick, stopped only by a pause that holds now, goes back to its backfill's record).
     fn paused(&self, tick: &Tick) -> bool {
         let now = clock::now();
-        let due = match tick.origin {
-            Origin::Backfill(_) => now,
-            _ => tick.scheduled_at,
-        };
-        let Some(pause) = self.pauses.stopping(tick.job.job_name(), due, now) else {
+        let Some(pause) = self.pauses.stopping(tick.job.job_name(), tick.due_at(now), now) else {
             return false;
         };
-        if let Origin::Backfill(id) = &tick.origin {
+        if let Origin::Backfill(claim) = &tick.origin {
             tracing::info!(until = ?pause.until, "paused: the backfill tick goes back to be run once the pause ends");
-            self.settle_backfill(tick, id, Settle::Again);
+            self.settle_backfill(tick, claim, Settle::Again);
             return true;
         }
         if self.settle(tick) {
@@ -415,8 +411,8 @@ impl Runs {
             self.results.answer(request, record.clone());
         }
         self.results.push_run(&tick.job, record);
-        if let Origin::Backfill(id) = &tick.origin {
-            self.settle_backfill(tick, id, Settle::Done);
+        if let Origin::Backfill(claim) = &tick.origin {
+            self.settle_backfill(tick, claim, Settle::Done);
         }
     }
 

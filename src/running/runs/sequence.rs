@@ -223,7 +223,7 @@ impl Runs {
         let paused = async {
             while self
                 .pauses
-                .stopping(tick.job.job_name(), tick.scheduled_at, clock::now())
+                .stopping(tick.job.job_name(), tick.due_at(clock::now()), clock::now())
                 .is_none()
             {
                 tokio::time::sleep(PAUSE_LOOK).await;
