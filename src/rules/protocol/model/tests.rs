@@ -159,11 +159,6 @@ fn the_checker_catches_a_pool_leaders_debts_named_by_shard_count_alone() {
 }
 
 #[test]
-fn the_checker_catches_the_shard_count_loss_fixed_in_issue_27() {
-    assert_caught(Rules::BeforeIssue27, fleet(2, 2, 3), &[NO_SILENT_LOSS, DELIVERED]);
-}
-
-#[test]
 fn the_checker_catches_a_claim_without_the_leadership_guard() {
     assert_caught(Rules::Unguarded, fleet(2, 2, 3), &PROPERTIES);
 }
