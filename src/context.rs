@@ -36,6 +36,8 @@ pub(crate) struct NodeContext {
     pub(crate) backfills: Arc<crate::coord::backfills::Backfills>,
     /// Finished runs' results waiting to be written, for claims of their shard to carry.
     pub(crate) results: Arc<ResultQueue>,
+    /// Tells of runs: the jobs' notifications and success pings.
+    pub(crate) notifications: Arc<crate::running::notifications::Notifications>,
     pub(crate) claim_lead: ClaimLead,
     /// Ticks the node started that a record may still list as pending, across leaderships.
     pub(crate) started_here: Arc<StartedHere>,

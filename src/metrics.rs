@@ -19,6 +19,18 @@ pub(crate) struct JobLabel {
     pub job: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct BlackoutLabel {
+    pub blackout: String,
+}
+
+/// How a notification or a ping went: `delivered`, `failed` (an attempt), `gave_up`,
+/// `dropped` (past the bound of undelivered events).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct ResultLabel {
+    pub result: &'static str,
+}
+
 impl JobLabel {
     pub fn new(job: &str) -> Self {
         JobLabel { job: job.to_string() }
@@ -60,6 +72,12 @@ pub(crate) struct Metrics {
     /// Spawns that failed with EMFILE or ENFILE: the descriptor table was full.
     pub spawn_descriptor_exhausted: Counter,
     pub triggered_runs: Family<JobLabel, Counter>,
+    /// Ticks recorded `skipped` because a blackout covered them, by blackout.
+    pub blackout_skips: Family<BlackoutLabel, Counter>,
+    /// Notification attempts by how they went.
+    pub notifications: Family<ResultLabel, Counter>,
+    /// Success pings by how they went.
+    pub pings: Family<ResultLabel, Counter>,
     pub runs_in_flight: Gauge,
     /// Finished runs whose result, or whose history entry, is not in etcd yet.
     pub results_unwritten: Gauge,
@@ -102,6 +120,9 @@ impl Metrics {
             etcd_errors: Counter::default(),
             spawn_descriptor_exhausted: Counter::default(),
             triggered_runs: Family::default(),
+            blackout_skips: Family::default(),
+            notifications: Family::default(),
+            pings: Family::default(),
             runs_in_flight: Gauge::default(),
             results_unwritten: Gauge::default(),
             history_unwritten: Gauge::default(),
@@ -171,6 +192,21 @@ impl Metrics {
             "spawn_descriptor_exhausted",
             "Runs that could not start because the node or the system was out of file descriptors",
             self.spawn_descriptor_exhausted.clone(),
+        );
+        registry.register(
+            "blackout_skips",
+            "Ticks recorded skipped because a blackout covered them, by blackout",
+            self.blackout_skips.clone(),
+        );
+        registry.register(
+            "notifications",
+            "Notification attempts by result: delivered, failed (an attempt; retried), gave_up (after 10 minutes), dropped (past the bound of undelivered events of a job)",
+            self.notifications.clone(),
+        );
+        registry.register(
+            "pings",
+            "Success pings (ping_url) by result: delivered, failed",
+            self.pings.clone(),
         );
         registry.register(
             "triggered_runs",
@@ -348,6 +384,7 @@ mod tests {
             attempts: 1,
             trigger: crate::rules::record::Trigger::Schedule,
             output: None,
+            blackout: None,
         };
         let metrics = Metrics::new();
         metrics.record_run("metrics-test", &record(Outcome::Exited, Some(0)));

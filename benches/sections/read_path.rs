@@ -117,6 +117,7 @@ pub(crate) fn seed_run_records(url: &str, jobs: usize) -> f64 {
                     attempts: 1,
                     trigger: Trigger::Schedule,
                     output: None,
+                    blackout: None,
                 };
                 let (claim, run) = (
                     serde_json::to_string(&claim).expect("claim"),

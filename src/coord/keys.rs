@@ -12,6 +12,7 @@
 //! /shardcron/<cluster>/unserved/<tags>                     a run_on set no live node has, since when
 //! /shardcron/<cluster>/backfills/<job>                     a job's backfill: its ticks, claimed, done
 //! /shardcron/<cluster>/pauses/<job>                        a job's pause (`*`: every job's)
+//! /shardcron/<cluster>/notify/<job>                        whether it fails, its events not yet told
 //! /shardcron/<cluster>/runs/<job>/<tick>                   the job's last runs (`history`)
 //! /shardcron/<cluster>/triggers/<job>/<id>                 a run asked for by hand, not yet taken
 //! /shardcron/<cluster>/triggered/<id>                      who took it, and how its run ended
@@ -219,6 +220,15 @@ impl Keys {
 
     pub(crate) fn backfills_prefix(&self) -> String {
         format!("{}backfills/", self.root)
+    }
+
+    /// A job's notification record: a [`crate::rules::notify::Record`].
+    pub(crate) fn notify(&self, job: &str) -> String {
+        format!("{}{job}", self.notify_prefix())
+    }
+
+    pub(crate) fn notify_prefix(&self) -> String {
+        format!("{}notify/", self.root)
     }
 
     pub(crate) fn pauses_prefix(&self) -> String {

@@ -29,6 +29,7 @@ pub(crate) mod joining;
 pub mod keys;
 pub(crate) mod ledger;
 pub(crate) mod mirror;
+pub(crate) mod notifications;
 pub mod pauses;
 pub(crate) mod results;
 pub(crate) mod session;

@@ -275,6 +275,7 @@ fn lost_records(debt: &Debt, listed_at: i64, ticks: &[DateTime<Utc>]) -> Vec<Run
             attempts: 0,
             trigger: Trigger::Schedule,
             output: None,
+            blackout: None,
         })
         .collect()
 }

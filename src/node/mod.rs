@@ -92,6 +92,9 @@ pub async fn run(
     let pauses = Arc::new(Pauses::default());
     let groups = Arc::new(Groups::new(client.clone(), keys.clone(), cluster.lease_ttl));
     let backfills = Arc::new(Backfills::default());
+    let (outbox, notifications, notes) =
+        crate::running::notifications::new(client.clone(), keys.clone(), options.node_id.clone(), shutdown.clone());
+    tokio::spawn(Arc::clone(&notifications).run(notes));
     let node = Arc::new(NodeContext {
         node_id: options.node_id.clone(),
         keys,
@@ -104,12 +107,14 @@ pub async fn run(
             Arc::clone(&groups),
             Arc::clone(&options.child_env),
             Arc::clone(&backfills),
+            outbox,
         ),
         pauses,
         groups,
         triggers: Arc::default(),
         backfills,
         results,
+        notifications,
         claim_lead: ClaimLead::new(),
         started_here: Arc::default(),
         elections: election::Admission::new(ELECTION_REQUESTS),

@@ -138,6 +138,11 @@ pub(super) fn lead(
         mirrored.backfills,
     ));
     tasks.spawn(give_back_unheld_backfills(Arc::clone(node), session.clone()));
+    tasks.spawn(send_unsent_notifications(
+        Arc::clone(node),
+        session.clone(),
+        view.clone(),
+    ));
     tasks.spawn(crate::coord::unserved::keep(
         session.clone(),
         node.keys.clone(),
@@ -192,6 +197,78 @@ async fn give_back_unheld_backfills(node: Arc<NodeContext>, session: Session) {
             result = changed.changed() => if result.is_err() { return },
             _ = tokio::time::sleep(AGAIN), if left => {}
             _ = session.ended().cancelled() => return,
+        }
+    }
+}
+
+/// Sends the events the jobs' records hold undelivered that no live process sends: this node's
+/// own from before a restart, and, for the jobs whose shard it leads, those of nodes that left
+/// the fleet. Looked at every few seconds, only while some job has `notify`.
+async fn send_unsent_notifications(node: Arc<NodeContext>, session: Session, view: watch::Receiver<FleetView>) {
+    const EVERY: std::time::Duration = std::time::Duration::from_secs(3);
+    let me = node.node_id.as_str();
+    loop {
+        if !crate::backoff::sleep_or_cancel(EVERY, session.ended()).await {
+            return;
+        }
+        let notify_jobs: std::collections::HashMap<String, Arc<crate::rules::config::Job>> = node
+            .jobs
+            .borrow()
+            .by_shard
+            .iter()
+            .flatten()
+            .filter(|job| !job.notify.is_empty())
+            .map(|job| (job.name.clone(), Arc::clone(job)))
+            .collect();
+        if notify_jobs.is_empty() {
+            continue;
+        }
+        let (client, keys) = node.notifications.etcd();
+        let records = match crate::coord::notifications::with_pending(client, keys).await {
+            Ok(records) => records,
+            Err(err) => {
+                tracing::debug!(error = %err, "cannot read the notification records; trying again shortly");
+                continue;
+            }
+        };
+        for (name, record) in records {
+            let Some(job) = notify_jobs.get(&name) else { continue };
+            let (leads, members) = {
+                let view = view.borrow();
+                let leads = view
+                    .leaders
+                    .get(job.shard as usize)
+                    .and_then(Option::as_ref)
+                    .is_some_and(|(leader, _)| leader == me);
+                (leads, Arc::clone(&view.members))
+            };
+            let mine: Vec<_> = record
+                .pending
+                .iter()
+                .filter(|pending| pending.node == me && !node.notifications.is_sending(&name, pending))
+                .cloned()
+                .collect();
+            node.notifications.deliver_all(job, mine);
+            if !leads {
+                continue;
+            }
+            let gone: BTreeSet<&str> = record
+                .pending
+                .iter()
+                .map(|pending| pending.node.as_str())
+                .filter(|owner| *owner != me && !members.contains_key(*owner))
+                .collect();
+            for owner in gone {
+                match crate::coord::notifications::adopt(client, keys, &name, owner, me).await {
+                    Ok(adopted) => {
+                        tracing::info!(job = %name, node = owner, events = adopted.len(), "sending the notifications of a node that left the fleet");
+                        node.notifications.deliver_all(job, adopted);
+                    }
+                    Err(err) => {
+                        tracing::warn!(job = %name, node = owner, error = %err, "cannot take over a gone node's notifications; trying again shortly")
+                    }
+                }
+            }
         }
     }
 }

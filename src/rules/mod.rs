@@ -10,10 +10,12 @@
 pub mod activity;
 pub mod assignment;
 pub mod backfill;
+pub mod blackouts;
 pub mod bounds;
 pub(crate) mod catch_up;
 pub mod config;
 pub mod groups;
+pub mod notify;
 pub mod output;
 pub mod plan;
 pub mod pools;

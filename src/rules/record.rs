@@ -149,6 +149,9 @@ pub struct RunRecord {
     /// field are schedule runs.
     #[serde(default)]
     pub trigger: Trigger,
+    /// The blackout a `skipped` tick fell in (`[blackouts.<name>]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blackout: Option<String>,
     /// The last bytes of its output (`output_tail`), kept in its history entry only: never in
     /// the job's result or claim record. `None` for a run that kept none, or was not run.
     #[serde(flatten)]
@@ -215,6 +218,7 @@ impl RunRecord {
             attempts: 1,
             trigger: Trigger::Schedule,
             output: None,
+            blackout: None,
         }
     }
 }
@@ -339,6 +343,7 @@ mod tests {
             attempts: 2,
             trigger: Trigger::Manual,
             output: None,
+            blackout: None,
         };
         assert_eq!(
             serde_json::to_string(&record).unwrap(),

@@ -9,5 +9,6 @@
 pub mod descriptors;
 pub(crate) mod env_file;
 pub(crate) mod gate;
+pub(crate) mod notifications;
 pub(crate) mod runner;
 pub(crate) mod runs;

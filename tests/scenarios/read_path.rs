@@ -50,6 +50,7 @@ fn seed(world: &World, names: &[String]) -> usize {
                     attempts: 1,
                     trigger: Trigger::Schedule,
                     output: None,
+                    blackout: None,
                 };
                 let (claim, run) = (
                     serde_json::to_string(&claim).expect("claim"),

@@ -17,6 +17,7 @@ mod pieces;
 mod raw;
 mod validate;
 mod validate_job;
+mod validate_named;
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
@@ -31,8 +32,9 @@ pub use loaded::NodeSpec;
 pub use model::*;
 use raw::{RawFile, RawJobs};
 pub(crate) use validate::valid_name;
-use validate::{validate_cluster, validate_etcd, validate_groups};
+use validate::{validate_cluster, validate_etcd};
 use validate_job::validate_job;
+use validate_named::{cluster_lists, Shared, SharedTables};
 
 use crate::rules::pools::{Elections, FanOut, Tags};
 use crate::rules::schedule::Schedule;
@@ -55,7 +57,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
     let Parts {
         cluster,
         etcd,
-        groups,
+        shared,
         mut jobs,
     } = match parse_in_pieces(&source, pieces::JOBS_PER_PIECE) {
         Some(parts) => parts,
@@ -69,7 +71,9 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         jobs,
         digest: format!("{:016x}", seahash::hash(text.as_bytes())),
         elections,
-        groups,
+        groups: shared.groups,
+        blackouts: shared.blackouts,
+        notifiers: shared.notifiers,
     })
 }
 
@@ -108,25 +112,31 @@ fn elections_of(source: &Source, cluster: &Cluster, jobs: &mut [Job]) -> Result<
 struct Parts {
     cluster: Cluster,
     etcd: Etcd,
-    groups: GroupsByName,
+    shared: Shared,
     jobs: Vec<Job>,
 }
 
 fn parse_whole(source: &Source) -> Result<Parts, ConfigError> {
-    let raw: RawFile = toml::from_str(source.text).map_err(|err| source.toml_error(&err))?;
+    let mut raw: RawFile = toml::from_str(source.text).map_err(|err| source.toml_error(&err))?;
+    let lists = cluster_lists(&mut raw.cluster);
     let cluster = validate_cluster(source, raw.cluster)?;
     let etcd = validate_etcd(source, raw.etcd)?;
-    let groups = validate_groups(source, raw.groups)?;
+    let tables = SharedTables {
+        groups: raw.groups,
+        blackouts: raw.blackouts,
+        notify: raw.notify,
+    };
+    let shared = Shared::validate(source, &cluster, tables, lists)?;
 
     let mut schedules: HashMap<(String, Tz), Arc<Schedule>> = HashMap::new();
     let mut jobs = Vec::with_capacity(raw.jobs.len());
     for (name, job) in raw.jobs {
-        jobs.push(validate_job(source, &cluster, name, job, &groups, &mut schedules)?);
+        jobs.push(validate_job(source, &cluster, name, job, &shared, &mut schedules)?);
     }
     Ok(Parts {
         cluster,
         etcd,
-        groups,
+        shared,
         jobs,
     })
 }
@@ -136,13 +146,19 @@ fn parse_whole(source: &Source) -> Result<Parts, ConfigError> {
 /// whole-document reader then gives.
 fn parse_in_pieces(source: &Source, jobs_per_piece: usize) -> Option<Parts> {
     let pieces = pieces::split(source.text, jobs_per_piece)?;
-    let rest: RawFile = toml::from_str(&pieces.rest).ok()?;
+    let mut rest: RawFile = toml::from_str(&pieces.rest).ok()?;
     if !rest.jobs.is_empty() {
         return None;
     }
+    let lists = cluster_lists(&mut rest.cluster);
     let cluster = validate_cluster(source, rest.cluster).ok()?;
     let etcd = validate_etcd(source, rest.etcd).ok()?;
-    let groups = validate_groups(source, rest.groups).ok()?;
+    let tables = SharedTables {
+        groups: rest.groups,
+        blackouts: rest.blackouts,
+        notify: rest.notify,
+    };
+    let shared = Shared::validate(source, &cluster, tables, lists).ok()?;
     drop(pieces.rest);
 
     let mut schedules: HashMap<(String, Tz), Arc<Schedule>> = HashMap::new();
@@ -150,7 +166,7 @@ fn parse_in_pieces(source: &Source, jobs_per_piece: usize) -> Option<Parts> {
     for piece in pieces.jobs {
         let raw: RawJobs = toml::from_str(&source.text[piece]).ok()?;
         for (name, job) in raw.jobs {
-            jobs.push(validate_job(source, &cluster, name, job, &groups, &mut schedules).ok()?);
+            jobs.push(validate_job(source, &cluster, name, job, &shared, &mut schedules).ok()?);
         }
     }
     // In name order, as the whole-document reader's map gives them.
@@ -158,7 +174,7 @@ fn parse_in_pieces(source: &Source, jobs_per_piece: usize) -> Option<Parts> {
     Some(Parts {
         cluster,
         etcd,
-        groups,
+        shared,
         jobs,
     })
 }

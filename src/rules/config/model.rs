@@ -9,7 +9,9 @@ use std::time::Duration;
 use chrono_tz::Tz;
 use serde::Deserialize;
 
+use crate::rules::blackouts::Blackout;
 use crate::rules::groups::Group;
+use crate::rules::notify::{Notifier, PingMethod};
 pub use crate::rules::output::LogOutput;
 #[cfg(test)]
 use crate::rules::output::DEFAULT_OUTPUT_TAIL;
@@ -43,6 +45,10 @@ pub struct Config {
     pub elections: Arc<Elections>,
     /// `[groups.<name>]`, by name.
     pub groups: GroupsByName,
+    /// `[blackouts.<name>]`, by name.
+    pub blackouts: BTreeMap<String, Arc<Blackout>>,
+    /// `[notify.<name>]`, by name.
+    pub notifiers: BTreeMap<String, Arc<Notifier>>,
 }
 
 /// The concurrency groups of a config, by name.
@@ -131,6 +137,28 @@ pub struct Job {
     /// How many of the last bytes of each output stream a run keeps with its history entry.
     pub output_tail: usize,
     pub log_output: LogOutput,
+    /// The blackouts whose spans the job's ticks are skipped in: the cluster's, then its own.
+    pub blackouts: Vec<Arc<Blackout>>,
+    /// Who hears of the job's transitions: the cluster's notifiers, then its own.
+    pub notify: Vec<Arc<Notifier>>,
+    /// Pinged after each successful run.
+    pub ping: Option<Ping>,
+}
+
+/// `ping_url` and `ping_method`: a dead man's switch told of each success.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Ping {
+    pub url: String,
+    pub method: PingMethod,
+}
+
+impl std::fmt::Debug for Ping {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // A ping URL is a secret: whoever has it can say the job succeeded.
+        f.debug_struct("Ping")
+            .field("method", &self.method)
+            .finish_non_exhaustive()
+    }
 }
 
 /// What a new leader does with a tick that was claimed and never started: its leader died,
@@ -234,6 +262,9 @@ impl Job {
             group: None,
             output_tail: DEFAULT_OUTPUT_TAIL,
             log_output: LogOutput::All,
+            blackouts: Vec::new(),
+            notify: Vec::new(),
+            ping: None,
         }
     }
 }

@@ -18,7 +18,52 @@ pub(super) struct RawFile {
     pub(super) groups: BTreeMap<Spanned<String>, Spanned<RawGroup>>,
     #[serde(default)]
     pub(super) jobs: BTreeMap<Spanned<String>, Spanned<RawJob>>,
+    #[serde(default)]
+    pub(super) blackouts: BTreeMap<Spanned<String>, Spanned<RawBlackout>>,
+    #[serde(default)]
+    pub(super) notify: BTreeMap<Spanned<String>, Spanned<RawNotify>>,
 }
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawBlackout {
+    pub(super) windows: Option<Spanned<Vec<Spanned<RawWindow>>>>,
+    pub(super) dates: Option<Spanned<Vec<Spanned<String>>>>,
+    pub(super) timezone: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawWindow {
+    pub(super) start: Option<Spanned<String>>,
+    pub(super) duration: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawNotify {
+    pub(super) url: Option<Spanned<String>>,
+    pub(super) headers: Option<Spanned<BTreeMap<String, Spanned<RawHeader>>>>,
+    pub(super) on: Option<Spanned<Vec<Spanned<String>>>>,
+}
+
+/// A header's value: written out, or read from the node's environment or a file at each send.
+#[derive(Deserialize)]
+#[serde(untagged)]
+pub(super) enum RawHeader {
+    Text(String),
+    From(RawHeaderFrom),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawHeaderFrom {
+    pub(super) env: Option<String>,
+    pub(super) file: Option<PathBuf>,
+}
+
+/// Names of `[blackouts.<name>]` or `[notify.<name>]` tables, as a job or the cluster lists them.
+pub(super) type RawNames = Spanned<Vec<Spanned<String>>>;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -43,6 +88,8 @@ pub(super) struct RawCluster {
     pub(super) timezone: Option<Spanned<String>>,
     pub(super) history: Option<Spanned<i64>>,
     pub(super) pool_shards: Option<Spanned<i64>>,
+    pub(super) blackouts: Option<RawNames>,
+    pub(super) notify: Option<RawNames>,
 }
 
 #[derive(Deserialize)]
@@ -86,6 +133,10 @@ pub(super) struct RawJob {
     pub(super) group: Option<Spanned<String>>,
     pub(super) output_tail: Option<Spanned<RawSize>>,
     pub(super) log_output: Option<Spanned<crate::rules::output::LogOutput>>,
+    pub(super) blackouts: Option<RawNames>,
+    pub(super) notify: Option<RawNames>,
+    pub(super) ping_url: Option<Spanned<String>>,
+    pub(super) ping_method: Option<Spanned<crate::rules::notify::PingMethod>>,
 }
 
 /// A size: a whole number of bytes, or a string with a unit.

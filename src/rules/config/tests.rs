@@ -5,6 +5,7 @@ use super::*;
 
 mod errors;
 mod groups;
+mod named;
 mod pools;
 
 const HEAD: &str = r#"[cluster]

@@ -12,8 +12,10 @@ use super::error::{ConfigError, Source};
 use super::model::*;
 use super::raw::*;
 use super::validate::{parse_duration, secret_path, valid_name};
+use super::validate_named::{resolve, Shared};
 use crate::rules::bounds;
 use crate::rules::groups::Group;
+use crate::rules::notify::check_url;
 use crate::rules::output::{parse_size, DEFAULT_OUTPUT_TAIL, MAX_OUTPUT_TAIL};
 use crate::rules::pools::Tags;
 use crate::rules::schedule::{parse_zone, Schedule, ScheduleError};
@@ -25,7 +27,7 @@ pub(super) fn validate_job(
     cluster: &Cluster,
     name: Spanned<String>,
     raw: Spanned<RawJob>,
-    groups: &GroupsByName,
+    shared: &Shared,
     schedules: &mut HashMap<(String, Tz), Arc<Schedule>>,
 ) -> Result<Job, ConfigError> {
     let name_span = name.span();
@@ -57,9 +59,26 @@ pub(super) fn validate_job(
         None => Tags::default(),
     };
     let group = match &raw.group {
-        Some(value) => Some(job_group(source, job, value, groups)?),
+        Some(value) => Some(job_group(source, job, value, &shared.groups)?),
         None => None,
     };
+    let blackouts = resolve(
+        source,
+        job,
+        "blackouts",
+        raw.blackouts.as_ref(),
+        &shared.blackouts,
+        &shared.every_job_blackouts,
+    )?;
+    let notify = resolve(
+        source,
+        job,
+        "notify",
+        raw.notify.as_ref(),
+        &shared.notifiers,
+        &shared.every_job_notify,
+    )?;
+    let ping = job_ping(source, job, &raw)?;
     let output_tail = job_output_tail(source, job, raw.output_tail.as_ref())?;
     Ok(Job {
         // The number of its election is known once every job's pool is: see `config::parse`.
@@ -85,7 +104,34 @@ pub(super) fn validate_job(
         group,
         output_tail,
         log_output: raw.log_output.map(Spanned::into_inner).unwrap_or_default(),
+        blackouts,
+        notify,
+        ping,
     })
+}
+
+/// `ping_url` and `ping_method`.
+fn job_ping(source: &Source, job: Option<&str>, raw: &RawJob) -> Result<Option<Ping>, ConfigError> {
+    let Some(url) = &raw.ping_url else {
+        if let Some(method) = &raw.ping_method {
+            return Err(source.error(
+                Some(method.span()),
+                job,
+                Some("ping_method"),
+                "ping_method without ping_url: give the URL to ping after each success",
+            ));
+        }
+        return Ok(None);
+    };
+    check_url(url.get_ref()).map_err(|why| source.error(Some(url.span()), job, Some("ping_url"), why))?;
+    Ok(Some(Ping {
+        url: url.get_ref().clone(),
+        method: raw
+            .ping_method
+            .as_ref()
+            .map(|method| *method.get_ref())
+            .unwrap_or_default(),
+    }))
 }
 
 /// `output_tail`: 0 up to [`MAX_OUTPUT_TAIL`] bytes per stream.

@@ -130,6 +130,7 @@ impl Attempt<'_> {
             attempts: self.number,
             trigger: self.tick.trigger(),
             output: None,
+            blackout: None,
         }
     }
 

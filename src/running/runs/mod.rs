@@ -17,6 +17,7 @@ use crate::coord::pauses::Pauses;
 use crate::coord::results::ResultQueue;
 use crate::rules::config::{Delivery, Overlap};
 use crate::rules::record::{Outcome, RunRecord};
+use crate::running::notifications::Outbox;
 use crate::running::runner::{self, Origin, Tick};
 use crate::secrets::ChildEnv;
 use overlap::{may_overlap, overlaps, Running, Skip};
@@ -69,6 +70,8 @@ pub struct Runs {
     backfills: Arc<Backfills>,
     /// Told when a job's last backfill run on this node ends.
     backfills_ended: Arc<tokio::sync::Notify>,
+    /// Where finished runs go to be told about (`notify`, `ping_url`).
+    outbox: Outbox,
 }
 
 /// Room for late ticks held by a leader while it claims them (see [`Runs::reserve_late`]).
@@ -120,6 +123,7 @@ impl Runs {
         groups: Arc<Groups>,
         child_env: Arc<ChildEnv>,
         backfills: Arc<Backfills>,
+        outbox: Outbox,
     ) -> Runs {
         let cores = std::thread::available_parallelism().map_or(2, usize::from);
         Runs {
@@ -135,6 +139,7 @@ impl Runs {
             child_env,
             backfills,
             backfills_ended: Arc::default(),
+            outbox,
         }
     }
 
@@ -146,7 +151,7 @@ impl Runs {
     pub fn start(&self, ticks: Vec<Tick>) {
         let ticks: Vec<Tick> = ticks
             .into_iter()
-            .filter(|tick| !runner::span(tick).in_scope(|| self.paused(tick)))
+            .filter(|tick| !runner::span(tick).in_scope(|| self.blacked_out(tick) || self.paused(tick)))
             .collect();
         let Some(entry) = self.enter(&ticks) else { return };
         let late = ticks.iter().filter(|tick| tick.caught_up).count();
@@ -404,12 +409,40 @@ impl Runs {
         true
     }
 
+    /// Whether a blackout covers `tick`'s scheduled instant; if one does, the tick is recorded
+    /// `skipped` with the blackout's name. A run asked for by hand is an operator's own choice
+    /// and goes ahead; a backfill's historic tick that fell in a blackout is skipped as it was.
+    fn blacked_out(&self, tick: &Tick) -> bool {
+        if matches!(tick.origin, Origin::Request(_)) {
+            return false;
+        }
+        let Some(blackout) = crate::rules::blackouts::covering(&tick.job.blackouts, tick.scheduled_at) else {
+            return false;
+        };
+        if self.settle(tick) {
+            tracing::info!(blackout = %blackout.name, "skipped: the tick falls inside a blackout");
+            crate::metrics::get()
+                .blackout_skips
+                .get_or_create(&crate::metrics::BlackoutLabel {
+                    blackout: blackout.name.clone(),
+                })
+                .inc();
+            let record = RunRecord {
+                blackout: Some(blackout.name.clone()),
+                ..not_run(tick, Outcome::Skipped)
+            };
+            self.report(tick, record);
+        }
+        true
+    }
+
     fn report(&self, tick: &Tick, record: RunRecord) {
         crate::metrics::get().record_run(tick.job.job_name(), &record);
         crate::coord::activity::record(&record);
         if let Origin::Request(request) = &tick.origin {
             self.results.answer(request, record.clone());
         }
+        self.outbox.ran(&tick.job, &record);
         self.results.push_run(&tick.job, record);
         if let Origin::Backfill(claim) = &tick.origin {
             self.settle_backfill(tick, claim, Settle::Done);
@@ -456,5 +489,6 @@ fn not_run(tick: &Tick, outcome: Outcome) -> RunRecord {
         attempts: 0,
         trigger: tick.trigger(),
         output: None,
+        blackout: None,
     }
 }

@@ -20,7 +20,14 @@ async fn shards_taking_over_together_share_the_nodes_room_for_late_ticks() {
         crate::coord::keys::Keys::new("c"),
         Duration::from_secs(3),
     ));
-    let runs = Runs::new(Arc::default(), Arc::default(), groups, child_env, Arc::default());
+    let runs = Runs::new(
+        Arc::default(),
+        Arc::default(),
+        groups,
+        child_env,
+        Arc::default(),
+        crate::running::notifications::Outbox::unread(),
+    );
     let first = runs.reserve_late(LATE_ROOM - 1_000).expect("room");
     // One claim may pass the room by its own size, never a second one after it.
     let second = runs.reserve_late(5_000).expect("room left before it");

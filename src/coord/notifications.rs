@@ -1,0 +1,193 @@
+//! A job's notification record in etcd (`/notify/<job>`): each change a read-modify-write
+//! guarded by the record's revision, so two nodes accounting for runs, or delivering and
+//! adopting, never overwrite each other.
+
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+
+use crate::coord::etcd::{self, CoordError};
+use crate::coord::keys::Keys;
+use crate::rules::notify::{self, Notifier, Pending, Record, Sent};
+use crate::rules::record::RunRecord;
+
+fn encode(record: &Record) -> Result<Vec<u8>, CoordError> {
+    serde_json::to_vec(record).map_err(|err| CoordError::Protocol(err.to_string()))
+}
+
+fn decode(value: &[u8]) -> Result<Record, CoordError> {
+    serde_json::from_slice(value)
+        .map_err(|err| CoordError::Protocol(format!("a notification record etcd holds: {err}")))
+}
+
+/// Changes `job`'s record by `change` (which says whether it changed anything) and returns it
+/// as written, or `None` if `change` left it as it was. A record etcd holds and cannot be read
+/// is started again empty: the job's next failure is told as a first one.
+async fn update(
+    client: &etcd_client::Client,
+    keys: &Keys,
+    job: &str,
+    mut change: impl FnMut(&mut Record) -> bool,
+) -> Result<Option<Record>, CoordError> {
+    let key = keys.notify(job);
+    loop {
+        let read = etcd::call(client.clone().get(key.as_str(), None)).await?;
+        let (mut record, guard) = match read.kvs().first() {
+            Some(kv) => (
+                decode(kv.value()).unwrap_or_else(|err| {
+                    tracing::warn!(job, error = %err, "the job's notification record cannot be read: starting it again");
+                    Record::default()
+                }),
+                Compare::mod_revision(key.as_str(), CompareOp::Equal, kv.mod_revision()),
+            ),
+            None => (Record::default(), Compare::version(key.as_str(), CompareOp::Equal, 0)),
+        };
+        if !change(&mut record) {
+            return Ok(None);
+        }
+        let txn = Txn::new()
+            .when([guard])
+            .and_then([TxnOp::put(key.as_str(), encode(&record)?, None)]);
+        if etcd::call(client.clone().txn(txn)).await?.succeeded() {
+            return Ok(Some(record));
+        }
+    }
+}
+
+/// Accounts for `run` of `job` and returns the events it added, for this node to deliver.
+pub(crate) async fn account(
+    client: &etcd_client::Client,
+    keys: &Keys,
+    job: &str,
+    run: &RunRecord,
+    notifiers: &[Arc<Notifier>],
+    node: &str,
+    now: DateTime<Utc>,
+) -> Result<Vec<Pending>, CoordError> {
+    let notifiers: Vec<&Notifier> = notifiers.iter().map(Arc::as_ref).collect();
+    let mut added = Vec::new();
+    let mut dropped = 0;
+    let written = update(client, keys, job, |record| {
+        let before = record.pending.len();
+        if !notify::account(record, run, &notifiers, node, now) {
+            return false;
+        }
+        added = record.pending[before..].to_vec();
+        dropped = notify::trim(record);
+        true
+    })
+    .await?;
+    if written.is_some() && dropped > 0 {
+        tracing::warn!(
+            job,
+            dropped,
+            "more of the job's events wait undelivered than its record keeps: the oldest are dropped"
+        );
+        crate::metrics::get()
+            .notifications
+            .get_or_create(&crate::metrics::ResultLabel { result: "dropped" })
+            .inc_by(dropped as u64);
+    }
+    Ok(added)
+}
+
+/// Every job's record that holds undelivered events, by job.
+pub(crate) async fn with_pending(
+    client: &etcd_client::Client,
+    keys: &Keys,
+) -> Result<Vec<(String, Record)>, CoordError> {
+    let prefix = keys.notify_prefix();
+    let (read, _) = etcd::read_prefix(client, &prefix).await?;
+    Ok(read
+        .iter()
+        .filter_map(|kv| {
+            let job = std::str::from_utf8(kv.key()).ok()?.strip_prefix(prefix.as_str())?;
+            let record = decode(kv.value()).ok()?;
+            (!record.pending.is_empty()).then(|| (job.to_string(), record))
+        })
+        .collect())
+}
+
+/// Every job's record, by job: what `status` shows of the last notification.
+pub(crate) async fn read_all(client: &etcd_client::Client, keys: &Keys) -> Result<Vec<(String, Record)>, CoordError> {
+    let prefix = keys.notify_prefix();
+    let (read, _) = etcd::read_prefix(client, &prefix).await?;
+    Ok(read
+        .iter()
+        .filter_map(|kv| {
+            let job = std::str::from_utf8(kv.key()).ok()?.strip_prefix(prefix.as_str())?;
+            Some((job.to_string(), decode(kv.value()).ok()?))
+        })
+        .collect())
+}
+
+/// Takes over `job`'s events that `from` was to deliver: they are `me`'s now. Returns them.
+pub(crate) async fn adopt(
+    client: &etcd_client::Client,
+    keys: &Keys,
+    job: &str,
+    from: &str,
+    me: &str,
+) -> Result<Vec<Pending>, CoordError> {
+    let mut adopted = Vec::new();
+    update(client, keys, job, |record| {
+        adopted.clear();
+        for pending in record.pending.iter_mut().filter(|pending| pending.node == from) {
+            pending.node = me.to_string();
+            adopted.push(pending.clone());
+        }
+        !adopted.is_empty()
+    })
+    .await?;
+    Ok(adopted)
+}
+
+/// Whether `pending` is still `me`'s to deliver: not delivered yet, and not taken over.
+pub(crate) async fn still_mine(
+    client: &etcd_client::Client,
+    keys: &Keys,
+    job: &str,
+    pending: &Pending,
+    me: &str,
+) -> Result<bool, CoordError> {
+    let read = etcd::call(client.clone().get(keys.notify(job), None)).await?;
+    let Some(kv) = read.kvs().first() else { return Ok(false) };
+    let record = decode(kv.value())?;
+    Ok(record.pending.iter().any(|kept| same(kept, pending) && kept.node == me))
+}
+
+fn same(a: &Pending, b: &Pending) -> bool {
+    a.notifier == b.notifier && a.event == b.event && a.run.fence == b.run.fence
+}
+
+/// Takes `pending` off `job`'s record once delivered or given up on (`result`), as the last
+/// notification.
+pub(crate) async fn settle(
+    client: &etcd_client::Client,
+    keys: &Keys,
+    job: &str,
+    pending: &Pending,
+    result: &str,
+    now: DateTime<Utc>,
+) -> Result<(), CoordError> {
+    update(client, keys, job, |record| {
+        let before = record.pending.len();
+        record.pending.retain(|kept| !same(kept, pending));
+        // Told or given up on by a node that took it over: that one wrote the last.
+        if record.pending.len() == before {
+            return false;
+        }
+        record.last = Some(Sent {
+            notifier: pending.notifier.clone(),
+            event: pending.event,
+            scheduled_at: pending.run.scheduled_at,
+            dedupe_key: pending.dedupe_key(job),
+            at: now,
+            result: result.to_string(),
+        });
+        true
+    })
+    .await?;
+    Ok(())
+}

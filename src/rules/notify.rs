@@ -1,0 +1,437 @@
+//! Notifications: which runs of a job are worth telling someone about, and what is kept in etcd
+//! so that each is told once across nodes that die.
+//!
+//! An event is a transition, not every run: the first failure after a success (`failure`), the
+//! first success after a failure (`recovered`), and each `lost`, `skipped` or `group_full` run.
+//! The job's notification record says whether the job is failing, the fence of the last run it
+//! accounted for, the events not yet delivered and the last one that was; a run is accounted
+//! for once, by its fence, so a record written twice never makes two events.
+//!
+//! Pure: what etcd holds and the instant are passed in.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::rules::record::{Outcome, RunRecord, Trigger};
+
+/// At most this many `[notify.<name>]` tables in a file.
+pub const MAX_NOTIFIERS: usize = 64;
+/// At most this many headers on one notifier.
+pub const MAX_HEADERS: usize = 32;
+/// An event not delivered this long after it happened is given up on: logged and counted.
+pub const DELIVERY_PATIENCE: Duration = Duration::from_secs(10 * 60);
+/// How long one delivery attempt (or one success ping) may take.
+pub const SEND_TIMEOUT: Duration = Duration::from_secs(10);
+/// At most this many undelivered events kept per job: a receiver down for hours while a job
+/// flaps must not grow its record without bound; the oldest go first, counted `dropped`.
+pub const MAX_PENDING: usize = 32;
+/// At most this many bytes of each output stream in a notification's body.
+pub const MAX_BODY_OUTPUT: usize = 4096;
+
+/// What a notifier may be told about (`on = [...]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Event {
+    /// The first failed run after a success (or the job's first run, failed).
+    Failure,
+    /// The first successful run after a failure.
+    Recovered,
+    /// Each tick recorded `lost`.
+    Lost,
+    /// Each tick recorded `skipped` (a run still going, a blackout).
+    Skipped,
+    /// Each tick recorded `group_full`.
+    GroupFull,
+    /// Ticks that passed while the job's shard had no leader and were not caught up.
+    Missed,
+}
+
+impl Event {
+    pub const ALL: [Event; 6] = [
+        Event::Failure,
+        Event::Recovered,
+        Event::Lost,
+        Event::Skipped,
+        Event::GroupFull,
+        Event::Missed,
+    ];
+
+    /// The default `on`.
+    pub const DEFAULT: [Event; 3] = [Event::Failure, Event::Recovered, Event::Lost];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Event::Failure => "failure",
+            Event::Recovered => "recovered",
+            Event::Lost => "lost",
+            Event::Skipped => "skipped",
+            Event::GroupFull => "group_full",
+            Event::Missed => "missed",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Event> {
+        Event::ALL.into_iter().find(|event| event.as_str() == text)
+    }
+}
+
+/// `ping_method`: how a success ping is sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum PingMethod {
+    #[default]
+    Get,
+    Post,
+}
+
+/// A validated `[notify.<name>]`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Notifier {
+    pub name: String,
+    /// An `http://` or `https://` URL.
+    pub url: String,
+    pub headers: Vec<(String, HeaderValue)>,
+    pub on: BTreeSet<Event>,
+}
+
+/// Where a header's value comes from; the value itself is never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub enum HeaderValue {
+    Text(String),
+    /// The node's environment variable of this name, read at each send.
+    Env(String),
+    /// The whole file (its last newline cut), read at each send.
+    File(PathBuf),
+}
+
+impl std::fmt::Debug for Notifier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The URL may hold a token (`https://hc-ping.com/<uuid>`), as the headers may.
+        let headers: Vec<&str> = self.headers.iter().map(|(name, _)| name.as_str()).collect();
+        f.debug_struct("Notifier")
+            .field("name", &self.name)
+            .field("headers", &headers)
+            .field("on", &self.on)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The URL with its path, query and credentials left out: what a log line may show.
+pub fn url_origin(url: &str) -> &str {
+    let after_scheme = url.find("://").map_or(0, |at| at + 3);
+    let end = url[after_scheme..]
+        .find(['/', '?', '#'])
+        .map_or(url.len(), |at| after_scheme + at);
+    let host = &url[after_scheme..end];
+    match host.rfind('@') {
+        // Credentials in the authority: show only the scheme, which says little and leaks none.
+        Some(_) => &url[..after_scheme],
+        None => &url[..end],
+    }
+}
+
+/// Checks a notifier's or a ping's URL: `http://` or `https://` with a host, at most 2,048
+/// bytes, no whitespace or control characters.
+pub fn check_url(url: &str) -> Result<(), String> {
+    if url.len() > 2048 {
+        return Err(format!("the URL is {} bytes long; at most 2048", url.len()));
+    }
+    if url.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err("the URL holds whitespace or a control character".into());
+    }
+    let rest = url
+        .strip_prefix("https://")
+        .or_else(|| url.strip_prefix("http://"))
+        .ok_or("the URL must start with http:// or https://")?;
+    let host = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    if host.rsplit('@').next().unwrap_or_default().is_empty() {
+        return Err("the URL names no host".into());
+    }
+    Ok(())
+}
+
+/// One event of one job for one notifier, kept in the job's record until it is delivered.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pending {
+    pub notifier: String,
+    pub event: Event,
+    /// The run's record, output tail included, as the body carries it.
+    pub run: RunRecord,
+    /// When the run's result was accounted for: delivery is given up
+    /// [`DELIVERY_PATIENCE`] after it.
+    pub since: DateTime<Utc>,
+    /// The node delivering it: another node takes it over once that one left the fleet.
+    pub node: String,
+}
+
+impl Pending {
+    /// job + tick + event: the same for every attempt to tell of one transition, so a receiver
+    /// may drop a repeat.
+    pub fn dedupe_key(&self, job: &str) -> String {
+        format!(
+            "{job}/{}/{}",
+            self.run
+                .scheduled_at
+                .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+            self.event.as_str()
+        )
+    }
+}
+
+/// How the last delivery of a job's events went.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Sent {
+    pub notifier: String,
+    pub event: Event,
+    pub scheduled_at: DateTime<Utc>,
+    pub dedupe_key: String,
+    pub at: DateTime<Utc>,
+    /// `delivered`, or `gave_up` once [`DELIVERY_PATIENCE`] passed.
+    pub result: String,
+}
+
+/// The value of `/notify/<job>`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record {
+    /// The job's last accounted run failed: its next success is `recovered`.
+    #[serde(default)]
+    pub failing: bool,
+    /// The fence of the last run accounted for; a run with a fence no higher is not counted
+    /// again (a record pushed twice, a late result of an older run).
+    #[serde(default)]
+    pub fence: i64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pending: Vec<Pending>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last: Option<Sent>,
+}
+
+/// What a run is, as far as notifications go.
+fn event_of(run: &RunRecord, failing: bool) -> (Option<Event>, bool) {
+    match run.outcome {
+        Outcome::Exited if run.exit_code == Some(0) => (failing.then_some(Event::Recovered), false),
+        Outcome::Exited | Outcome::Killed | Outcome::Timeout | Outcome::SpawnFailed => {
+            ((!failing).then_some(Event::Failure), true)
+        }
+        Outcome::Lost => (Some(Event::Lost), failing),
+        Outcome::Skipped => (Some(Event::Skipped), failing),
+        Outcome::GroupFull => (Some(Event::GroupFull), failing),
+        Outcome::Paused | Outcome::Replaced => (None, failing),
+    }
+}
+
+/// Accounts for `run` in the job's `record`: whether the job is failing now, and the events for
+/// those of `notifiers` that want them, delivered by `node`. `false` if the run was accounted
+/// for before (its fence is no higher than the record's) and nothing changed. A run asked for by
+/// hand or by a backfill changes whether the job is failing as a scheduled run does.
+pub fn account(record: &mut Record, run: &RunRecord, notifiers: &[&Notifier], node: &str, now: DateTime<Utc>) -> bool {
+    if run.fence <= record.fence && record.fence != 0 {
+        return false;
+    }
+    record.fence = run.fence;
+    let (event, failing) = event_of(run, record.failing);
+    record.failing = failing;
+    let Some(event) = event else { return true };
+    for notifier in notifiers.iter().filter(|notifier| notifier.on.contains(&event)) {
+        record.pending.push(Pending {
+            notifier: notifier.name.clone(),
+            event,
+            run: kept(run),
+            since: now,
+            node: node.to_string(),
+        });
+    }
+    true
+}
+
+/// `run` as an undelivered event keeps it: the last [`MAX_BODY_OUTPUT`] bytes of each stream.
+fn kept(run: &RunRecord) -> RunRecord {
+    let mut run = run.clone();
+    if let Some(output) = &mut run.output {
+        for text in [&mut output.stdout, &mut output.stderr] {
+            let mut start = text.len().saturating_sub(MAX_BODY_OUTPUT);
+            while !text.is_char_boundary(start) {
+                start += 1;
+            }
+            text.drain(..start);
+        }
+    }
+    run
+}
+
+/// Drops the oldest undelivered events past [`MAX_PENDING`]; returns how many.
+pub fn trim(record: &mut Record) -> usize {
+    let over = record.pending.len().saturating_sub(MAX_PENDING);
+    record.pending.drain(..over);
+    over
+}
+
+/// The JSON body of a notification.
+#[derive(Debug, Serialize)]
+pub struct Body<'a> {
+    pub job: &'a str,
+    pub event: Event,
+    pub tick: DateTime<Utc>,
+    pub fence: i64,
+    pub node: &'a str,
+    pub outcome: Outcome,
+    pub exit: Option<i32>,
+    pub duration_ms: u64,
+    pub attempts: u32,
+    pub trigger: Trigger,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub blackout: Option<&'a str>,
+    pub stdout: &'a str,
+    pub stderr: &'a str,
+    pub dedupe_key: String,
+}
+
+impl<'a> Body<'a> {
+    pub fn of(job: &'a str, pending: &'a Pending) -> Body<'a> {
+        let run = &pending.run;
+        Body {
+            job,
+            event: pending.event,
+            tick: run.scheduled_at,
+            fence: run.fence,
+            node: &run.node,
+            outcome: run.outcome,
+            exit: run.exit_code,
+            duration_ms: run.duration_ms,
+            attempts: run.attempts,
+            trigger: run.trigger,
+            blackout: run.blackout.as_deref(),
+            stdout: run.output.as_ref().map_or("", |output| &output.stdout),
+            stderr: run.output.as_ref().map_or("", |output| &output.stderr),
+            dedupe_key: pending.dedupe_key(job),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn notifier(on: &[Event]) -> Notifier {
+        Notifier {
+            name: "ops".into(),
+            url: "http://127.0.0.1:1/hook".into(),
+            headers: Vec::new(),
+            on: on.iter().copied().collect(),
+        }
+    }
+
+    fn run(fence: i64, outcome: Outcome, exit: Option<i32>) -> RunRecord {
+        let at = DateTime::<Utc>::from_timestamp(1_800_000_000 + fence, 0).unwrap();
+        RunRecord {
+            outcome,
+            exit_code: exit,
+            ..RunRecord::for_tests(at, fence)
+        }
+    }
+
+    #[test]
+    fn three_failures_then_a_success_make_one_failure_and_one_recovery() {
+        let ops = notifier(&Event::DEFAULT);
+        let mut record = Record::default();
+        let now = Utc::now();
+        for (fence, exit) in [(1, 0), (2, 1), (3, 1), (4, 2), (5, 0), (6, 0)] {
+            assert!(account(
+                &mut record,
+                &run(fence, Outcome::Exited, Some(exit)),
+                &[&ops],
+                "a",
+                now
+            ));
+        }
+        let events: Vec<(Event, i64)> = record.pending.iter().map(|p| (p.event, p.run.fence)).collect();
+        assert_eq!(events, [(Event::Failure, 2), (Event::Recovered, 5)]);
+        assert!(!record.failing);
+    }
+
+    #[test]
+    fn a_run_accounted_for_once_makes_no_second_event() {
+        let ops = notifier(&Event::DEFAULT);
+        let mut record = Record::default();
+        let now = Utc::now();
+        let failed = run(7, Outcome::Timeout, None);
+        assert!(account(&mut record, &failed, &[&ops], "a", now));
+        assert!(!account(&mut record, &failed, &[&ops], "b", now));
+        assert!(!account(&mut record, &run(6, Outcome::Lost, None), &[&ops], "b", now));
+        assert_eq!(record.pending.len(), 1);
+    }
+
+    #[test]
+    fn each_lost_run_is_an_event_and_only_notifiers_that_want_one_get_it() {
+        let ops = notifier(&Event::DEFAULT);
+        let chatty = Notifier {
+            name: "chatty".into(),
+            ..notifier(&[Event::Skipped])
+        };
+        let mut record = Record::default();
+        let now = Utc::now();
+        for (fence, outcome) in [
+            (1, Outcome::Lost),
+            (2, Outcome::Lost),
+            (3, Outcome::Skipped),
+            (4, Outcome::Paused),
+        ] {
+            account(&mut record, &run(fence, outcome, None), &[&ops, &chatty], "a", now);
+        }
+        let events: Vec<(&str, Event)> = record.pending.iter().map(|p| (p.notifier.as_str(), p.event)).collect();
+        assert_eq!(
+            events,
+            [("ops", Event::Lost), ("ops", Event::Lost), ("chatty", Event::Skipped)]
+        );
+        assert!(
+            !record.failing,
+            "lost, skipped and paused ticks say nothing of whether the job fails"
+        );
+    }
+
+    #[test]
+    fn the_oldest_undelivered_events_go_past_the_bound() {
+        let ops = notifier(&[Event::Lost]);
+        let mut record = Record::default();
+        for fence in 1..=(MAX_PENDING as i64 + 3) {
+            account(&mut record, &run(fence, Outcome::Lost, None), &[&ops], "a", Utc::now());
+        }
+        assert_eq!(trim(&mut record), 3);
+        assert_eq!(record.pending.len(), MAX_PENDING);
+        assert_eq!(record.pending[0].run.fence, 4);
+    }
+
+    #[test]
+    fn urls_are_checked_and_logged_without_their_secrets() {
+        assert!(check_url("https://hooks.example.com/T000/B000/XXXX").is_ok());
+        assert!(check_url("http://127.0.0.1:8080").is_ok());
+        for bad in ["ftp://x", "https://", "http:///path", "https://a b", "example.com"] {
+            assert!(check_url(bad).is_err(), "{bad}");
+        }
+        assert_eq!(url_origin("https://hc-ping.com/5f0e-uuid?x=1"), "https://hc-ping.com");
+        assert_eq!(url_origin("https://user:token@example.com/x"), "https://");
+        assert_eq!(url_origin("http://127.0.0.1:9000"), "http://127.0.0.1:9000");
+    }
+
+    #[test]
+    fn a_body_carries_the_dedupe_key_and_the_end_of_the_output() {
+        let mut failed = run(9, Outcome::Exited, Some(3));
+        failed.output = Some(crate::rules::record::RunOutput {
+            stdout: "é".repeat(MAX_BODY_OUTPUT),
+            ..Default::default()
+        });
+        let mut record = Record::default();
+        account(&mut record, &failed, &[&notifier(&Event::DEFAULT)], "a", Utc::now());
+        let pending = &record.pending[0];
+        let body = Body::of("nightly", pending);
+        assert!(body.stdout.len() <= MAX_BODY_OUTPUT && body.stdout.starts_with('é'));
+        let json = serde_json::to_value(&body).unwrap();
+        assert_eq!(json["dedupe_key"], "nightly/2027-01-15T08:00:09.000Z/failure");
+        assert_eq!(json["event"], "failure");
+        assert_eq!(json["exit"], 3);
+    }
+}
