@@ -30,6 +30,7 @@ mod scenarios {
     mod hostile_clients;
     mod http;
     mod lease_stall;
+    mod notify;
     mod observability;
     mod operations;
     mod output;

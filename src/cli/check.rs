@@ -116,6 +116,39 @@ struct CheckedJob<'a> {
     schedule: &'a str,
     /// In the job's zone, with its offset; `null` for a schedule that never fires again.
     next: Option<String>,
+    /// The blackouts whose spans the job's ticks are skipped in, the cluster's first; left out
+    /// when none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    blackouts: Vec<&'a str>,
+    /// The notifiers told of its transitions; left out when none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    notify: Vec<&'a str>,
+    /// Whether a success pings `ping_url` (never the URL: it is a secret).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    ping: bool,
+}
+
+/// The names of the blackouts and notifiers a job lists, and whether it pings: ` blackouts=a,b
+/// notify=ops ping`, each left out when it has none.
+fn telling(job: &Job) -> String {
+    let mut text = String::new();
+    let names = |list: Vec<&str>| list.join(",");
+    if !job.blackouts.is_empty() {
+        text += &format!(
+            " blackouts={}",
+            names(job.blackouts.iter().map(|b| b.name.as_str()).collect())
+        );
+    }
+    if !job.notify.is_empty() {
+        text += &format!(
+            " notify={}",
+            names(job.notify.iter().map(|n| n.name.as_str()).collect())
+        );
+    }
+    if job.ping.is_some() {
+        text += " ping";
+    }
+    text
 }
 
 /// The job's pool (its `run_on` tags joined by `+`); `None` without `run_on`.
@@ -166,19 +199,23 @@ pub fn check(args: &CheckArgs) -> Result<()> {
                     zone: zone.name(),
                     schedule: job.schedule.expanded(),
                     next,
+                    blackouts: job.blackouts.iter().map(|b| b.name.as_str()).collect(),
+                    notify: job.notify.iter().map(|n| n.name.as_str()).collect(),
+                    ping: job.ping.is_some(),
                 },
             )?;
             continue;
         }
         writeln!(
             out,
-            "{} shard={}{} zone={} next={} schedule=\"{}\"",
+            "{} shard={}{} zone={} next={} schedule=\"{}\"{}",
             job.name,
             job.pool_shard,
             placement(job),
             zone,
             next.as_deref().unwrap_or("never"),
-            job.schedule.expanded()
+            job.schedule.expanded(),
+            telling(job)
         )?;
     }
     if args.json {
@@ -237,8 +274,8 @@ pub(super) fn write_fire(out: &mut impl Write, fire: &plan::Fire) -> Result<()> 
         placement(fire.job),
         zone
     )?;
-    match fire.dst {
-        Some(rule) => writeln!(out, " note=\"{}\"", rule.note())?,
+    match fire.note() {
+        Some(note) => writeln!(out, " note=\"{note}\"")?,
         None => writeln!(out)?,
     }
     Ok(())

@@ -416,7 +416,7 @@ fn render_rows(records: &[RunRecord], with_output: bool) -> String {
                 record.trigger.as_str().to_string(),
                 record.fence.to_string(),
                 record.node.clone(),
-                record.outcome.to_string(),
+                record.outcome_shown(),
                 record
                     .exit_code
                     .map_or_else(|| "-".to_string(), |code| code.to_string()),

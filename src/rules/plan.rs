@@ -14,6 +14,21 @@ pub struct Fire<'a> {
     pub at: DateTime<Utc>,
     pub job: &'a Job,
     pub dst: Option<DstRule>,
+    /// The blackout that covers the instant: the tick is claimed and recorded `skipped`.
+    pub blackout: Option<&'a str>,
+}
+
+impl Fire<'_> {
+    /// What `plan` notes of the instant: `blackout <name>`, the DST rule that decided it, or
+    /// both, joined by `"; "`.
+    pub fn note(&self) -> Option<String> {
+        let blackout = self.blackout.map(|name| format!("blackout {name}"));
+        match (blackout, self.dst) {
+            (Some(blackout), Some(rule)) => Some(format!("{blackout}; {}", rule.note())),
+            (Some(blackout), None) => Some(blackout),
+            (None, rule) => rule.map(|rule| rule.note().to_string()),
+        }
+    }
 }
 
 /// One fire as `plan --json` and the API print it; the keys are a contract.
@@ -29,7 +44,7 @@ pub struct PlannedFire<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pool: Option<String>,
     pub zone: &'a str,
-    pub note: Option<&'static str>,
+    pub note: Option<String>,
 }
 
 impl<'a> From<&Fire<'a>> for PlannedFire<'a> {
@@ -42,7 +57,7 @@ impl<'a> From<&Fire<'a>> for PlannedFire<'a> {
             shard: fire.job.pool_shard,
             pool: (!fire.job.run_on.is_empty()).then(|| fire.job.run_on.id()),
             zone: zone.name(),
-            note: fire.dst.map(DstRule::note),
+            note: fire.note(),
         }
     }
 }
@@ -94,6 +109,7 @@ pub fn fires<'a>(jobs: &[&'a Job], from: DateTime<Utc>, to: DateTime<Utc>, limit
             at,
             job,
             dst: dst_rule(job, at),
+            blackout: crate::rules::blackouts::covering(&job.blackouts, at).map(|blackout| blackout.name.as_str()),
         });
         if let Some(next) = job.schedule.next_after(at) {
             due.push(Reverse((next, index)));

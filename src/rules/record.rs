@@ -193,6 +193,15 @@ impl Trigger {
 }
 
 impl RunRecord {
+    /// The outcome as the text tables show it: a tick skipped in a blackout names it, with no
+    /// space, so that the column splits as the others do: `skipped(blackout=freeze)`.
+    pub fn outcome_shown(&self) -> String {
+        match &self.blackout {
+            Some(blackout) => format!("{}(blackout={blackout})", self.outcome),
+            None => self.outcome.to_string(),
+        }
+    }
+
     /// The command ran and exited 0.
     pub fn succeeded(&self) -> bool {
         self.outcome == Outcome::Exited && self.exit_code == Some(0)

@@ -10,6 +10,7 @@ pub mod fenced;
 pub mod netns;
 mod node;
 pub mod proxy;
+pub mod receiver;
 mod runs;
 
 pub use node::{Node, NodeBuilder};

@@ -176,6 +176,21 @@ pub struct JobStatus {
     pub next: Option<DateTime<Utc>>,
     /// The pause in force (the job's own, or `pause --all`), or `None`.
     pub paused: Option<Pause>,
+    /// The blackouts that cover this instant: a tick now is recorded `skipped`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub blackouts_now: Vec<String>,
+    /// For a job with `notify`: whether it is failing, the events not delivered yet and the
+    /// last one that was (or was given up on).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notification: Option<NotificationStatus>,
+}
+
+/// What a job's notification record says.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NotificationStatus {
+    pub failing: bool,
+    pub pending: usize,
+    pub last: Option<crate::rules::notify::Sent>,
 }
 
 /// Job records per page of a status read: a record is a few hundred bytes, so a page stays
@@ -288,7 +303,13 @@ pub async fn read_document<J: Borrow<Job>>(
         claims: HashMap::with_capacity(jobs.len()),
         results: HashMap::with_capacity(jobs.len()),
         instances: HashMap::new(),
+        notified: HashMap::new(),
     };
+    if jobs.iter().any(|job| !job.borrow().notify.is_empty()) {
+        for (job, record) in crate::coord::notifications::read_all(client, &keys).await? {
+            records.notified.insert(job, NotificationStatus::of(record));
+        }
+    }
     if !jobs.is_empty() {
         etcd::scan_prefix(client, &keys.jobs_prefix(), RECORDS_PAGE, |page| {
             for kv in &page {
@@ -388,13 +409,21 @@ pub(crate) async fn read_jobs(
         .iter()
         .flat_map(|job| {
             let instances = (job.fan_out == FanOut::All).then(|| keys.job_instances_prefix(&job.name));
-            std::iter::once(keys.job_records_prefix(&job.name)).chain(instances)
+            let notify = (!job.notify.is_empty()).then(|| keys.notify(&job.name));
+            std::iter::once(keys.job_records_prefix(&job.name))
+                .chain(instances)
+                .chain(notify)
         })
         .collect();
+    let notify_prefix = keys.notify_prefix();
     for chunk in prefixes.chunks(READS_PER_TXN) {
         let reads: Vec<TxnOp> = chunk
             .iter()
-            .map(|prefix| TxnOp::get(prefix.as_str(), Some(GetOptions::new().with_prefix())))
+            .map(|prefix| match prefix.starts_with(&notify_prefix) {
+                // One key: a prefix read of `/notify/a` would read `/notify/ab` too.
+                true => TxnOp::get(prefix.as_str(), None),
+                false => TxnOp::get(prefix.as_str(), Some(GetOptions::new().with_prefix())),
+            })
             .collect();
         let response = etcd::call(client.clone().txn(Txn::new().and_then(reads))).await?;
         for answer in response.op_responses() {
@@ -431,12 +460,30 @@ struct Records {
     results: HashMap<String, RunRecord>,
     /// By job, then node.
     instances: HashMap<String, BTreeMap<String, InstanceStatus>>,
+    /// Jobs' notification records, by job.
+    notified: HashMap<String, NotificationStatus>,
+}
+
+impl NotificationStatus {
+    fn of(record: crate::rules::notify::Record) -> NotificationStatus {
+        NotificationStatus {
+            failing: record.failing,
+            pending: record.pending.len(),
+            last: record.last,
+        }
+    }
 }
 
 impl Records {
     /// Keeps the record at `key`, if it is a claim or a result that parses. A record named
     /// `<job>@<node>` is an instance's: job names have no `@`.
     fn take(&mut self, keys: &Keys, key: &str, value: &[u8]) {
+        if let Some(job) = key.strip_prefix(&keys.notify_prefix()) {
+            if let Ok(record) = serde_json::from_slice(value) {
+                self.notified.insert(job.to_string(), NotificationStatus::of(record));
+            }
+            return;
+        }
         let Some((name, kind)) = keys.parse_job_record(key) else {
             return;
         };
@@ -505,5 +552,19 @@ fn job_status(job: &Job, records: &mut Records, seen: &Seen) -> JobStatus {
             .get(&job.name)
             .or_else(|| seen.pauses.get(pauses::EVERY_JOB))
             .cloned(),
+        blackouts_now: job
+            .blackouts
+            .iter()
+            .filter(|blackout| blackout.covers(seen.now))
+            .map(|blackout| blackout.name.clone())
+            .collect(),
+        notification: match job.notify.is_empty() {
+            true => None,
+            false => Some(records.notified.remove(&job.name).unwrap_or(NotificationStatus {
+                failing: false,
+                pending: 0,
+                last: None,
+            })),
+        },
     }
 }

@@ -197,11 +197,13 @@ fn job_row(job: &JobStatus, claim: Option<&Claim>, run: Option<&RunRecord>, node
         (None, FanOut::All) => "fan_out=all".to_string(),
         (None, FanOut::One) => String::new(),
     };
-    let note = match &job.group {
-        Some(group) if placement.is_empty() => format!("group={group}"),
-        Some(group) => format!("{placement}, group={group}"),
-        None => placement,
-    };
+    let mut notes: Vec<String> = [placement].into_iter().filter(|note| !note.is_empty()).collect();
+    notes.extend(job.group.as_ref().map(|group| format!("group={group}")));
+    notes.extend(job.blackouts_now.iter().map(|blackout| format!("blackout={blackout}")));
+    if job.notification.as_ref().is_some_and(|told| told.failing) {
+        notes.push("failing".to_string());
+    }
+    let note = notes.join(", ");
     vec![
         job.name.clone(),
         job.shard.to_string(),
@@ -212,7 +214,7 @@ fn job_row(job: &JobStatus, claim: Option<&Claim>, run: Option<&RunRecord>, node
             .or_else(|| claim.map(|claim| claim.node.clone()))
             .unwrap_or_else(dash),
         claim.map_or_else(dash, |claim| claim.term.to_string()),
-        run.map_or_else(dash, |run| run.outcome.to_string()),
+        run.map_or_else(dash, RunRecord::outcome_shown),
         run.and_then(|run| run.exit_code)
             .map_or_else(dash, |code| code.to_string()),
         job.next.map_or_else(
