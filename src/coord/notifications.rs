@@ -2,15 +2,12 @@
 //! guarded by the record's revision, so two nodes accounting for runs, or delivering and
 //! adopting, never overwrite each other.
 
-use std::sync::Arc;
-
 use chrono::{DateTime, Utc};
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 
 use crate::coord::etcd::{self, CoordError};
 use crate::coord::keys::Keys;
-use crate::rules::notify::{self, Notifier, Pending, Record, Sent};
-use crate::rules::record::RunRecord;
+use crate::rules::notify::{self, Pending, Record, Sent};
 
 fn encode(record: &Record) -> Result<Vec<u8>, CoordError> {
     serde_json::to_vec(record).map_err(|err| CoordError::Protocol(err.to_string()))
@@ -55,22 +52,19 @@ async fn update(
     }
 }
 
-/// Accounts for `run` of `job` and returns the events it added, for this node to deliver.
+/// Accounts for a run or a takeover's missed ticks of `job` by `change` ([`notify::account`],
+/// [`notify::account_missed`]) and returns the events it added, for this node to deliver.
 pub(crate) async fn account(
     client: &etcd_client::Client,
     keys: &Keys,
     job: &str,
-    run: &RunRecord,
-    notifiers: &[Arc<Notifier>],
-    node: &str,
-    now: DateTime<Utc>,
+    mut change: impl FnMut(&mut Record) -> bool,
 ) -> Result<Vec<Pending>, CoordError> {
-    let notifiers: Vec<&Notifier> = notifiers.iter().map(Arc::as_ref).collect();
     let mut added = Vec::new();
     let mut dropped = 0;
     let written = update(client, keys, job, |record| {
         let before = record.pending.len();
-        if !notify::account(record, run, &notifiers, node, now) {
+        if !change(record) {
             return false;
         }
         added = record.pending[before..].to_vec();

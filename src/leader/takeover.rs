@@ -150,6 +150,11 @@ impl Term {
                 },
             );
             log_plan(job, &plan, &self.leader());
+            if let Some((count, newest)) = plan.left_out {
+                // Fenced by the record read: a leader that read the same record and tells the
+                // same ticks again is not counted twice (see `notify::account`).
+                self.node.runs.tell_missed(job, count, newest, entry.revision());
+            }
             if plan.unfinished {
                 unfinished.push(index);
             }
@@ -212,6 +217,7 @@ impl Term {
                 for record in &records {
                     crate::metrics::get().record_run(job.job_name(), record);
                     crate::coord::activity::record(record);
+                    self.node.runs.tell(job, record);
                 }
             }
             let never_started = never_started.remove(&won.index).unwrap_or_default();

@@ -40,6 +40,25 @@ pub fn missed_ticks(job: &Job, last_claimed: Option<DateTime<Utc>>, now: DateTim
     }
 }
 
+/// At most this many missed ticks are counted for a `missed` notification: "1000 or more".
+pub const MAX_LEFT_OUT_COUNTED: usize = 1000;
+
+/// The ticks of `job` in `(last_claimed, took_over]` that a takeover which catches up `caught`
+/// of them (the newest) leaves out, by its `catch_up` or `starting_deadline`: how many (at most
+/// [`MAX_LEFT_OUT_COUNTED`]) and the newest of them. `None` if it leaves none out.
+pub fn left_out(
+    job: &Job,
+    last_claimed: Option<DateTime<Utc>>,
+    took_over: DateTime<Utc>,
+    caught: usize,
+) -> Option<(usize, DateTime<Utc>)> {
+    let (ticks, _) = job
+        .schedule
+        .newest_ticks_between(last_claimed?, took_over, MAX_LEFT_OUT_COUNTED + caught);
+    let count = ticks.len().checked_sub(caught).filter(|count| *count > 0)?;
+    Some((count.min(MAX_LEFT_OUT_COUNTED), ticks[count - 1]))
+}
+
 /// Whether [`missed_ticks`] has any tick for `job`, in one schedule step instead of up to
 /// [`MAX_CATCH_UP`] of them.
 pub fn misses_any(job: &Job, last_claimed: Option<DateTime<Utc>>, now: DateTime<Utc>) -> bool {
@@ -155,6 +174,24 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    #[test]
+    fn a_takeover_leaves_out_the_older_missed_ticks_and_names_the_newest_of_them() {
+        let job = Job::for_tests("j", "* * * * *");
+        let last = Some(at("2027-01-05T10:00:00Z"));
+        let took_over = at("2027-01-05T10:10:30Z");
+        // Ten ticks missed, 10:01 to 10:10; `latest` catches up one.
+        assert_eq!(
+            left_out(&job, last, took_over, 1),
+            Some((9, at("2027-01-05T10:09:00Z")))
+        );
+        assert_eq!(left_out(&job, last, took_over, 10), None);
+        assert_eq!(
+            left_out(&job, None, took_over, 0),
+            None,
+            "a job never claimed missed nothing"
+        );
+    }
 
     fn at(text: &str) -> DateTime<Utc> {
         DateTime::parse_from_rfc3339(text).unwrap().with_timezone(&Utc)

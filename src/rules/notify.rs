@@ -166,6 +166,14 @@ pub struct Pending {
     pub since: DateTime<Utc>,
     /// The node delivering it: another node takes it over once that one left the fleet.
     pub node: String,
+    /// For a `missed` event: how many ticks were left out; `run` is then the newest of them,
+    /// never run.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub missed: usize,
+}
+
+fn is_zero(count: &usize) -> bool {
+    *count == 0
 }
 
 impl Pending {
@@ -236,6 +244,19 @@ pub fn account(record: &mut Record, run: &RunRecord, notifiers: &[&Notifier], no
     let (event, failing) = event_of(run, record.failing);
     record.failing = failing;
     let Some(event) = event else { return true };
+    push(record, event, run, 0, notifiers, node, now);
+    true
+}
+
+fn push(
+    record: &mut Record,
+    event: Event,
+    run: &RunRecord,
+    missed: usize,
+    notifiers: &[&Notifier],
+    node: &str,
+    now: DateTime<Utc>,
+) {
     for notifier in notifiers.iter().filter(|notifier| notifier.on.contains(&event)) {
         record.pending.push(Pending {
             notifier: notifier.name.clone(),
@@ -243,8 +264,42 @@ pub fn account(record: &mut Record, run: &RunRecord, notifiers: &[&Notifier], no
             run: kept(run),
             since: now,
             node: node.to_string(),
+            missed,
         });
     }
+}
+
+/// Accounts for `count` missed ticks a takeover leaves unrun, the newest at `newest`, fenced by
+/// the revision of the job's record that takeover read (`fence`): a `missed` event, once per
+/// record read, whoever tells it. Says nothing of whether the job fails.
+#[allow(clippy::too_many_arguments)]
+pub fn account_missed(
+    record: &mut Record,
+    newest: DateTime<Utc>,
+    count: usize,
+    fence: i64,
+    notifiers: &[&Notifier],
+    node: &str,
+    now: DateTime<Utc>,
+) -> bool {
+    if fence <= record.fence && record.fence != 0 {
+        return false;
+    }
+    record.fence = fence;
+    let never_run = RunRecord {
+        scheduled_at: newest,
+        fence,
+        node: node.to_string(),
+        outcome: Outcome::Lost,
+        exit_code: None,
+        duration_ms: 0,
+        finished_at: now,
+        attempts: 0,
+        trigger: Trigger::Schedule,
+        blackout: None,
+        output: None,
+    };
+    push(record, Event::Missed, &never_run, count.max(1), notifiers, node, now);
     true
 }
 
@@ -278,13 +333,18 @@ pub struct Body<'a> {
     pub tick: DateTime<Utc>,
     pub fence: i64,
     pub node: &'a str,
-    pub outcome: Outcome,
+    /// `null` for a `missed` event: its ticks never ran.
+    pub outcome: Option<Outcome>,
     pub exit: Option<i32>,
     pub duration_ms: u64,
     pub attempts: u32,
     pub trigger: Trigger,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub blackout: Option<&'a str>,
+    /// For a `missed` event: how many ticks were left out (counted up to 1,000); `tick` is the
+    /// newest.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub missed: Option<usize>,
     pub stdout: &'a str,
     pub stderr: &'a str,
     pub dedupe_key: String,
@@ -299,12 +359,13 @@ impl<'a> Body<'a> {
             tick: run.scheduled_at,
             fence: run.fence,
             node: &run.node,
-            outcome: run.outcome,
+            outcome: (pending.event != Event::Missed).then_some(run.outcome),
             exit: run.exit_code,
             duration_ms: run.duration_ms,
             attempts: run.attempts,
             trigger: run.trigger,
             blackout: run.blackout.as_deref(),
+            missed: (pending.event == Event::Missed).then_some(pending.missed),
             stdout: run.output.as_ref().map_or("", |output| &output.stdout),
             stderr: run.output.as_ref().map_or("", |output| &output.stderr),
             dedupe_key: pending.dedupe_key(job),
@@ -403,6 +464,28 @@ mod tests {
         assert_eq!(trim(&mut record), 3);
         assert_eq!(record.pending.len(), MAX_PENDING);
         assert_eq!(record.pending[0].run.fence, 4);
+    }
+
+    #[test]
+    fn missed_ticks_are_told_once_per_record_read_and_leave_failing_as_it_was() {
+        let pager = notifier(&[Event::Missed, Event::Failure]);
+        let mut record = Record::default();
+        let now = Utc::now();
+        account(&mut record, &run(4, Outcome::Exited, Some(1)), &[&pager], "a", now);
+        let newest = DateTime::<Utc>::from_timestamp(1_800_000_100, 0).unwrap();
+        assert!(account_missed(&mut record, newest, 7, 10, &[&pager], "b", now));
+        assert!(
+            !account_missed(&mut record, newest, 7, 10, &[&pager], "c", now),
+            "a second leader that read the same record"
+        );
+        assert!(record.failing);
+        let missed = &record.pending[1];
+        assert_eq!(
+            (missed.event, missed.missed, missed.run.scheduled_at),
+            (Event::Missed, 7, newest)
+        );
+        let body = serde_json::to_value(Body::of("j", missed)).unwrap();
+        assert_eq!((body["missed"].as_u64(), body["outcome"].is_null()), (Some(7), true));
     }
 
     #[test]

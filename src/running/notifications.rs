@@ -9,6 +9,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -18,8 +19,9 @@ use crate::coord::keys::Keys;
 use crate::coord::notifications;
 use crate::metrics::ResultLabel;
 use crate::rules::config::Job;
-use crate::rules::notify::PingMethod;
-use crate::rules::notify::{url_origin, Body, HeaderValue, Notifier, Pending, DELIVERY_PATIENCE, SEND_TIMEOUT};
+use crate::rules::notify::{
+    self, url_origin, Body, HeaderValue, Notifier, Pending, PingMethod, DELIVERY_PATIENCE, SEND_TIMEOUT,
+};
 use crate::rules::record::RunRecord;
 
 /// Finished runs waiting to be accounted for: a node that cannot reach etcd for a while keeps
@@ -30,10 +32,24 @@ const MAX_HEADER_FILE: u64 = 64 * 1024;
 /// How often an etcd call that accounts for a run is tried before the run is given up on.
 const ACCOUNT_TRIES: u32 = 5;
 
+/// What happened that may be worth telling.
+pub(crate) enum Note {
+    /// A run ended (or a tick was recorded without one).
+    Ran(Arc<Job>, RunRecord),
+    /// A takeover left `count` missed ticks unrun, the newest at `newest`, having read the
+    /// job's record at revision `fence`.
+    Missed {
+        job: Arc<Job>,
+        count: usize,
+        newest: DateTime<Utc>,
+        fence: i64,
+    },
+}
+
 /// What runs hand over. Cheap to clone.
 #[derive(Clone)]
 pub(crate) struct Outbox {
-    sender: mpsc::Sender<(Arc<Job>, RunRecord)>,
+    sender: mpsc::Sender<Note>,
 }
 
 impl Outbox {
@@ -50,14 +66,29 @@ impl Outbox {
         if job.notify.is_empty() && job.ping.is_none() {
             return;
         }
-        if self.sender.try_send((Arc::clone(job), record.clone())).is_err() {
+        self.send(job, Note::Ran(Arc::clone(job), record.clone()));
+    }
+
+    /// Hands over missed ticks a takeover left unrun, if the job has anyone to tell.
+    pub(crate) fn missed(&self, job: &Arc<Job>, count: usize, newest: DateTime<Utc>, fence: i64) {
+        if job.notify.is_empty() {
+            return;
+        }
+        let note = Note::Missed {
+            job: Arc::clone(job),
+            count,
+            newest,
+            fence,
+        };
+        self.send(job, note);
+    }
+
+    fn send(&self, job: &Job, note: Note) {
+        if self.sender.try_send(note).is_err() {
             if let Some(left_out) = crate::repeats::log_now("notification queue full") {
                 tracing::warn!(job = %job.name, left_out, "too many finished runs wait to be accounted for notifications: this one is dropped (left_out: lines like this one not logged since the last)");
             }
-            crate::metrics::get()
-                .notifications
-                .get_or_create(&ResultLabel { result: "dropped" })
-                .inc();
+            count(&crate::metrics::get().notifications, "dropped");
         }
     }
 }
@@ -80,7 +111,7 @@ pub(crate) fn new(
     keys: Keys,
     node_id: String,
     shutdown: CancellationToken,
-) -> (Outbox, Arc<Notifications>, mpsc::Receiver<(Arc<Job>, RunRecord)>) {
+) -> (Outbox, Arc<Notifications>, mpsc::Receiver<Note>) {
     let (sender, inbox) = mpsc::channel(QUEUE);
     let http = reqwest::Client::builder()
         .timeout(SEND_TIMEOUT)
@@ -109,14 +140,33 @@ fn count(
 
 impl Notifications {
     /// Accounts for each run handed over until shutdown.
-    pub(crate) async fn run(self: Arc<Self>, mut inbox: mpsc::Receiver<(Arc<Job>, RunRecord)>) {
+    pub(crate) async fn run(self: Arc<Self>, mut inbox: mpsc::Receiver<Note>) {
         loop {
-            let (job, record) = tokio::select! {
+            let note = tokio::select! {
                 received = inbox.recv() => match received {
                     Some(received) => received,
                     None => return,
                 },
                 _ = self.shutdown.cancelled() => return,
+            };
+            let (job, record) = match note {
+                Note::Ran(job, record) => (job, record),
+                Note::Missed {
+                    job,
+                    count,
+                    newest,
+                    fence,
+                } => {
+                    let notifiers: Vec<&Notifier> = job.notify.iter().map(Arc::as_ref).collect();
+                    let (me, now) = (self.node_id.clone(), clock::now());
+                    let added = self
+                        .account(&job, newest, |record| {
+                            notify::account_missed(record, newest, count, fence, &notifiers, &me, now)
+                        })
+                        .await;
+                    self.deliver_all(&job, added);
+                    continue;
+                }
             };
             if let Some(ping) = &job.ping {
                 if record.succeeded() {
@@ -124,36 +174,39 @@ impl Notifications {
                 }
             }
             if !job.notify.is_empty() {
-                let added = self.account(&job, &record).await;
+                let notifiers: Vec<&Notifier> = job.notify.iter().map(Arc::as_ref).collect();
+                let (me, now) = (self.node_id.clone(), clock::now());
+                let added = self
+                    .account(&job, record.scheduled_at, |kept| {
+                        notify::account(kept, &record, &notifiers, &me, now)
+                    })
+                    .await;
                 self.deliver_all(&job, added);
             }
         }
     }
 
-    async fn account(&self, job: &Job, record: &RunRecord) -> Vec<Pending> {
+    /// Changes the job's record by `change` (see [`notifications::account`]), trying again a
+    /// few times; the events it added.
+    async fn account(
+        &self,
+        job: &Job,
+        tick: DateTime<Utc>,
+        mut change: impl FnMut(&mut notify::Record) -> bool,
+    ) -> Vec<Pending> {
         let mut backoff = Backoff::coordination();
         for _ in 0..ACCOUNT_TRIES {
-            match notifications::account(
-                &self.etcd,
-                &self.keys,
-                &job.name,
-                record,
-                &job.notify,
-                &self.node_id,
-                clock::now(),
-            )
-            .await
-            {
+            match notifications::account(&self.etcd, &self.keys, &job.name, &mut change).await {
                 Ok(added) => return added,
                 Err(err) => {
-                    tracing::warn!(job = %job.name, tick = %record.scheduled_at, error = %err, "cannot account for the run in the job's notification record; trying again")
+                    tracing::warn!(job = %job.name, %tick, error = %err, "cannot account for the tick in the job's notification record; trying again")
                 }
             }
             if !sleep_or_cancel(backoff.next_delay(), &self.shutdown).await {
                 break;
             }
         }
-        tracing::error!(job = %job.name, tick = %record.scheduled_at, outcome = %record.outcome, "gave up accounting for the run in the job's notification record: a transition it made is not told");
+        tracing::error!(job = %job.name, %tick, "gave up accounting for the tick in the job's notification record: a transition it made is not told");
         Vec::new()
     }
 

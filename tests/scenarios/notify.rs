@@ -267,6 +267,10 @@ fn a_failing_job_is_told_once_per_transition_through_a_receiver_outage_and_a_lea
             ),
         ),
         (
+            "nocatch",
+            format!("schedule = \"{EVERY_SECOND}\"\ncommand = 'true'\ncatch_up = \"none\"\nnotify = [\"pager\"]"),
+        ),
+        (
             "pinged",
             format!(
                 "schedule = \"{EVERY_SECOND}\"\ncommand = 's=$(date -d \"$CRON_SCHEDULED_AT\" +%s); [ $((s % 2)) -eq 0 ] && echo \"$CRON_SCHEDULED_AT\" >> {}'\nping_url = \"{}\"",
@@ -279,8 +283,9 @@ fn a_failing_job_is_told_once_per_transition_through_a_receiver_outage_and_a_lea
     append(
         &config,
         &format!(
-            "[notify.ops]\nurl = \"{}\"\nheaders = {{ Authorization = {{ env = \"HOOK_TOKEN\" }} }}\n",
-            receiver.url("/hook")
+            "[notify.ops]\nurl = \"{}\"\nheaders = {{ Authorization = {{ env = \"HOOK_TOKEN\" }} }}\n\n[notify.pager]\nurl = \"{}\"\non = [\"missed\"]\n",
+            receiver.url("/hook"),
+            receiver.url("/pager")
         ),
     );
     let token = [("HOOK_TOKEN", "Bearer s3cret-t0ken")];
@@ -408,6 +413,48 @@ fn a_failing_job_is_told_once_per_transition_through_a_receiver_outage_and_a_lea
         "the failed run was the killed leader's"
     );
     eprintln!("the killed leader's failure told {told_after:.1} s after the kill (TTL 2 s)");
+
+    step("the ticks of catch_up = \"none\" passed in the takeover told as missed, once");
+    let killed_tick = DateTime::<Utc>::from_timestamp(killed_at as i64, 0).expect("an instant");
+    let missed = || -> Vec<serde_json::Value> {
+        receiver
+            .hits_on("/pager")
+            .iter()
+            .map(Hit::json)
+            .filter(|body| body["event"] == "missed")
+            .collect()
+    };
+    wait_for(Duration::from_secs(30), "a missed event for the takeover", || {
+        missed().iter().any(|body| {
+            body["tick"]
+                .as_str()
+                .and_then(|tick| DateTime::parse_from_rfc3339(tick).ok())
+                .is_some_and(|tick| tick.with_timezone(&Utc) >= killed_tick)
+        })
+    });
+    let told_missed = missed();
+    let keys: BTreeSet<&str> = told_missed
+        .iter()
+        .filter_map(|body| body["dedupe_key"].as_str())
+        .collect();
+    assert_eq!(
+        keys.len(),
+        told_missed.len(),
+        "a missed event told twice: {told_missed:?}"
+    );
+    let newest = told_missed.last().expect("a missed event");
+    assert!(
+        newest["missed"].as_u64().is_some_and(|count| count >= 1) && newest["outcome"].is_null(),
+        "{newest}"
+    );
+    eprintln!(
+        "missed events: {}",
+        told_missed
+            .iter()
+            .map(|body| format!("{} ticks up to {}", body["missed"], body["tick"]))
+            .collect::<Vec<_>>()
+            .join("; ")
+    );
 
     step("status shows the last notification; no secret in any log");
     let status = world.status(&config);

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use chrono::{DateTime, Utc};
 
 use super::write::{Owner, Want};
-use crate::rules::catch_up::{backlog_part, missed_ticks, Missed};
+use crate::rules::catch_up::{backlog_part, left_out, missed_ticks, Missed};
 use crate::rules::config::{Delivery, Job};
 use crate::rules::record::{Claim, Debt};
 
@@ -110,6 +110,9 @@ pub(crate) struct Plan {
     pub(crate) schedule_was: Option<String>,
     /// More ticks were missed than one takeover catches up: only the newest run.
     pub(crate) truncated: bool,
+    /// For a job whose notifiers want `missed` events: how many missed ticks the takeover does
+    /// not run, and the newest of them.
+    pub(crate) left_out: Option<(usize, DateTime<Utc>)>,
 }
 
 /// Plans what `leader` claims for one job from what it knows.
@@ -126,11 +129,20 @@ pub(crate) fn plan(leader: &Leader, known: &Known) -> Plan {
         Some(_) => Missed::default(),
         None => missed_ticks(job, last, known.took_over),
     };
+    let wants_missed = job
+        .notify
+        .iter()
+        .any(|notifier| notifier.on.contains(&crate::rules::notify::Event::Missed));
+    let left_out = match wants_missed && schedule_was.is_none() {
+        true => left_out(job, last, known.took_over, missed.ticks.len()),
+        false => None,
+    };
     let (fresh, unfinished) = backlog_part(job, missed.ticks, last, known.took_over, known.now, known.owed);
     let mut plan = Plan {
         unfinished,
         schedule_was,
         truncated: missed.truncated,
+        left_out,
         ..Plan::default()
     };
     let mut adopt = Vec::new();

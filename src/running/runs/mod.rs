@@ -449,6 +449,25 @@ impl Runs {
         }
     }
 
+    /// Hands over a tick recorded without a run of this node (lost at a takeover), for the
+    /// job's notifiers.
+    pub(crate) fn tell(&self, job: &Arc<crate::rules::config::Job>, record: &RunRecord) {
+        self.outbox.ran(job, record);
+    }
+
+    /// Hands over that a takeover leaves `count` missed ticks of `job` unrun, the newest at
+    /// `newest`, for its notifiers that want `missed` events.
+    pub(crate) fn tell_missed(
+        &self,
+        job: &Arc<crate::rules::config::Job>,
+        count: usize,
+        newest: DateTime<Utc>,
+        fence: i64,
+    ) {
+        tracing::info!(job = %job.name, count, newest = %newest, "missed ticks a takeover does not run (catch_up, starting_deadline): told to the job's notifiers");
+        self.outbox.missed(job, count, newest, fence);
+    }
+
     /// Kills every running command's process group now.
     pub fn kill_all(&self) {
         self.kill.cancel();
