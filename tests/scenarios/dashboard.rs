@@ -246,8 +246,26 @@ fn a_jobs_page_draws_its_runs_and_shows_their_output() {
     let tables = [
         ("flaky", format!("schedule = \"*/2 * * * * *\"\ncommand = '{flaky}'")),
         ("slow", "schedule = \"*/2 * * * * *\"\ncommand = 'sleep 3'".to_string()),
+        (
+            "frozen",
+            "schedule = \"*/2 * * * * *\"\ncommand = 'true'\nblackouts = [\"holidays\"]\nnotify = [\"hook\"]"
+                .to_string(),
+        ),
     ];
     let config = world.write_config_tables("jobs.toml", 1, 2, &tables);
+    // Today and tomorrow, whole days in UTC: the blackout holds for the whole test.
+    let receiver = crate::support::receiver::Receiver::start();
+    let today = chrono::Utc::now().date_naive();
+    let blackout_and_hook = format!(
+        "[blackouts.holidays]\ndates = [\"{today}\", \"{}\"]\n\n[notify.hook]\nurl = \"{}\"\non = [\"skipped\"]\n",
+        today.succ_opt().expect("tomorrow"),
+        receiver.url("/hook")
+    );
+    std::fs::write(
+        &config,
+        std::fs::read_to_string(&config).expect("config") + &blackout_and_hook,
+    )
+    .expect("config");
     let port = world.node("node-a", &config).start_serving();
     let history = |job: &str| -> Vec<shardcron::rules::record::RunRecord> {
         serde_json::from_str(&http_get(port, &format!("/api/v1/jobs/{job}/history?count=100")).1).unwrap_or_default()
@@ -356,6 +374,31 @@ fn a_jobs_page_draws_its_runs_and_shows_their_output() {
     let bar = browser.script("const p = document.querySelector('#backfill-progress'); return p.max;");
     assert_eq!(bar, serde_json::json!(5));
     assert!(done < 5, "{done}");
+
+    step("a job in a blackout: the blackout in force, its skipped ticks, the last notification told");
+    browser.open(&format!("http://127.0.0.1:{port}/jobs/frozen"));
+    let facts = browser.wait_for_text(
+        "#facts",
+        "the blackout and the notification",
+        Duration::from_secs(30),
+        |text| text.contains("skipped delivered"),
+    );
+    assert!(facts.contains("in holidays now"), "{facts}");
+    let chips = browser.text("#summary");
+    assert!(chips.contains("blackout holidays"), "{chips}");
+    let notes = browser.text("#next");
+    assert!(
+        notes.contains("blackout holidays"),
+        "the next fire times say why they will not run: {notes}"
+    );
+    assert!(
+        !receiver.hits_on("/hook").is_empty()
+            && history("frozen")
+                .iter()
+                .all(|run| run.blackout.as_deref() == Some("holidays")),
+        "every tick of frozen skipped in the blackout"
+    );
+    save(&browser, &world, "job-page-blackout.png");
 
     browser.open(&format!("http://127.0.0.1:{port}/jobs/flaky"));
     browser.resize(390, 844);

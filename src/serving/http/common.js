@@ -124,7 +124,8 @@ function outcome(run) {
     return run.exit_code === 0 ? ['success', 'ok'] : [`failed (exit ${run.exit_code ?? '?'})`, 'bad'];
   }
   const quiet = ['replaced', 'skipped', 'paused', 'group_full'].includes(run.outcome);
-  return [run.outcome.replace('_', ' '), quiet ? 'warn' : 'bad'];
+  const why = run.blackout ? ` (blackout ${run.blackout})` : '';
+  return [run.outcome.replace('_', ' ') + why, quiet ? 'warn' : 'bad'];
 }
 
 // ---- reading ----

@@ -30,6 +30,18 @@ function backfillFact(shown) {
     ` · ${b.from} to ${b.to}`, running ? ` · running ${running}` : null);
 }
 
+// The job's notification record: whether it fails, what waits, the last event told.
+function notificationFact(told) {
+  const last = told.last;
+  const lastText = last
+    ? [el('span', { class: last.result === 'delivered' ? 'ok' : 'bad', text: `${last.event} ${last.result}` }),
+      ` · tick ${when(last.scheduled_at)} · to ${last.notifier} ${when(last.at)}`]
+    : [el('span', { class: 'muted', text: 'nothing told yet' })];
+  return fact('Notified', ...lastText,
+    told.pending ? el('span', { class: 'warn', text: ` · ${told.pending} waiting` }) : null,
+    told.failing ? el('span', { class: 'bad', text: ' · failing' }) : null);
+}
+
 function renderJob(job, fleet, backfill) {
   document.title = `shardcron — ${job.name}`;
   $('#job-name').textContent = job.name;
@@ -51,10 +63,16 @@ function renderJob(job, fleet, backfill) {
       : [el('span', { class: 'muted', text: 'never' })])),
   ];
   if (job.group) rows.push(fact('Group', el('code', { text: job.group })));
+  const blackouts = job.blackouts_now || [];
+  if (blackouts.length) {
+    rows.push(fact('Blackout', el('span', { class: 'warn', text: `in ${blackouts.join(', ')} now` }), ': its ticks are recorded skipped'));
+  }
+  if (job.notification) rows.push(notificationFact(job.notification));
   if (backfill) rows.push(backfillFact(backfill));
   $('#facts tbody').replaceChildren(...rows);
   const chips = [[p ? 'paused' : 'active', p ? 'warn' : '']];
   if (job.no_eligible_node) chips.push([unservedText(job.no_eligible_node), 'bad']);
+  if (blackouts.length) chips.push([`blackout ${blackouts.join(', ')}`, 'warn']);
   $('#summary').replaceChildren(...chips.map(([text, cls]) => el('li', { class: cls || null, text })));
   $('[data-action="resume"]').classList.toggle('primary', !!p);
 }
