@@ -231,8 +231,14 @@ pub fn check(args: &CheckArgs) -> Result<()> {
         1 => ", 1 concurrency group".to_string(),
         count => format!(", {count} concurrency groups"),
     };
+    let plural = |count: usize, one: &str| match count {
+        0 => String::new(),
+        1 => format!(", 1 {one}"),
+        count => format!(", {count} {one}s"),
+    };
+    let named = plural(config.blackouts.len(), "blackout") + &plural(config.notifiers.len(), "notifier");
     eprintln!(
-        "{}: ok: {} jobs in {} shards{pools}{groups}, cluster {:?}",
+        "{}: ok: {} jobs in {} shards{pools}{groups}{named}, cluster {:?}",
         config.path.display(),
         config.jobs.len(),
         config.cluster.shards,

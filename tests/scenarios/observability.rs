@@ -42,6 +42,9 @@ pub(crate) const KNOWN_METRICS: &[&str] = &[
     "shardcron_group_limit",
     "shardcron_group_running",
     "shardcron_group_waiting",
+    "shardcron_notifications_total",
+    "shardcron_pings_total",
+    "shardcron_blackout_skips_total",
 ];
 
 /// The histograms among [`KNOWN_METRICS`]: a query names their series, never the bare name.

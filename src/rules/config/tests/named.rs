@@ -1,6 +1,8 @@
 //! `[blackouts.<name>]`, `[notify.<name>]`, the lists of them that `[cluster]` and jobs give,
 //! and `ping_url`: what is read, and every bad one named by its field.
 
+use chrono::{DateTime, Utc};
+
 use super::*;
 use crate::rules::notify::{Event, HeaderValue, PingMethod};
 
@@ -153,4 +155,17 @@ fn bad_blackouts_notifiers_and_pings_name_their_field() {
         (None, Some("blackouts")),
         "{err}"
     );
+}
+
+#[test]
+fn the_example_of_blackouts_and_notifications_is_valid() {
+    let text = include_str!("../../../../config/examples/blackouts-and-notify.toml");
+    let config = parse_str(text).unwrap();
+    let invoices = config.jobs.iter().find(|job| job.name == "nightly-invoices").unwrap();
+    let names: Vec<&str> = invoices.blackouts.iter().map(|b| b.name.as_str()).collect();
+    assert_eq!(names, ["holidays", "maintenance"]);
+    let christmas_eve = DateTime::parse_from_rfc3339("2026-12-24T01:30:00+01:00")
+        .unwrap()
+        .with_timezone(&Utc);
+    assert!(crate::rules::blackouts::covering(&invoices.blackouts, christmas_eve).is_some());
 }
