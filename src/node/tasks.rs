@@ -203,13 +203,45 @@ async fn give_back_unheld_backfills(node: Arc<NodeContext>, session: Session) {
 
 /// Sends the events the jobs' records hold undelivered that no live process sends: this node's
 /// own from before a restart, and, for the jobs whose shard it leads, those of nodes that left
-/// the fleet. Looked at every few seconds, only while some job has `notify`.
-async fn send_unsent_notifications(node: Arc<NodeContext>, session: Session, view: watch::Receiver<FleetView>) {
-    const EVERY: std::time::Duration = std::time::Duration::from_secs(3);
+/// the fleet. Each look reads every job's record, so it looks when the session starts, every
+/// few seconds for a while after a node left the fleet (its shards move to their new leaders
+/// meanwhile), and otherwise once a minute (a write that failed), only while some job has
+/// `notify`.
+async fn send_unsent_notifications(node: Arc<NodeContext>, session: Session, mut view: watch::Receiver<FleetView>) {
+    use std::time::Duration;
+    const SOON: Duration = Duration::from_secs(3);
+    const WHILE_MOVING: Duration = Duration::from_secs(30);
+    const SELDOM: Duration = Duration::from_secs(60);
     let me = node.node_id.as_str();
+    let mut members: BTreeSet<String> = view.borrow().members.keys().cloned().collect();
+    // Looks every `SOON` until this instant.
+    let mut eager_until = tokio::time::Instant::now() + WHILE_MOVING;
+    let mut first = true;
     loop {
-        if !crate::backoff::sleep_or_cancel(EVERY, session.ended()).await {
-            return;
+        if !std::mem::take(&mut first) {
+            let pause = match tokio::time::Instant::now() < eager_until {
+                true => SOON,
+                false => SELDOM,
+            };
+            let wake = tokio::time::sleep(pause);
+            tokio::pin!(wake);
+            loop {
+                tokio::select! {
+                    _ = &mut wake => break,
+                    changed = view.changed() => {
+                        if changed.is_err() {
+                            return;
+                        }
+                        let now: BTreeSet<String> = view.borrow_and_update().members.keys().cloned().collect();
+                        if members.iter().any(|member| !now.contains(member)) {
+                            eager_until = tokio::time::Instant::now() + WHILE_MOVING;
+                            wake.as_mut().reset(tokio::time::Instant::now() + SOON);
+                        }
+                        members = now;
+                    }
+                    _ = session.ended().cancelled() => return,
+                }
+            }
         }
         let notify_jobs: std::collections::HashMap<String, Arc<crate::rules::config::Job>> = node
             .jobs
