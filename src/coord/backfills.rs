@@ -75,15 +75,7 @@ pub(crate) async fn read(
 
 /// Every job's backfill, by job.
 pub(crate) async fn read_all(client: &etcd_client::Client, keys: &Keys) -> Result<Vec<(String, Backfill)>, CoordError> {
-    let prefix = keys.backfills_prefix();
-    let (read, _) = etcd::read_prefix(client, &prefix).await?;
-    Ok(read
-        .iter()
-        .filter_map(|kv| {
-            let job = std::str::from_utf8(kv.key()).ok()?.strip_prefix(prefix.as_str())?;
-            Some((job.to_string(), decode(kv.value()).ok()?))
-        })
-        .collect())
+    etcd::read_named(client, &keys.backfills_prefix()).await
 }
 
 /// Writes `backfill` for `job`, unless one of the job is going; one that is over is replaced.

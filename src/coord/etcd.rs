@@ -211,6 +211,22 @@ pub async fn connect(endpoints: &[String], options: ConnectOptions) -> Result<Cl
 pub(crate) const PAGE: i64 = 2000;
 
 /// Every key under `prefix` at one revision, read in pages, and that revision.
+/// Every key under `prefix` whose value is JSON of a `T`, by the rest of its key; a value that
+/// does not parse is left out.
+pub(crate) async fn read_named<T: serde::de::DeserializeOwned>(
+    client: &etcd_client::Client,
+    prefix: &str,
+) -> Result<Vec<(String, T)>, CoordError> {
+    let (read, _) = read_prefix(client, prefix).await?;
+    Ok(read
+        .iter()
+        .filter_map(|kv| {
+            let name = std::str::from_utf8(kv.key()).ok()?.strip_prefix(prefix)?;
+            Some((name.to_string(), serde_json::from_slice(kv.value()).ok()?))
+        })
+        .collect())
+}
+
 pub(crate) async fn read_prefix(
     client: &etcd_client::Client,
     prefix: &str,

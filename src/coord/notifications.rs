@@ -91,29 +91,14 @@ pub(crate) async fn with_pending(
     client: &etcd_client::Client,
     keys: &Keys,
 ) -> Result<Vec<(String, Record)>, CoordError> {
-    let prefix = keys.notify_prefix();
-    let (read, _) = etcd::read_prefix(client, &prefix).await?;
-    Ok(read
-        .iter()
-        .filter_map(|kv| {
-            let job = std::str::from_utf8(kv.key()).ok()?.strip_prefix(prefix.as_str())?;
-            let record = decode(kv.value()).ok()?;
-            (!record.pending.is_empty()).then(|| (job.to_string(), record))
-        })
-        .collect())
+    let mut records = read_all(client, keys).await?;
+    records.retain(|(_, record)| !record.pending.is_empty());
+    Ok(records)
 }
 
 /// Every job's record, by job: what `status` shows of the last notification.
 pub(crate) async fn read_all(client: &etcd_client::Client, keys: &Keys) -> Result<Vec<(String, Record)>, CoordError> {
-    let prefix = keys.notify_prefix();
-    let (read, _) = etcd::read_prefix(client, &prefix).await?;
-    Ok(read
-        .iter()
-        .filter_map(|kv| {
-            let job = std::str::from_utf8(kv.key()).ok()?.strip_prefix(prefix.as_str())?;
-            Some((job.to_string(), decode(kv.value()).ok()?))
-        })
-        .collect())
+    etcd::read_named(client, &keys.notify_prefix()).await
 }
 
 /// Takes over `job`'s events that `from` was to deliver: they are `me`'s now. Returns them.

@@ -5,7 +5,6 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use chrono::{DateTime, DurationRound, SecondsFormat, Utc};
@@ -49,15 +48,6 @@ fn backfill_marks(path: &Path, range: &[DateTime<Utc>]) -> Vec<Mark> {
         .into_iter()
         .filter(|mark| mark.trigger == "backfill" && range.contains(&mark.tick))
         .collect()
-}
-
-fn shardcron(config: &Path, args: &[&str]) -> std::process::Output {
-    Command::new(SHARDCRON)
-        .args(args)
-        .arg("--config")
-        .arg(config)
-        .output()
-        .expect("run shardcron")
 }
 
 /// `shardcron backfill report` of `[from, to)` with `flag`.

@@ -6,7 +6,6 @@
 
 use std::collections::BTreeSet;
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use chrono::{DateTime, Timelike, Utc};
@@ -14,15 +13,6 @@ use shardcron::rules::record::{Outcome, RunRecord};
 
 use crate::support::receiver::{Hit, Receiver};
 use crate::support::*;
-
-fn shardcron(config: &Path, args: &[&str]) -> std::process::Output {
-    Command::new(SHARDCRON)
-        .args(args)
-        .arg("--config")
-        .arg(config)
-        .output()
-        .expect("run shardcron")
-}
 
 fn history(config: &Path, job: &str) -> Vec<RunRecord> {
     let out = shardcron(config, &["history", job, "--json", "-n", "200"]);
@@ -109,12 +99,7 @@ fn ticks_in_a_blackout_window_are_recorded_skipped_with_its_name_also_by_a_catch
     let checked = String::from_utf8_lossy(&shardcron(&config, &["check"]).stdout).into_owned();
     assert!(checked.contains("blackouts=window"), "{checked}");
 
-    let port = shardcron::etcd_server::free_port().expect("port");
-    world
-        .node("a", &config)
-        .args(&["--http-addr", &port.to_string()])
-        .start();
-    wait_ready(port);
+    let port = world.node("a", &config).start_serving();
 
     step("the first window passes with the node leading: its ticks recorded skipped, not run");
     let window_at = |after: DateTime<Utc>| -> DateTime<Utc> {
@@ -289,20 +274,8 @@ fn a_failing_job_is_told_once_per_transition_through_a_receiver_outage_and_a_lea
         ),
     );
     let token = [("HOOK_TOKEN", "Bearer s3cret-t0ken")];
-    let port_a = shardcron::etcd_server::free_port().expect("port");
-    world
-        .node("a", &config)
-        .env(&token)
-        .args(&["--http-addr", &port_a.to_string()])
-        .start();
-    wait_ready(port_a);
-    let port_b = shardcron::etcd_server::free_port().expect("port");
-    world
-        .node("b", &config)
-        .env(&token)
-        .args(&["--http-addr", &port_b.to_string()])
-        .start();
-    wait_ready(port_b);
+    let port_a = world.node("a", &config).env(&token).start_serving();
+    let port_b = world.node("b", &config).env(&token).start_serving();
 
     step("the job fails for 4 s, then succeeds: one failure, one recovery");
     std::fs::write(&failing, "").expect("fail");
@@ -426,12 +399,7 @@ fn a_failing_job_is_told_once_per_transition_through_a_receiver_outage_and_a_lea
     world.nodes[survivor].signal(libc::SIGKILL);
     let down_from = Utc::now();
     std::thread::sleep(Duration::from_secs(4));
-    let port_c = shardcron::etcd_server::free_port().expect("port");
-    world
-        .node("c", &config)
-        .env(&token)
-        .args(&["--http-addr", &port_c.to_string()])
-        .start();
+    world.node("c", &config).env(&token).start();
     let missed = || -> Vec<serde_json::Value> {
         receiver
             .hits_on("/pager")

@@ -348,6 +348,16 @@ pub fn last_run(status: &Status, job: &str) -> Option<RunRecord> {
     status.jobs.iter().find(|entry| entry.name == job)?.last_run.clone()
 }
 
+/// Runs the `shardcron` command with `args` and `--config config`.
+pub fn shardcron(config: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(SHARDCRON)
+        .args(args)
+        .arg("--config")
+        .arg(config)
+        .output()
+        .expect("run shardcron")
+}
+
 /// Waits until `condition` holds, panicking with `what` after `limit`.
 pub fn wait_for(limit: Duration, what: &str, mut condition: impl FnMut() -> bool) {
     let deadline = Instant::now() + limit;
