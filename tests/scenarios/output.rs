@@ -127,28 +127,6 @@ fn a_run_keeps_the_tail_of_each_stream_in_its_history_and_the_api_serves_one_run
     assert!(log.contains("a line on stderr"), "log_output = \"all\" logs each line");
 }
 
-/// etcd's revision: every write bumps it once, a transaction of many operations too.
-fn revision(world: &World) -> i64 {
-    let (runtime, mut client) = world.etcd_client();
-    runtime.block_on(async {
-        let read = client.get("/", None).await.expect("a read");
-        read.header().expect("a header").revision()
-    })
-}
-
-/// etcd writes per run while `jobs` per-second jobs run, after their first runs.
-fn writes_per_run(world: &World, jobs: usize) -> f64 {
-    let runs = || world.runs().len();
-    let settled = runs() + 3 * jobs;
-    wait_for(Duration::from_secs(30), "the first runs", || runs() >= settled);
-    let (revision_before, runs_before) = (revision(world), runs());
-    wait_for(Duration::from_secs(30), "eight instants of runs", || {
-        runs() >= runs_before + 8 * jobs
-    });
-    let (revision_after, runs_after) = (revision(world), runs());
-    (revision_after - revision_before) as f64 / (runs_after - runs_before) as f64
-}
-
 #[test]
 fn keeping_output_adds_no_etcd_write_per_run() {
     let mut world = World::new();
@@ -161,7 +139,7 @@ fn keeping_output_adds_no_etcd_write_per_run() {
     let none = world.write_config_running("none.toml", 1, 2, &tables("output_tail = 0"), &command);
     step("4 per-second jobs printing 11 KB each, keeping the default 4 KiB tail");
     world.node("a", &kept).start();
-    let with_tail = writes_per_run(&world, 4);
+    let with_tail = world.writes_per_run(4);
     world.nodes[0].signal(libc::SIGTERM);
     assert!(
         world.nodes[0].wait_exit(Duration::from_secs(30)).is_some(),
@@ -169,7 +147,7 @@ fn keeping_output_adds_no_etcd_write_per_run() {
     );
     step("the same keeping none (output_tail = 0)");
     world.node("b", &none).start();
-    let without = writes_per_run(&world, 4);
+    let without = world.writes_per_run(4);
     eprintln!("etcd writes per run: {with_tail:.3} keeping 4 KiB of output, {without:.3} keeping none");
     assert!(
         with_tail <= without + 0.1,

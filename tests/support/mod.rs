@@ -348,6 +348,31 @@ pub fn last_run(status: &Status, job: &str) -> Option<RunRecord> {
     status.jobs.iter().find(|entry| entry.name == job)?.last_run.clone()
 }
 
+impl World {
+    /// etcd's revision: every write bumps it once, a transaction of many operations too.
+    pub fn revision(&self) -> i64 {
+        let (runtime, mut client) = self.etcd_client();
+        runtime.block_on(async {
+            let read = client.get("/", None).await.expect("a read");
+            read.header().expect("a header").revision()
+        })
+    }
+
+    /// etcd writes per run while `jobs` per-second jobs that record their runs run, after
+    /// their first runs.
+    pub fn writes_per_run(&self, jobs: usize) -> f64 {
+        let runs = || self.runs().len();
+        let settled = runs() + 3 * jobs;
+        wait_for(Duration::from_secs(30), "the first runs", || runs() >= settled);
+        let (revision_before, runs_before) = (self.revision(), runs());
+        wait_for(Duration::from_secs(30), "eight instants of runs", || {
+            runs() >= runs_before + 8 * jobs
+        });
+        let (revision_after, runs_after) = (self.revision(), runs());
+        (revision_after - revision_before) as f64 / (runs_after - runs_before) as f64
+    }
+}
+
 /// Runs the `shardcron` command with `args` and `--config config`.
 pub fn shardcron(config: &Path, args: &[&str]) -> std::process::Output {
     Command::new(SHARDCRON)
