@@ -137,7 +137,10 @@ pub(crate) async fn still_mine(
 }
 
 fn same(a: &Pending, b: &Pending) -> bool {
-    a.notifier == b.notifier && a.event == b.event && a.run.fence == b.run.fence
+    a.notifier == b.notifier
+        && a.event == b.event
+        && a.run.fence == b.run.fence
+        && a.run.scheduled_at == b.run.scheduled_at
 }
 
 /// Takes `pending` off `job`'s record once delivered or given up on (`result`), as the last

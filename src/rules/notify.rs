@@ -126,11 +126,11 @@ pub fn url_origin(url: &str) -> &str {
     let end = url[after_scheme..]
         .find(['/', '?', '#'])
         .map_or(url.len(), |at| after_scheme + at);
-    let host = &url[after_scheme..end];
-    match host.rfind('@') {
-        // Credentials in the authority: show only the scheme, which says little and leaks none.
-        Some(_) => &url[..after_scheme],
-        None => &url[..end],
+    // Credentials may stand in the authority, and a password may hold a '/': with any '@' in
+    // the URL, show only the scheme, which says little and leaks none.
+    match url.contains('@') {
+        true => &url[..after_scheme],
+        false => &url[..end],
     }
 }
 
@@ -176,6 +176,10 @@ fn is_zero(count: &usize) -> bool {
     *count == 0
 }
 
+fn is_zero_fence(fence: &i64) -> bool {
+    *fence == 0
+}
+
 impl Pending {
     /// job + tick + event: the same for every attempt to tell of one transition, so a receiver
     /// may drop a repeat.
@@ -208,10 +212,17 @@ pub struct Record {
     /// The job's last accounted run failed: its next success is `recovered`.
     #[serde(default)]
     pub failing: bool,
-    /// The fence of the last run accounted for; a run with a fence no higher is not counted
-    /// again (a record pushed twice, a late result of an older run).
+    /// The fence and tick of the last run written down; a run no later by (fence, tick) is not
+    /// counted (a record pushed twice, a late result of an older run). Ticks claimed in one
+    /// write share a fence, hence the tick.
     #[serde(default)]
     pub fence: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tick: Option<DateTime<Utc>>,
+    /// The revision of the job's record the last `missed` event was told from: a leader that
+    /// read the same one tells nothing more.
+    #[serde(default, skip_serializing_if = "is_zero_fence")]
+    pub missed_fence: i64,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pending: Vec<Pending>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -235,11 +246,14 @@ fn event_of(run: &RunRecord, failing: bool) -> (Option<Event>, bool) {
 /// Accounts for `run` in the job's `record`: whether the job is failing now, and the events for
 /// those of `notifiers` that want them, delivered by `node`. `false` when the record need not be
 /// written: the run changes nothing (a success after a success, a failure after a failure), or
-/// it was accounted for before (its fence is no higher than the record's: a run that ended
-/// after a newer one was counted says nothing of the job now). A run asked for by hand or by a
-/// backfill changes whether the job is failing as a scheduled run does.
+/// it was accounted for before (it is no later by fence, then tick, than the last written: a
+/// run that ended after a newer one was counted says nothing of the job now). A run asked for
+/// by hand or by a backfill changes whether the job is failing as a scheduled run does.
 pub fn account(record: &mut Record, run: &RunRecord, notifiers: &[&Notifier], node: &str, now: DateTime<Utc>) -> bool {
-    if run.fence <= record.fence && record.fence != 0 {
+    if record
+        .tick
+        .is_some_and(|tick| (run.fence, run.scheduled_at) <= (record.fence, tick))
+    {
         return false;
     }
     let (event, failing) = event_of(run, record.failing);
@@ -248,6 +262,7 @@ pub fn account(record: &mut Record, run: &RunRecord, notifiers: &[&Notifier], no
         return false;
     }
     record.fence = run.fence;
+    record.tick = Some(run.scheduled_at);
     record.failing = failing;
     let Some(event) = event else { return true };
     push(record, event, run, 0, notifiers, node, now);
@@ -288,10 +303,10 @@ pub fn account_missed(
     node: &str,
     now: DateTime<Utc>,
 ) -> bool {
-    if fence <= record.fence && record.fence != 0 {
+    if fence <= record.missed_fence {
         return false;
     }
-    record.fence = fence;
+    record.missed_fence = fence;
     let never_run = RunRecord {
         scheduled_at: newest,
         fence,
@@ -310,7 +325,7 @@ pub fn account_missed(
 }
 
 /// `run` as an undelivered event keeps it: the last [`MAX_BODY_OUTPUT`] bytes of each stream.
-fn kept(run: &RunRecord) -> RunRecord {
+pub fn kept(run: &RunRecord) -> RunRecord {
     let mut run = run.clone();
     if let Some(output) = &mut run.output {
         for text in [&mut output.stdout, &mut output.stderr] {
@@ -431,6 +446,25 @@ mod tests {
     }
 
     #[test]
+    fn ticks_claimed_in_one_write_share_a_fence_and_are_each_told() {
+        let ops = notifier(&Event::DEFAULT);
+        let mut record = Record::default();
+        let now = Utc::now();
+        let at = |second: i64| DateTime::<Utc>::from_timestamp(1_800_000_000 + second, 0).unwrap();
+        let lost = |second: i64| RunRecord {
+            scheduled_at: at(second),
+            outcome: Outcome::Lost,
+            exit_code: None,
+            ..RunRecord::for_tests(at(second), 40)
+        };
+        for second in [1, 2, 3] {
+            assert!(account(&mut record, &lost(second), &[&ops], "a", now), "tick {second}");
+        }
+        assert!(!account(&mut record, &lost(2), &[&ops], "a", now), "tick 2 again");
+        assert_eq!(record.pending.len(), 3);
+    }
+
+    #[test]
     fn each_lost_run_is_an_event_and_only_notifiers_that_want_one_get_it() {
         let ops = notifier(&Event::DEFAULT);
         let chatty = Notifier {
@@ -501,6 +535,7 @@ mod tests {
         }
         assert_eq!(url_origin("https://hc-ping.com/5f0e-uuid?x=1"), "https://hc-ping.com");
         assert_eq!(url_origin("https://user:token@example.com/x"), "https://");
+        assert_eq!(url_origin("https://user:pa/ss@example.com/x"), "https://");
         assert_eq!(url_origin("http://127.0.0.1:9000"), "http://127.0.0.1:9000");
     }
 

@@ -50,6 +50,8 @@ pub(crate) enum Note {
 #[derive(Clone)]
 pub(crate) struct Outbox {
     sender: mpsc::Sender<Note>,
+    http: reqwest::Client,
+    shutdown: CancellationToken,
 }
 
 impl Outbox {
@@ -58,15 +60,28 @@ impl Outbox {
     pub(crate) fn unread() -> Outbox {
         Outbox {
             sender: mpsc::channel(1).0,
+            http: reqwest::Client::new(),
+            shutdown: CancellationToken::new(),
         }
     }
 
-    /// Hands `record` of `job` over, if the job has anyone to tell.
+    /// Pings the job's `ping_url` for a success, and hands `record` over for its notifiers
+    /// (with no more of its output than an event carries), if it has any.
     pub(crate) fn ran(&self, job: &Arc<Job>, record: &RunRecord) {
-        if job.notify.is_empty() && job.ping.is_none() {
+        if let Some(ping) = job.ping.as_ref().filter(|_| record.succeeded()) {
+            let (http, shutdown) = (self.http.clone(), self.shutdown.clone());
+            tokio::spawn(send_ping(
+                http,
+                shutdown,
+                job.name.clone(),
+                ping.url.clone(),
+                ping.method,
+            ));
+        }
+        if job.notify.is_empty() {
             return;
         }
-        self.send(job, Note::Ran(Arc::clone(job), record.clone()));
+        self.send(job, Note::Ran(Arc::clone(job), notify::kept(record)));
     }
 
     /// Hands over missed ticks a takeover left unrun, if the job has anyone to tell.
@@ -128,7 +143,12 @@ pub(crate) fn new(
         sending: Mutex::default(),
         shutdown,
     });
-    (Outbox { sender }, notifications, inbox)
+    let outbox = Outbox {
+        sender,
+        http: notifications.http.clone(),
+        shutdown: notifications.shutdown.clone(),
+    };
+    (outbox, notifications, inbox)
 }
 
 fn count(
@@ -168,11 +188,6 @@ impl Notifications {
                     continue;
                 }
             };
-            if let Some(ping) = &job.ping {
-                if record.succeeded() {
-                    tokio::spawn(Arc::clone(&self).ping(Arc::clone(&job), ping.url.clone(), ping.method));
-                }
-            }
             if !job.notify.is_empty() {
                 let notifiers: Vec<&Notifier> = job.notify.iter().map(Arc::as_ref).collect();
                 let (me, now) = (self.node_id.clone(), clock::now());
@@ -194,8 +209,11 @@ impl Notifications {
         tick: DateTime<Utc>,
         mut change: impl FnMut(&mut notify::Record) -> bool,
     ) -> Vec<Pending> {
-        let mut backoff = Backoff::coordination();
-        for _ in 0..ACCOUNT_TRIES {
+        // Off the firing path, behind a bounded queue: worth waiting for etcd as long as an
+        // event would be tried.
+        let give_up = tokio::time::Instant::now() + DELIVERY_PATIENCE;
+        let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
+        while tokio::time::Instant::now() < give_up {
             match notifications::account(&self.etcd, &self.keys, &job.name, &mut change).await {
                 Ok(added) => return added,
                 Err(err) => {
@@ -206,7 +224,10 @@ impl Notifications {
                 break;
             }
         }
-        tracing::error!(job = %job.name, %tick, "gave up accounting for the tick in the job's notification record: a transition it made is not told");
+        if !self.shutdown.is_cancelled() {
+            tracing::error!(job = %job.name, %tick, patience = ?DELIVERY_PATIENCE, "gave up accounting for the tick in the job's notification record: a transition it made is not told");
+            count(&crate::metrics::get().notifications, "dropped");
+        }
         Vec::new()
     }
 
@@ -255,7 +276,11 @@ impl Notifications {
         let metrics = &crate::metrics::get().notifications;
         let span = tracing::info_span!("notify", job = %job.name, notifier = %notifier.name, event = pending.event.as_str(), tick = %pending.run.scheduled_at, fence = pending.run.fence);
         let _entered = span.enter();
-        let give_up_at = pending.since + chrono::Duration::from_std(DELIVERY_PATIENCE).unwrap_or(chrono::Duration::MAX);
+        // `since` comes from etcd: a far-future one must not overflow.
+        let give_up_at = chrono::Duration::from_std(DELIVERY_PATIENCE)
+            .ok()
+            .and_then(|patience| pending.since.checked_add_signed(patience))
+            .unwrap_or(DateTime::<Utc>::MAX_UTC);
         let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
         loop {
             // A node that took it over (this one seemed gone) sends it now: stop.
@@ -331,29 +356,34 @@ impl Notifications {
             false => Err(format!("the receiver answered {}", answer.status())),
         }
     }
+}
 
-    /// Pings `url` once for a success of `job`: failures are logged and counted, never retried
-    /// (the next success pings again).
-    async fn ping(self: Arc<Self>, job: Arc<Job>, url: String, method: PingMethod) {
-        let pings = &crate::metrics::get().pings;
-        let request = match method {
-            PingMethod::Get => self.http.get(&url),
-            PingMethod::Post => self.http.post(&url),
-        };
-        let sent = tokio::select! {
-            sent = request.send() => sent,
-            _ = self.shutdown.cancelled() => return,
-        };
-        match sent {
-            Ok(answer) if answer.status().is_success() => count(pings, "delivered"),
-            Ok(answer) => {
-                count(pings, "failed");
-                tracing::warn!(job = %job.name, url = url_origin(&url), status = %answer.status(), "success ping refused");
-            }
-            Err(err) => {
-                count(pings, "failed");
-                tracing::warn!(job = %job.name, url = url_origin(&url), why = describe(&err), "success ping not delivered");
-            }
+/// Pings `url` once for a success of `job`: failures are logged and counted, never retried
+/// (the next success pings again).
+async fn send_ping(http: reqwest::Client, shutdown: CancellationToken, job: String, url: String, method: PingMethod) {
+    let pings = &crate::metrics::get().pings;
+    let request = match method {
+        PingMethod::Get => http.get(&url),
+        PingMethod::Post => http.post(&url),
+    };
+    let sent = tokio::select! {
+        sent = request.send() => sent,
+        _ = shutdown.cancelled() => return,
+    };
+    match sent {
+        Ok(answer) if answer.status().is_success() => count(pings, "delivered"),
+        Ok(answer) => {
+            count(pings, "failed");
+            tracing::warn!(job, url = url_origin(&url), status = %answer.status(), "success ping refused");
+        }
+        Err(err) => {
+            count(pings, "failed");
+            tracing::warn!(
+                job,
+                url = url_origin(&url),
+                why = describe(&err),
+                "success ping not delivered"
+            );
         }
     }
 }
