@@ -139,6 +139,13 @@ impl Metrics {
             registry: Mutex::default(),
             pauses: OnceLock::new(),
         };
+        // Exported from the start, at 0: an alert on their increase sees the first one.
+        for result in ["delivered", "failed", "gave_up", "dropped"] {
+            metrics.notifications.get_or_create(&ResultLabel { result }).inc_by(0);
+        }
+        for result in ["delivered", "failed"] {
+            metrics.pings.get_or_create(&ResultLabel { result }).inc_by(0);
+        }
         metrics.register_runs(&mut registry);
         metrics.register_node(&mut registry);
         metrics.register_etcd(&mut registry);

@@ -463,38 +463,3 @@ fn a_failing_job_is_told_once_per_transition_through_a_receiver_outage_and_a_lea
         }
     }
 }
-
-#[test]
-fn a_job_with_notifiers_adds_no_etcd_write_to_a_run_that_changes_nothing() {
-    let mut world = World::new();
-    let names: Vec<String> = (0..4).map(|index| format!("told{index}")).collect();
-    let tables = |extra: &'static str| -> Vec<(&str, &str, &str)> {
-        names.iter().map(|name| (name.as_str(), EVERY_SECOND, extra)).collect()
-    };
-    let receiver = Receiver::start();
-    let hook = format!("[notify.ops]\nurl = \"{}\"\non = [\"failure\", \"recovered\", \"lost\", \"skipped\", \"group_full\", \"missed\"]\n", receiver.url("/hook"));
-    let told = world.write_config("told.toml", 1, 2, &tables("notify = [\"ops\"]"));
-    append(&told, &hook);
-    let plain = world.write_config("plain.toml", 1, 2, &tables(""));
-    step("4 per-second jobs that succeed, with a notifier wanting every event");
-    world.node("a", &told).start();
-    let with_notify = world.writes_per_run(4);
-    world.nodes[0].signal(libc::SIGTERM);
-    assert!(
-        world.nodes[0].wait_exit(Duration::from_secs(30)).is_some(),
-        "node a stopped"
-    );
-    step("the same without notifiers");
-    world.node("b", &plain).start();
-    let without = world.writes_per_run(4);
-    eprintln!("etcd writes per run: {with_notify:.3} with a notifier, {without:.3} without");
-    assert!(
-        with_notify <= without + 0.1,
-        "a notifier costs etcd writes on runs that change nothing: {with_notify:.3} per run against {without:.3}"
-    );
-    assert!(
-        receiver.hits().is_empty(),
-        "successes after successes told: {:?}",
-        receiver.hits()
-    );
-}
