@@ -27,9 +27,10 @@ fn append(config: &Path, text: &str) {
 #[test]
 fn ticks_in_a_blackout_window_are_recorded_skipped_with_its_name_also_by_a_catch_up_and_plan_notes_them() {
     let mut world = World::new();
-    // The window opens at seconds `open` and `open + 30` of each minute, 3 s long: ticks open,
-    // open+1, open+2. Far enough ahead for a node to start and lead before the first one.
-    let open = (Utc::now().second() + 12) % 30;
+    // The window opens at seconds `open`, `open + 20` and `open + 40` of each minute, 3 s
+    // long: ticks open, open+1, open+2. Far enough ahead for a node to start and lead before
+    // the first one.
+    let open = (Utc::now().second() + 10) % 20;
     let runs = world.runs_file();
     let record = world.record_command();
     let tables = [
@@ -48,8 +49,9 @@ fn ticks_in_a_blackout_window_are_recorded_skipped_with_its_name_also_by_a_catch
     append(
         &config,
         &format!(
-            "[blackouts.window]\nwindows = [{{ start = \"{open},{} * * * * *\", duration = \"3s\" }}]\n",
-            open + 30
+            "[blackouts.window]\nwindows = [{{ start = \"{open},{},{} * * * * *\", duration = \"3s\" }}]\n",
+            open + 20,
+            open + 40
         ),
     );
 
@@ -73,10 +75,10 @@ fn ticks_in_a_blackout_window_are_recorded_skipped_with_its_name_also_by_a_catch
         .lines()
         .filter(|line| line.contains("note=\"blackout window\""))
         .collect();
-    assert_eq!(noted.len(), 12, "four windows of three ticks in two minutes:\n{text}");
+    assert_eq!(noted.len(), 18, "six windows of three ticks in two minutes:\n{text}");
     for line in &noted {
         let second: u32 = line[17..19].parse().expect("the instant's second");
-        assert!((0..3).contains(&((second + 60 - open) % 30)), "{line}");
+        assert!((0..3).contains(&((second + 60 - open) % 20)), "{line}");
     }
     let out = shardcron(
         &config,
@@ -94,7 +96,7 @@ fn ticks_in_a_blackout_window_are_recorded_skipped_with_its_name_also_by_a_catch
     let planned: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).expect("plan --json");
     assert_eq!(
         planned.iter().filter(|fire| fire["note"] == "blackout window").count(),
-        12
+        18
     );
     let checked = String::from_utf8_lossy(&shardcron(&config, &["check"]).stdout).into_owned();
     assert!(checked.contains("blackouts=window"), "{checked}");
@@ -104,7 +106,7 @@ fn ticks_in_a_blackout_window_are_recorded_skipped_with_its_name_also_by_a_catch
     step("the first window passes with the node leading: its ticks recorded skipped, not run");
     let window_at = |after: DateTime<Utc>| -> DateTime<Utc> {
         let mut at = after.with_nanosecond(0).expect("a second");
-        while at.second() % 30 != open || at <= after {
+        while at.second() % 20 != open || at <= after {
             at += chrono::Duration::seconds(1);
         }
         at
@@ -283,7 +285,8 @@ fn a_failing_job_is_told_once_per_transition_through_a_receiver_outage_and_a_lea
     std::thread::sleep(Duration::from_secs(3));
     std::fs::remove_file(&failing).expect("succeed");
     wait_events(&receiver, 2, "the recovery");
-    std::thread::sleep(Duration::from_secs(3));
+    // Time for a second failure or recovery to arrive, were one told.
+    std::thread::sleep(Duration::from_secs(2));
     let told = events(&receiver);
     assert_eq!(
         told.iter().map(|(event, _)| event.as_str()).collect::<Vec<_>>(),
@@ -337,7 +340,7 @@ fn a_failing_job_is_told_once_per_transition_through_a_receiver_outage_and_a_lea
     wait_events(&receiver, 3, "the failure told after the outage");
     std::fs::remove_file(&failing).expect("succeed");
     wait_events(&receiver, 4, "the recovery");
-    std::thread::sleep(Duration::from_secs(3));
+    std::thread::sleep(Duration::from_secs(2));
     let told = events(&receiver);
     assert_eq!(
         told.iter().map(|(event, _)| event.as_str()).collect::<Vec<_>>(),
@@ -371,7 +374,7 @@ fn a_failing_job_is_told_once_per_transition_through_a_receiver_outage_and_a_lea
     let told_after = now_secs() - killed_at;
     std::fs::remove_file(&failing).expect("succeed");
     wait_events(&receiver, 6, "the recovery");
-    std::thread::sleep(Duration::from_secs(3));
+    std::thread::sleep(Duration::from_secs(2));
     let told = events(&receiver);
     assert_eq!(
         told.iter().map(|(event, _)| event.as_str()).collect::<Vec<_>>(),
