@@ -39,6 +39,7 @@ mod scenarios {
     mod packet_drops;
     mod pools;
     mod read_path;
+    mod run_kinds;
     mod secrets;
     mod security;
     mod shard_count;

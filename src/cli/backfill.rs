@@ -224,7 +224,7 @@ mod tests {
         let fires = ticks(&job, &ask, at(10)).expect("ticks");
         let mut backfill = Backfill::new("b".into(), &ask, &fires, at(10));
         let next = backfill.next_claim(&job).expect("a tick");
-        backfill.claim(next, "a", 1, "c1");
+        backfill.claim(next, "a", 1, "c1", None);
         backfill.finish(next.tick, "c1");
         assert_eq!(
             progress_line("report", &backfill, true),

@@ -293,6 +293,18 @@ impl Backfills {
         jobs
     }
 
+    /// The ticks of `job`'s backfill in flight on nodes other than `node`, as last seen.
+    pub(crate) fn in_flight_elsewhere(&self, job: &str, node: &str) -> Vec<InFlight> {
+        lock(&self.records).get(job).map_or_else(Vec::new, |backfill| {
+            backfill
+                .in_flight
+                .iter()
+                .filter(|flight| flight.node != node)
+                .cloned()
+                .collect()
+        })
+    }
+
     /// The jobs whose backfill lists a tick in flight on `node` that this node does not hold.
     pub(crate) fn unheld_on(&self, node: &str) -> Vec<String> {
         let held = lock(&self.held);
@@ -408,7 +420,7 @@ mod tests {
         // A leader's claim lands, then the cancel: the claim stays.
         let (mut claimed, _) = read(&client, &keys, "report").await.expect("read").expect("the record");
         let next = claimed.next_claim(&job).expect("a tick");
-        claimed.claim(next, "a", 3, "c1");
+        claimed.claim(next, "a", 3, "c1", None);
         client
             .clone()
             .put(

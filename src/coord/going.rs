@@ -27,9 +27,11 @@ const QUESTION: &str = "?";
 /// What etcd shows of the run `going` of `job` on another node; `None` when etcd does not
 /// answer.
 pub(crate) async fn look(client: &Client, keys: &Keys, job: &str, going: &Going) -> Option<Shown> {
-    // The listed run is a tick of the schedule or of a backfill: either's entry may end it.
+    // The listed run is a tick of the schedule, a manual run or a backfill's tick: any of their
+    // entries may end it.
     let reads = [
         TxnOp::get(history::key_of(keys, job, going.tick, Trigger::Schedule), None),
+        TxnOp::get(history::key_of(keys, job, going.tick, Trigger::Manual), None),
         TxnOp::get(history::key_of(keys, job, going.tick, Trigger::Backfill), None),
         TxnOp::get(keys.job_result(job), None),
         TxnOp::get(keys.ask(&going.node, going.fence, Ask::Going, job), None),
@@ -43,9 +45,9 @@ pub(crate) async fn look(client: &Client, keys: &Keys, job: &str, going: &Going)
             _ => None,
         })
         .collect();
-    let [entry, backfilled, result, answer] = <[Option<Vec<u8>>; 4]>::try_from(values).ok()?;
+    let [entry, manual, backfilled, result, answer] = <[Option<Vec<u8>>; 5]>::try_from(values).ok()?;
     // Its own history entry, or the job's result if its node wrote it: either says it ended.
-    let ended_fence = [entry, backfilled, result]
+    let ended_fence = [entry, manual, backfilled, result]
         .into_iter()
         .flatten()
         .filter_map(|value| serde_json::from_slice::<RunRecord>(&value).ok())

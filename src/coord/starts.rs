@@ -10,7 +10,7 @@
 //! stall) does not deliver again what it started itself: a start not yet written when its node
 //! dies, or when another node takes the shard, is the only way a tick runs twice.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -37,48 +37,78 @@ const MARGIN_POLL: Duration = Duration::from_millis(50);
 /// bound for jobs whose shard the node never leads again; the oldest are forgotten first.
 const REMEMBERED_PER_JOB: usize = 1024;
 
+/// At most how many fences of other nodes' ended runs a node remembers per job, the highest
+/// kept: a listing of an older one that a record still carries is looked at again, no more.
+const ENDED_REMEMBERED_PER_JOB: usize = 64;
+
 /// The ticks this node started (or settled without a run) that a job record may still list as
 /// pending, whichever leadership started them. Shared by every leadership of the node.
 #[derive(Default)]
 pub(crate) struct StartedHere {
     ticks: Mutex<HashMap<String, BTreeSet<DateTime<Utc>>>>,
-    /// This node's runs of `overlap = "skip"` and `"replace"` jobs going on now, by job: what
-    /// the records it writes list as going, whichever of its leaderships writes them.
-    going: Mutex<HashMap<String, Going>>,
-    /// By job: the highest fence of another node's run this node saw end. Its records stop
-    /// listing those runs.
-    ended_elsewhere: Mutex<HashMap<String, i64>>,
+    /// This node's runs of `overlap = "skip"` and `"replace"` jobs going on now, by job and
+    /// fence, of every kind (scheduled, manual, backfill: a backfill may run several at once):
+    /// what the records it writes list as going, whichever of its leaderships writes them.
+    going: Mutex<HashMap<String, BTreeMap<i64, Going>>>,
+    /// By job: the fences of other nodes' runs this node saw end. Its records stop listing
+    /// those runs. A set, not the highest: a lower-fenced run may still go after a higher one
+    /// ended (two backfill runs at once).
+    ended_elsewhere: Mutex<HashMap<String, BTreeSet<i64>>>,
 }
 
 impl StartedHere {
     /// A run of `job` started on this node: its records list it as going until it ends.
     pub(crate) fn run_going(&self, job: &str, going: Going) {
-        lock(&self.going).insert(job.to_string(), going);
+        lock(&self.going)
+            .entry(job.to_string())
+            .or_default()
+            .insert(going.fence, going);
     }
 
     /// The run of `job` with `fence` ended.
     pub(crate) fn run_ended(&self, job: &str, fence: i64) {
         let mut going = lock(&self.going);
-        if going.get(job).is_some_and(|run| run.fence == fence) {
-            going.remove(job);
+        if let Some(runs) = going.get_mut(job) {
+            runs.remove(&fence);
+            if runs.is_empty() {
+                going.remove(job);
+            }
         }
     }
 
-    /// This node's run of `job` going on now, if any.
-    pub(crate) fn own_going(&self, job: &str) -> Option<Going> {
-        lock(&self.going).get(job).cloned()
+    /// This node's runs of `job` going on now, highest fence first.
+    pub(crate) fn own_going(&self, job: &str) -> Vec<Going> {
+        lock(&self.going)
+            .get(job)
+            .map(|runs| runs.values().rev().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// This node's run of `job` with `fence`, if it goes on now.
+    pub(crate) fn own_run(&self, job: &str, fence: i64) -> Option<Going> {
+        lock(&self.going).get(job).and_then(|runs| runs.get(&fence)).cloned()
+    }
+
+    /// The jobs this node lists runs of as going now.
+    pub(crate) fn jobs_going(&self) -> Vec<String> {
+        lock(&self.going).keys().cloned().collect()
     }
 
     /// Another node's run of `job` with `fence` was seen ended.
     pub(crate) fn ended_elsewhere(&self, job: &str, fence: i64) {
         let mut ended = lock(&self.ended_elsewhere);
-        let seen = ended.entry(job.to_string()).or_insert(fence);
-        *seen = (*seen).max(fence);
+        let fences = ended.entry(job.to_string()).or_default();
+        fences.insert(fence);
+        if fences.len() > ENDED_REMEMBERED_PER_JOB {
+            fences.pop_first();
+        }
     }
 
-    /// The highest fence of another node's run of `job` this node saw end.
-    pub(crate) fn seen_ended(&self, job: &str) -> Option<i64> {
-        lock(&self.ended_elsewhere).get(job).copied()
+    /// Whether this node saw another node's run of `job` with `fence` end.
+    pub(crate) fn seen_ended(&self, job: &str, fence: i64) -> bool {
+        lock(&self.ended_elsewhere)
+            .get(job)
+            .is_some_and(|fences| fences.contains(&fence))
     }
 
     fn remember(&self, job: &str, tick: DateTime<Utc>) {
@@ -200,6 +230,17 @@ impl Starts {
             self.started.notify_waiters();
         }
         owed
+    }
+
+    /// A run of `job` started that the job's record must list as going (one that took no
+    /// ticket: a manual or backfill run): written like a start, riding the next claim or on its
+    /// own within the ride window, so another node's leader sees it before it starts the job.
+    pub(crate) fn listed(&self, job: &str) {
+        self.lock()
+            .unrecorded
+            .entry(job.to_string())
+            .or_insert_with(Instant::now);
+        self.started.notify_waiters();
     }
 
     /// What the node started, across its leaderships.

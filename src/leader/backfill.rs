@@ -3,6 +3,7 @@
 //! the job is not paused and no live run of it goes on (for `overlap = "skip"` or `"replace"`),
 //! and settles the ticks in flight on nodes that went.
 
+use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,9 +14,10 @@ use super::{Backlog, Late};
 use crate::clock;
 use crate::coord::backfills::{self, Claimed, Settle};
 use crate::coord::claims::{Book, Halt};
+use crate::coord::etcd;
 use crate::coord::going;
 use crate::rules::backfill::{self, InFlight};
-use crate::rules::config::Job;
+use crate::rules::config::{Job, Overlap};
 use crate::rules::protocol::elsewhere::{self, Verdict};
 use crate::rules::record::Claim;
 use crate::running::runner::{BackfillClaim, Origin, Tick};
@@ -50,11 +52,14 @@ impl Term {
         let me = self.node.node_id.as_str();
         let held = &self.node.backfills;
         let members = Arc::clone(&self.fleet.borrow().members);
+        let gone = self.gone_leases(&job.name).await;
         // This node's own unheld ticks are an earlier run's; another node's are orphans once
-        // that node left the fleet.
-        let orphaned = |flight: &InFlight| match flight.node == me {
-            true => !held.holds(&job.name, flight),
-            false => !members.contains_key(&flight.node),
+        // the lease its run is listed on is gone (for records without one, once that node left
+        // the fleet): a node stopping with a shutdown grace leaves the fleet while its runs go on.
+        let orphaned = |flight: &InFlight| match (flight.node == me, flight.lease) {
+            (true, _) => !held.holds(&job.name, flight),
+            (false, Some(lease)) => gone.contains(&lease),
+            (false, None) => !members.contains_key(&flight.node),
         };
         if let Err(err) = backfills::settle_orphans(client, keys, &job.name, job.delivery, orphaned).await {
             tracing::warn!(job = %job.name, error = %err, "cannot read the job's backfill; trying again shortly");
@@ -92,13 +97,21 @@ impl Term {
             if Instant::now() >= until
                 || self.node.pauses.stopping(job.job_name(), now, now).is_some()
                 || !self.node.runs.idle_for_backfill(&job.name, job.overlap)
+                // Ticks this leadership owes (adopted at a takeover, claimed ahead) start
+                // first: a backfill claimed now would start before them with a higher fence.
+                || (job.overlap != Overlap::Allow && !self.starts.owed(&job.name).is_empty())
                 || self.beside_listed_runs(&job, book.entries()[index].record()).await
             {
                 return Ok(Backlog::Waits);
             }
+            // The run is listed on the node's slot lease, which the claim names: without one
+            // (being reopened after an outage), the claim waits for it.
+            let Some(lease) = self.node.groups.lease_now() else {
+                return Ok(Backlog::Waits);
+            };
             let claim = backfill::new_id();
             let mut claimed = backfill.clone();
-            claimed.claim(next, me, self.leadership.term, &claim);
+            claimed.claim(next, me, self.leadership.term, &claim, Some(lease.lease()));
             held.hold(&job.name, next.tick, &claim);
             let answer = backfills::claim(client, keys, &self.leadership, &job.name, revision, &claimed).await;
             match answer {
@@ -134,6 +147,28 @@ impl Term {
                 }
             }
         }
+    }
+
+    /// The leases of other nodes' backfill ticks of `job` in flight that etcd says are gone;
+    /// one etcd cannot answer for counts as held.
+    async fn gone_leases(&self, job: &str) -> HashSet<i64> {
+        let mut gone = HashSet::new();
+        let leases: BTreeSet<i64> = self
+            .node
+            .backfills
+            .in_flight_elsewhere(job, &self.node.node_id)
+            .iter()
+            .filter_map(|flight| flight.lease)
+            .collect();
+        for lease in leases {
+            if etcd::call(self.session.client().lease_time_to_live(lease, None))
+                .await
+                .is_ok_and(|answer| answer.ttl() <= 0)
+            {
+                gone.insert(lease);
+            }
+        }
+        gone
     }
 
     /// Whether runs of `job` that its record lists going on other nodes keep its backfill

@@ -191,11 +191,11 @@ impl Term {
         if job.overlap == Overlap::Allow || job.instance_of.is_some() {
             return Vec::new();
         }
-        let seen_ended = self.starts.here().seen_ended(&job.name);
+        let here = self.starts.here();
         record
             .into_iter()
             .flat_map(|claim| &claim.going)
-            .filter(|run| run.node != self.node.node_id && seen_ended.is_none_or(|ended| run.fence > ended))
+            .filter(|run| run.node != self.node.node_id && !here.seen_ended(&job.name, run.fence))
             .cloned()
             .collect()
     }

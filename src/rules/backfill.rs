@@ -95,6 +95,12 @@ pub struct InFlight {
     /// late count or give-back of the earlier claim must not settle the later one.
     #[serde(default)]
     pub claim: String,
+    /// The lease its node keeps while its runs go on (the node's slot lease), and that lists
+    /// the run as going: the tick is an orphan once this lease is gone, not once its node left
+    /// the fleet's members (a node stopping with a shutdown grace leaves them while its runs go
+    /// on). Absent in records of releases before it: membership decides those.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<i64>,
 }
 
 /// A tick given back to be claimed again, before the ticks not claimed yet.
@@ -203,7 +209,7 @@ impl Backfill {
 
     /// `next`, the one [`Backfill::next_claim`] gave, claimed by the leadership of `term` on
     /// `node` as claim `claim` (an id of [`new_id`]).
-    pub fn claim(&mut self, next: Next, node: &str, term: i64, claim: &str) {
+    pub fn claim(&mut self, next: Next, node: &str, term: i64, claim: &str, lease: Option<i64>) {
         if self.again.first().is_some_and(|again| again.tick == next.tick) {
             self.again.remove(0);
         } else if self.cursor.is_none_or(|cursor| cursor < next.tick) && self.claimed < self.total {
@@ -218,6 +224,7 @@ impl Backfill {
             term,
             redelivered: next.redelivered,
             claim: claim.to_string(),
+            lease,
         });
     }
 
@@ -373,7 +380,7 @@ mod tests {
         for expected in [at(0), at(1)] {
             let next = backfill.next_claim(&job).expect("a tick to claim");
             assert_eq!(next.tick, expected);
-            backfill.claim(next, "a", 7, &format!("a{}", next.tick));
+            backfill.claim(next, "a", 7, &format!("a{}", next.tick), None);
         }
         assert_eq!(backfill.next_claim(&job), None, "two in flight");
         assert!(backfill.finish(at(1), &format!("a{}", at(1))));
@@ -392,7 +399,7 @@ mod tests {
         let (job, mut backfill) = four_ticks_two_at_a_time();
         for node in ["a", "b"] {
             let next = backfill.next_claim(&job).expect("a tick");
-            backfill.claim(next, node, 7, node);
+            backfill.claim(next, node, 7, node, None);
         }
         let orphans = backfill.orphans(|flight| flight.node == "a");
         assert_eq!(orphans.len(), 1);
@@ -402,7 +409,7 @@ mod tests {
         assert!(!backfill.finish(at(0), "a"), "its node's late end counts nothing");
         let next = backfill.next_claim(&job).expect("the given back tick first");
         assert_eq!((next.tick, next.redelivered), (at(0), true));
-        backfill.claim(next, "a", 9, "a-again");
+        backfill.claim(next, "a", 9, "a-again", None);
         assert!(
             !backfill.finish(at(0), "a"),
             "the earlier claim's late count settles nothing"
@@ -423,7 +430,7 @@ mod tests {
         let fires = ticks(&job, &ask, at(30)).expect("ticks");
         let mut backfill = Backfill::new("b1".into(), &ask, &fires, at(30));
         let next = backfill.next_claim(&job).expect("a tick");
-        backfill.claim(next, "a", 1, "c1");
+        backfill.claim(next, "a", 1, "c1", None);
         assert!(backfill.finish(next.tick, "c1"));
         let hourly = Job::for_tests("report", "0 * * * *");
         assert_eq!(backfill.next_claim(&hourly), None, "the next hour is past the range");

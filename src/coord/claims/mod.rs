@@ -224,12 +224,10 @@ impl Claimer<'_> {
                 let mut record = next_record(entry.record.as_ref(), want, &owed, &writer, entry.job.schedule.label());
                 if let Some(record) = &mut record {
                     let here = self.starts.here();
-                    record.going = going_after(
-                        entry.record.as_ref(),
-                        here.own_going(&entry.job.name),
-                        self.node_id,
-                        here.seen_ended(&entry.job.name),
-                    );
+                    let job = &entry.job.name;
+                    record.going = going_after(entry.record.as_ref(), here.own_going(job), self.node_id, |fence| {
+                        here.seen_ended(job, fence)
+                    });
                 }
                 record
             })
@@ -324,9 +322,14 @@ impl Claimer<'_> {
             releasing: true,
             ..*self
         };
-        let owing: Vec<Want> = self
-            .starts
-            .owing_jobs()
+        // Every job it owes ticks of, and every job this node runs a listed run of: a run that
+        // goes on past the leadership (under a shutdown grace, after a handoff) stays listed for
+        // the successor, whatever kind of run it is.
+        let mut jobs = self.starts.owing_jobs();
+        jobs.extend(self.starts.here().jobs_going());
+        jobs.sort();
+        jobs.dedup();
+        let owing: Vec<Want> = jobs
             .iter()
             .filter_map(|job| book.index_of(job))
             .map(Want::starts_only)

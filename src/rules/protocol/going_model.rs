@@ -144,7 +144,10 @@ impl Going1 {
     fn write(&self, state: &mut State, writer: usize) {
         let current = record(state.record.clone());
         let own = state.nodes[writer].run.map(|run| listed(writer, run));
-        let mut going = going_after(Some(&current), own, &writer.to_string(), state.nodes[writer].seen_ended);
+        let seen = state.nodes[writer].seen_ended;
+        let mut going = going_after(Some(&current), own, &writer.to_string(), |fence| {
+            seen.is_some_and(|seen| fence <= seen)
+        });
         if self.rules == Rules::DropOthers {
             going.retain(|run| run.node == writer.to_string());
         }

@@ -197,7 +197,7 @@ pub(crate) fn next_record(
         schedule,
         others,
         released: releasing && !pending_is_empty,
-        going: going_after(current, None, node, None),
+        going: going_after(current, None, node, |_| false),
     })
 }
 
@@ -205,19 +205,20 @@ pub(crate) fn next_record(
 /// beside another, which a takeover or two make; more would be leftovers of nodes long gone.
 pub(crate) const MAX_GOING: usize = 8;
 
-/// The runs of a job going on that a record written by `writer` lists: its own run `own`, and
-/// the other nodes' that `current` lists and the writer has not seen end (those of a fence at
-/// most `ended_up_to`). A writer's own runs it knows itself: what `current` says of them is old.
+/// The runs of a job going on that a record written by `writer` lists: its own runs `own` (a
+/// node may run several at once: a backfill's `--parallel`), and the other nodes' that
+/// `current` lists and the writer has not seen end (`seen_ended` of their fence). A writer's own
+/// runs it knows itself: what `current` says of them is old.
 pub(crate) fn going_after(
     current: Option<&Claim>,
-    own: Option<Going>,
+    own: impl IntoIterator<Item = Going>,
     writer: &str,
-    ended_up_to: Option<i64>,
+    seen_ended: impl Fn(i64) -> bool,
 ) -> Vec<Going> {
     let mut going: Vec<Going> = current
         .into_iter()
         .flat_map(|claim| &claim.going)
-        .filter(|run| run.node != writer && ended_up_to.is_none_or(|ended| run.fence > ended))
+        .filter(|run| run.node != writer && !seen_ended(run.fence))
         .cloned()
         .collect();
     going.extend(own);

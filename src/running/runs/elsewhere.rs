@@ -18,7 +18,7 @@ use crate::coord::starts::StartedHere;
 use crate::rules::config::Overlap;
 use crate::rules::protocol::elsewhere::{self, Verdict};
 use crate::rules::record::Going;
-use crate::running::runner::{self, Origin, Tick};
+use crate::running::runner::{self, Tick};
 
 /// How often a tick waiting for another node's run looks whether it still goes.
 const LOOK_EVERY: Duration = Duration::from_millis(500);
@@ -112,12 +112,12 @@ impl Runs {
     }
 
     /// Lists `tick`'s run as going on this node in the job's records, for other nodes' leaders
-    /// to see; for `overlap = "skip"` and `"replace"` jobs that run on more than this node.
-    /// Returns the lease it is listed on: once that lapses, other nodes take the run for ended,
-    /// so it must be stopped.
+    /// to see; for `overlap = "skip"` and `"replace"` jobs that run on more than this node, and
+    /// every kind of run of them. Returns the lease it is listed on: once that lapses, other
+    /// nodes take the run for ended, so it must be stopped.
     pub(super) fn list_going(&self, tick: &Tick) -> Option<Session> {
         let job = &tick.job;
-        if job.overlap == Overlap::Allow || job.instance_of.is_some() || matches!(tick.origin, Origin::Request(_)) {
+        if job.overlap == Overlap::Allow || job.instance_of.is_some() {
             return None;
         }
         let lease = self.groups.lease_now()?;
@@ -129,6 +129,11 @@ impl Runs {
             since: clock::now(),
         };
         tick.starts.here().run_going(&job.name, going);
+        // A scheduled run's start is written with its ticket's; a run that took none is
+        // written on its own, so a handoff or a graceful stop does not hide it.
+        if tick.is_asked() {
+            tick.starts.listed(&job.name);
+        }
         Some(lease)
     }
 
@@ -157,7 +162,7 @@ impl RunsHere for AskedHere {
     }
 
     fn age(&self, job: &str, fence: i64) -> Option<Duration> {
-        let run = self.listed.own_going(job).filter(|run| run.fence == fence)?;
+        let run = self.listed.own_run(job, fence)?;
         Some((clock::now() - run.since).to_std().unwrap_or_default())
     }
 }
