@@ -70,6 +70,9 @@ pub(crate) async fn keep<M: Mirror>(session: Session, keys: Keys, mirror: Arc<M>
             match load(&session.client(), &keys, mirror.as_ref()).await {
                 Ok(revision) => {
                     read = revision;
+                    // A watch that fails once an hour waits the first step again, not the
+                    // cap that failures long ago reached: pauses are seen late while it waits.
+                    backoff.reset();
                     break;
                 }
                 Err(err) => tracing::warn!(error = %err, what = M::WHAT, "cannot read the prefix; retrying"),

@@ -76,6 +76,25 @@ pub struct BackfillClaim {
     pub claim: String,
 }
 
+/// What each kind of run obeys, decided here once for every kind (the table in
+/// docs/how-it-works.md, "Every kind of run"); the rest of the code asks, never branches on
+/// the kind for these.
+impl Origin {
+    /// Whether the run takes its job's turn on this node: it waits behind the job's run going
+    /// here, the `overlap` policy applies to it, and its run sets how long the job takes. A
+    /// backfill's run takes none (`--parallel` may run several): it is claimed only while no
+    /// live run of the job goes or waits here, and live ticks wait for it instead.
+    pub fn takes_turn(&self) -> bool {
+        !matches!(self, Origin::Backfill(_))
+    }
+
+    /// Whether a blackout covering its tick skips it: a run asked for by hand is an operator's
+    /// own choice and goes ahead; a backfill's historic tick inside one is skipped as it was.
+    pub fn kept_out_by_blackouts(&self) -> bool {
+        !matches!(self, Origin::Request(_))
+    }
+}
+
 impl Tick {
     /// `CRON_TRIGGER`: a tick of the schedule, a run asked for by `shardcron trigger`, or a past
     /// tick run again by `shardcron backfill`.

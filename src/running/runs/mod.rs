@@ -166,7 +166,7 @@ impl Runs {
         let job = &first.job;
         let mut jobs = self.jobs.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let runs = jobs.entry(job.name.clone()).or_default();
-        if matches!(first.origin, Origin::Backfill(_)) {
+        if !first.origin.takes_turn() {
             runs.pending += 1;
             runs.backfilling += 1;
             return Some(Entry { turn: None, met: None });
@@ -413,7 +413,7 @@ impl Runs {
     /// `skipped` with the blackout's name. A run asked for by hand is an operator's own choice
     /// and goes ahead; a backfill's historic tick that fell in a blackout is skipped as it was.
     fn blacked_out(&self, tick: &Tick) -> bool {
-        if matches!(tick.origin, Origin::Request(_)) {
+        if !tick.origin.kept_out_by_blackouts() {
             return false;
         }
         let Some(blackout) = crate::rules::blackouts::covering(&tick.job.blackouts, tick.scheduled_at) else {

@@ -17,7 +17,7 @@ use crate::coord::groups::Slot;
 use crate::rules::groups::Group;
 use crate::rules::record::{Outcome, RunRecord};
 use crate::running::runner::slot::{self, NoSlot};
-use crate::running::runner::{self, Origin, Tick};
+use crate::running::runner::{self, Tick};
 
 /// How often a tick waiting for a group slot looks for a pause of its job.
 const PAUSE_LOOK: std::time::Duration = std::time::Duration::from_millis(500);
@@ -35,11 +35,11 @@ impl Runs {
     /// Runs `ticks`, a sequence [`Runs::enter`] counted, one after another.
     pub(super) async fn sequence(self, ticks: Vec<Tick>, entry: Entry) {
         let job = Arc::clone(&ticks[0].job);
-        let backfill = matches!(ticks[0].origin, Origin::Backfill(_));
+        let takes_turn = ticks[0].origin.takes_turn();
         let Some(turn) = self.wait_turn(&entry, &ticks).await else {
             return;
         };
-        if entry.turn.is_some() && !backfill {
+        if entry.turn.is_some() && takes_turn {
             // A live tick never overlaps a backfill run of a `skip` or `replace` job.
             self.backfills_over(&job.name).await;
         }
@@ -57,7 +57,7 @@ impl Runs {
             let span = runner::span(&tick);
             self.run_tick(tick, &turn).instrument(span).await;
         }
-        if backfill {
+        if !takes_turn {
             self.leave_backfill(&job.name);
             return;
         }
@@ -181,8 +181,8 @@ impl Runs {
             caught_up: tick.caught_up,
             fence: tick.fence,
         };
-        let backfill = matches!(tick.origin, Origin::Backfill(_));
-        if !backfill {
+        let takes_turn = tick.origin.takes_turn();
+        if takes_turn {
             self.mark_running(&job.name, Some(running));
         }
         let listed = self.list_going(&tick);
@@ -201,7 +201,7 @@ impl Runs {
         let run = runner::run(&tick, &stops, ticket, &self.child_env, slots);
         let record = holding_permit(run, late).await;
         self.unlist_going(&tick);
-        if !backfill {
+        if takes_turn {
             self.took(&job.name, clock::now() - since);
         }
         match record {
