@@ -88,12 +88,26 @@ pub(crate) async fn ask(
         .map(drop)
 }
 
-/// Takes back every ask about `going`.
+/// How many times a withdrawal of asks is tried before it is given up on.
+const WITHDRAW_TRIES: usize = 6;
+
+/// Takes back every ask about `going`, trying again while etcd refuses (about 20 s in all):
+/// the asks live on the asker's slot lease, which lasts as long as the asker's node, so one
+/// left behind stays until that node stops.
 pub(crate) async fn withdraw(client: &Client, keys: &Keys, job: &str, going: &Going) {
-    let deletes = [Ask::Stop, Ask::Going].map(|ask| TxnOp::delete(keys.ask(&going.node, going.fence, ask, job), None));
-    if let Err(err) = etcd::call(client.clone().txn(Txn::new().and_then(deletes))).await {
-        tracing::debug!(error = %err, "cannot take back the asks about another node's run; they go with the lease");
+    let mut backoff = Backoff::coordination();
+    for _ in 0..WITHDRAW_TRIES {
+        let deletes =
+            [Ask::Stop, Ask::Going].map(|ask| TxnOp::delete(keys.ask(&going.node, going.fence, ask, job), None));
+        match etcd::call(client.clone().txn(Txn::new().and_then(deletes))).await {
+            Ok(_) => return,
+            Err(err) => {
+                tracing::debug!(error = %err, "cannot take back the asks about another node's run; trying again")
+            }
+        }
+        tokio::time::sleep(backoff.next_delay()).await;
     }
+    tracing::warn!(job, node = %going.node, fence = going.fence, "gave up taking back the asks about another node's run: they stay until this node stops");
 }
 
 /// This node's runs, as the asks of other nodes' leaders reach them.

@@ -105,8 +105,16 @@ impl Runs {
                 }
             }
         }
+        // Off the tick's way, and off the runs a drain waits for: the tick starts (or is settled)
+        // while the asks are taken back; a node that exits meanwhile leaves them to its lease.
         for run in asked {
-            going::withdraw(self.groups.client(), self.groups.keys(), &job.name, run).await;
+            let (client, keys, job, run) = (
+                self.groups.client().clone(),
+                self.groups.keys().clone(),
+                job.name.clone(),
+                run.clone(),
+            );
+            tokio::spawn(async move { going::withdraw(&client, &keys, &job, &run).await });
         }
         cleared
     }
