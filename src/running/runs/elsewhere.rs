@@ -23,6 +23,12 @@ use crate::running::runner::{self, Tick};
 /// How often a tick waiting for another node's run looks whether it still goes.
 const LOOK_EVERY: Duration = Duration::from_millis(500);
 
+/// At most how long a run of a skip or replace job waits for the lease it is listed on.
+const LEASE_WAIT: Duration = Duration::from_secs(3);
+
+/// How often a run waiting for that lease looks again.
+const LEASE_LOOK: Duration = Duration::from_millis(50);
+
 /// How long a leader waits for an answer, or lets one age, before it asks again whether a run
 /// goes: each ask is a write, so at most one a second per run waited for.
 const ASK_AGAIN: Duration = Duration::from_secs(1);
@@ -143,6 +149,28 @@ impl Runs {
             tick.starts.listed(&job.name);
         }
         Some(lease)
+    }
+
+    /// Whether the lease `tick`'s run would be listed on is open, waited for while the node
+    /// reopens it (after an etcd outage), at most [`LEASE_WAIT`] and while the leadership
+    /// lasts; true for a run no record lists.
+    pub(super) async fn lease_to_list_on(&self, tick: &Tick) -> bool {
+        if tick.job.overlap == Overlap::Allow || tick.job.instance_of.is_some() {
+            return true;
+        }
+        let deadline = tokio::time::Instant::now() + LEASE_WAIT;
+        loop {
+            if self.groups.lease_now().is_some() {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(LEASE_LOOK) => {}
+                _ = tick.starts.leading().cancelled() => return false,
+            }
+        }
     }
 
     /// The run listed by [`Runs::list_going`] ended.

@@ -142,6 +142,13 @@ impl Runs {
             }
             return;
         }
+        // A run of a skip or replace job starts listed, or not at all: unlisted, another node's
+        // leader would start the job beside it after a handoff.
+        if !self.lease_to_list_on(&tick).await {
+            tracing::warn!("not starting: the lease this node lists its runs on is not open (etcd out of reach)");
+            self.not_starting(&tick);
+            return;
+        }
         let job = &tick.job;
         if turn.waited
             && outrun(
