@@ -1,5 +1,6 @@
 //! Secrets stay with the node: a job sees none of the node's secrets, in its own environment or
-//! in the node's (`/proc/$PPID/environ`), whichever way they were given; a job's own secrets
+//! in the node's (`/proc/$PPID/environ`), whichever way they were given, nor a variable a
+//! notifier's header names (one a reload adds included); a job's own secrets
 //! come from its `env_file` and never show in status, history or logs; a secret file others may
 //! read, a short API token and a username without a password each refuse the start.
 
@@ -200,6 +201,90 @@ fn no_secret_reaches_a_job_whichever_way_the_node_was_given_it() {
             "{id}: a child of the job could not read the job's environment (the job is not dumpable):\n{own_environ}"
         );
     }
+}
+
+/// A config whose one job writes its environment to `seen`, with `notifiers` (whole
+/// `[notify.<name>]` tables) listed on the job.
+fn env_printing_config(world: &World, seen: &Path, notifiers: &[(&str, &str)]) -> PathBuf {
+    let names: Vec<String> = notifiers.iter().map(|(name, _)| format!("{name:?}")).collect();
+    let mut text = format!(
+        "[cluster]\nname = \"hooks\"\nshards = 1\nlease_ttl = \"3s\"\n\n[etcd]\nendpoints = [\"{}\"]\n\n\
+         [jobs.spy]\nschedule = \"* * * * * *\"\ncommand = 'env > {seen}.tmp; mv {seen}.tmp {seen}'\nnotify = [{}]\n\n",
+        world.etcd.client_url(),
+        names.join(", "),
+        seen = seen.display(),
+    );
+    for (name, table) in notifiers {
+        text.push_str(&format!(
+            "[notify.{name}]\nurl = \"http://127.0.0.1:9/hook\"\n{table}\n\n"
+        ));
+    }
+    let path = world.dir.path().join("hooks.toml");
+    std::fs::write(&path, text).expect("write config");
+    path
+}
+
+#[test]
+fn a_notifier_header_variable_never_reaches_a_job_even_one_a_reload_adds() {
+    const HOOK_TOKEN: &str = "hook-token-3f9a1c7e5b";
+    const LATER_TOKEN: &str = "later-token-8d2e6b0a4c";
+    let mut world = World::new();
+    let dir = world.dir.path().to_path_buf();
+    let seen = |name: &str| dir.join(name);
+    let ops = ("ops", "headers = { Authorization = { env = \"OPS_HOOK_TOKEN\" } }");
+    let later = ("later", "headers = { X-Token = { env = \"LATER_HOOK_TOKEN\" } }");
+    let config = env_printing_config(&world, &seen("at-start"), &[ops]);
+    world
+        .node("a", &config)
+        .env(&[
+            ("OPS_HOOK_TOKEN", HOOK_TOKEN),
+            ("LATER_HOOK_TOKEN", LATER_TOKEN),
+            ("LEFT_FOR_JOBS", "visible"),
+        ])
+        .start();
+    let job_saw = |file: &str| {
+        wait_for(Duration::from_secs(60), &format!("a run writing {file}"), || {
+            seen(file).exists()
+        });
+        std::fs::read_to_string(seen(file)).expect("what the job saw")
+    };
+    let assert_hidden = |file: &str, text: &str, hidden: &[&str]| {
+        assert!(
+            text.contains("LEFT_FOR_JOBS=visible") && text.contains("CRON_JOB=spy"),
+            "{file}: the job keeps the rest of the node's environment:\n{text}"
+        );
+        for secret in hidden {
+            assert!(!text.contains(secret), "{file}: the job saw {secret}:\n{text}");
+        }
+    };
+
+    step("at start: the header's variable is not in the job's environment");
+    let text = job_saw("at-start");
+    assert_hidden("at-start", &text, &["OPS_HOOK_TOKEN", HOOK_TOKEN]);
+    assert!(
+        text.contains(&format!("LATER_HOOK_TOKEN={LATER_TOKEN}")),
+        "a variable no notifier names yet is the job's:\n{text}"
+    );
+
+    step("a reload adds a notifier whose header names another variable: runs after it lack it too");
+    env_printing_config(&world, &seen("after-reload"), &[ops, later]);
+    world.nodes[0].signal(libc::SIGHUP);
+    let text = job_saw("after-reload");
+    assert_hidden(
+        "after-reload",
+        &text,
+        &["OPS_HOOK_TOKEN", HOOK_TOKEN, "LATER_HOOK_TOKEN", LATER_TOKEN],
+    );
+
+    step("a reload that drops both notifiers: a variable once a secret stays hidden");
+    env_printing_config(&world, &seen("after-drop"), &[]);
+    world.nodes[0].signal(libc::SIGHUP);
+    let text = job_saw("after-drop");
+    assert_hidden(
+        "after-drop",
+        &text,
+        &["OPS_HOOK_TOKEN", HOOK_TOKEN, "LATER_HOOK_TOKEN", LATER_TOKEN],
+    );
 }
 
 #[test]

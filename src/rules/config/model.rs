@@ -11,7 +11,7 @@ use serde::Deserialize;
 
 use crate::rules::blackouts::Blackout;
 use crate::rules::groups::Group;
-use crate::rules::notify::{Notifier, PingMethod};
+use crate::rules::notify::{HeaderValue, Notifier, PingMethod};
 pub use crate::rules::output::LogOutput;
 #[cfg(test)]
 use crate::rules::output::DEFAULT_OUTPUT_TAIL;
@@ -49,6 +49,21 @@ pub struct Config {
     pub blackouts: BTreeMap<String, Arc<Blackout>>,
     /// `[notify.<name>]`, by name.
     pub notifiers: BTreeMap<String, Arc<Notifier>>,
+}
+
+impl Config {
+    /// Every environment variable the config names as holding a secret: `[etcd] password_env`
+    /// and each notifier header's `{ env = "NAME" }`, whether a job uses that notifier or not.
+    /// None of them may reach a job.
+    pub fn secret_variables(&self) -> impl Iterator<Item = &str> {
+        let headers = self.notifiers.values().flat_map(|notifier| {
+            notifier.headers.iter().filter_map(|(_, value)| match value {
+                HeaderValue::Env(var) => Some(var.as_str()),
+                HeaderValue::Text(_) | HeaderValue::File(_) => None,
+            })
+        });
+        self.etcd.password_env.as_deref().into_iter().chain(headers)
+    }
 }
 
 /// The concurrency groups of a config, by name.
