@@ -10,6 +10,7 @@ use clap::Args;
 use tokio_util::sync::CancellationToken;
 
 use super::args::endpoints;
+use super::node_secrets::NodeSecrets;
 use super::{block_on, ConfigArg, NodeArgs};
 use crate::backoff::{sleep_or_cancel, Backoff};
 use crate::coord::keys::Keys;
@@ -77,6 +78,9 @@ fn tokens(args: &NodeArgs) -> Result<(Option<String>, Option<String>)> {
 }
 
 async fn serve(config: Config, args: &NodeArgs, endpoints: Vec<String>) -> Result<()> {
+    // A notifier would send such a secret to its URL: refused before anything starts.
+    let own_secrets = NodeSecrets::of(args, std::env::var_os("CREDENTIALS_DIRECTORY").map(PathBuf::from));
+    own_secrets.check(&config)?;
     let listen = args.listen_address()?;
     let (token, read_token) = tokens(args)?;
     // Every command starts from the node's environment without the variables that hold its
@@ -125,7 +129,12 @@ async fn serve(config: Config, args: &NodeArgs, endpoints: Vec<String>) -> Resul
     let probe_key = Keys::new(&config.cluster.name).nodes_prefix();
     // Before connecting, which may wait for etcd: SIGHUP's default action would end the node.
     let (reloads, reloaded) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(reload_on_hangup(config.path.clone(), Arc::clone(&child_env), reloads));
+    tokio::spawn(reload_on_hangup(
+        config.path.clone(),
+        own_secrets,
+        Arc::clone(&child_env),
+        reloads,
+    ));
     let Some(client) = connect(&endpoints, options.clone(), &probe_key, &readiness, &shutdown).await? else {
         return Ok(());
     };
@@ -248,8 +257,8 @@ async fn connect(
     }
 }
 
-/// SIGHUP re-reads the config file. A file that does not validate is rejected with its error
-/// and the old jobs kept; a valid one goes to the node, which applies it without giving up its
+/// SIGHUP re-reads the config file. A file that does not validate, or whose notifiers name the
+/// node's own secrets, is rejected with its error and the old jobs kept; a valid one goes to the node, which applies it without giving up its
 /// shards or refuses it if its `[cluster]` or `[etcd]` changed.
 ///
 /// The secret variables a valid file names are scrubbed from `child_env` before the node sees
@@ -257,6 +266,7 @@ async fn connect(
 /// then refuses scrubs them, which hides more, never less.
 async fn reload_on_hangup(
     path: PathBuf,
+    own_secrets: NodeSecrets,
     child_env: Arc<secrets::ChildEnv>,
     reloads: tokio::sync::mpsc::UnboundedSender<Config>,
 ) {
@@ -268,8 +278,13 @@ async fn reload_on_hangup(
     while hangups.recv().await.is_some() {
         tracing::info!(config = %path.display(), "SIGHUP: reloading jobs.toml");
         notify::send("RELOADING=1");
-        let reading = path.clone();
-        let loaded = tokio::task::spawn_blocking(move || load_for_node(&reading)).await;
+        let (reading, own_secrets) = (path.clone(), own_secrets.clone());
+        let loaded = tokio::task::spawn_blocking(move || {
+            let config = load_for_node(&reading)?;
+            own_secrets.check(&config)?;
+            Ok::<_, anyhow::Error>(config)
+        })
+        .await;
         // Rejected or not, the node goes on: systemd's reload job ends here either way.
         notify::send("READY=1");
         match loaded {

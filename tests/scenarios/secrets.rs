@@ -236,9 +236,11 @@ fn a_notifier_header_variable_never_reaches_a_job_even_one_a_reload_adds() {
     let config = env_printing_config(&world, &seen("at-start"), &[ops]);
     world
         .node("a", &config)
+        .args(&["--api-token-env", "NODE_API_TOKEN"])
         .env(&[
             ("OPS_HOOK_TOKEN", HOOK_TOKEN),
             ("LATER_HOOK_TOKEN", LATER_TOKEN),
+            ("NODE_API_TOKEN", API_TOKEN),
             ("LEFT_FOR_JOBS", "visible"),
         ])
         .start();
@@ -274,6 +276,27 @@ fn a_notifier_header_variable_never_reaches_a_job_even_one_a_reload_adds() {
         "after-reload",
         &text,
         &["OPS_HOOK_TOKEN", HOOK_TOKEN, "LATER_HOOK_TOKEN", LATER_TOKEN],
+    );
+
+    step("a reload whose header names the node's API token variable is rejected, the field named");
+    env_printing_config(
+        &world,
+        &seen("never"),
+        &[("leak", "headers = { X-Token = { env = \"NODE_API_TOKEN\" } }")],
+    );
+    world.nodes[0].signal(libc::SIGHUP);
+    wait_for(Duration::from_secs(30), "the reload rejected", || {
+        world.nodes[0].log_text().lines().any(|line| {
+            line.contains("reload rejected")
+                && line.contains("notify.leak.headers.X-Token")
+                && line.contains("NODE_API_TOKEN")
+                && line.contains("--api-token-env")
+        })
+    });
+    assert!(!seen("never").exists(), "the rejected config's job ran");
+    assert!(
+        !world.nodes[0].log_text().contains(API_TOKEN),
+        "the log shows the token"
     );
 
     step("a reload that drops both notifiers: a variable once a secret stays hidden");
@@ -440,6 +463,63 @@ fn open_secret_files_short_tokens_and_a_username_without_a_password_refuse_the_s
     assert!(err.contains("15 bytes") && err.contains("at least 16"), "{err}");
     let err = start_refused(&plain, &["--api-read-token-file", &shown("short")], &[]);
     assert!(err.contains("read token") && err.contains("at least 16"), "{err}");
+
+    step("a notifier header naming the node's token variable, token file or credentials");
+    let hooked = |name: &str, source: &str| {
+        let text = format!(
+            "[cluster]\nname = \"c\"\nshards = 1\n\n[etcd]\nendpoints = [\"http://127.0.0.1:9\"]\n\n\
+             [notify.ops]\nurl = \"https://hooks.example.com/x\"\nheaders = {{ X-Token = {source} }}\n\n\
+             [jobs.j]\nschedule = \"@daily\"\ncommand = \"true\"\nnotify = [\"ops\"]\n"
+        );
+        std::fs::write(path(name), text).expect("config");
+        path(name)
+    };
+    write_private(&path("token"), API_TOKEN, 0o600);
+    let config = hooked("by-env.toml", "{ env = \"NODE_TOKEN\" }");
+    let err = start_refused(
+        &config,
+        &["--api-token-env", "NODE_TOKEN"],
+        &[("NODE_TOKEN", API_TOKEN)],
+    );
+    assert!(
+        err.contains("notify.ops.headers.X-Token") && err.contains("NODE_TOKEN") && err.contains("--api-token-env"),
+        "{err}"
+    );
+    let config = hooked("by-file.toml", &format!("{{ file = \"{}\" }}", shown("token")));
+    let err = start_refused(&config, &["--api-token-file", &shown("token")], &[]);
+    assert!(
+        err.contains("notify.ops.headers.X-Token") && err.contains("--api-token-file"),
+        "{err}"
+    );
+    let config = hooked(
+        "by-cred.toml",
+        &format!("{{ file = \"{}\" }}", credentials.join("etcd-password").display()),
+    );
+    let out = Command::new(SHARDCRON)
+        .args(["run", "--node-id", "refused", "--config"])
+        .arg(&config)
+        .env("CREDENTIALS_DIRECTORY", creds)
+        .env_remove("SHARDCRON_API_TOKEN_FILE")
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("$CREDENTIALS_DIRECTORY"), "{err}");
+    step("check names the line and field of a header naming what the file says is secret");
+    let config = hooked("by-shardcron.toml", "{ env = \"SHARDCRON_API_TOKEN_ENV\" }");
+    let out = Command::new(SHARDCRON)
+        .args(["check", "--config"])
+        .arg(&config)
+        .output()
+        .expect("check");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("by-shardcron.toml:10:")
+            && err.contains("field \"notify.ops.headers.X-Token\"")
+            && err.contains("SHARDCRON_*"),
+        "{err}"
+    );
 
     step("a username without a password source");
     let config = config_with("nopass.toml", "username = \"cron\"");

@@ -15,6 +15,7 @@ use crate::rules::notify::{HeaderValue, Notifier, PingMethod};
 pub use crate::rules::output::LogOutput;
 #[cfg(test)]
 use crate::rules::output::DEFAULT_OUTPUT_TAIL;
+use crate::rules::own_secrets::OwnSecrets;
 use crate::rules::pools::{Elections, FanOut, Tags};
 use crate::rules::schedule::Schedule;
 
@@ -98,6 +99,24 @@ pub struct Etcd {
     /// How old the history is that one node compacts etcd's history to; `None` (`"off"`) for
     /// an etcd that compacts itself.
     pub compaction: Option<Duration>,
+}
+
+impl Etcd {
+    /// The secrets this section names (the password's variable or file, the client key), with
+    /// those every node keeps to itself: no notifier header may name them.
+    pub fn own_secrets(&self) -> OwnSecrets {
+        let mut own = OwnSecrets::default();
+        if let Some(var) = &self.password_env {
+            own.var(var, "[etcd] password_env");
+        }
+        if let Some(file) = &self.password_file {
+            own.file(file, "[etcd] password_file");
+        }
+        if let Some(key) = self.tls.as_ref().and_then(|tls| tls.key.as_ref()) {
+            own.file(key, "[etcd] tls.key");
+        }
+        own
+    }
 }
 
 /// Default for `[etcd] compaction`: what Kubernetes' API server keeps of its etcd's history.
