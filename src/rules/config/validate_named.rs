@@ -309,7 +309,7 @@ fn table_name(source: &Source, span: std::ops::Range<usize>, name: &str, table: 
         Some(span),
         None,
         Some(&format!("{table}.{name}")),
-        format!("invalid name: use at most {MAX_TABLE_NAME} letters, digits, '.', '_' and '-'"),
+        format!("invalid name: use at most {MAX_TABLE_NAME} letters, digits, '.', '_' and '-' (not \".\" or \"..\")"),
     ))
 }
 
