@@ -258,8 +258,9 @@ async fn connect(
 }
 
 /// SIGHUP re-reads the config file. A file that does not validate, or whose notifiers name the
-/// node's own secrets, is rejected with its error and the old jobs kept; a valid one goes to the node, which applies it without giving up its
-/// shards or refuses it if its `[cluster]` or `[etcd]` changed.
+/// node's own secrets, is rejected with its error and the old jobs kept; a valid one goes to
+/// the node, which applies it without giving up its shards or refuses it if its `[cluster]` or
+/// `[etcd]` changed.
 ///
 /// The secret variables a valid file names are scrubbed from `child_env` before the node sees
 /// it, so no run of its jobs (or of the old ones from then on) gets them; even a reload the node
