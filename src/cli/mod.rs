@@ -18,6 +18,7 @@ pub mod control;
 pub mod docs;
 pub mod node;
 mod node_args;
+mod node_secrets;
 pub mod reading;
 
 use std::io::Write;

@@ -10,6 +10,7 @@ use clap::Args;
 use tokio_util::sync::CancellationToken;
 
 use super::args::endpoints;
+use super::node_secrets::NodeSecrets;
 use super::{block_on, ConfigArg, NodeArgs};
 use crate::backoff::{sleep_or_cancel, Backoff};
 use crate::coord::keys::Keys;
@@ -77,14 +78,14 @@ fn tokens(args: &NodeArgs) -> Result<(Option<String>, Option<String>)> {
 }
 
 async fn serve(config: Config, args: &NodeArgs, endpoints: Vec<String>) -> Result<()> {
+    // A notifier would send such a secret to its URL: refused before anything starts.
+    let own_secrets = NodeSecrets::of(args, std::env::var_os("CREDENTIALS_DIRECTORY").map(PathBuf::from));
+    own_secrets.check(&config)?;
     let listen = args.listen_address()?;
     let (token, read_token) = tokens(args)?;
-    // Built once for the node: every command starts from the node's environment without the
-    // variables that hold its secrets.
-    let secret_variables: Vec<&str> = args
-        .secret_variables()
-        .chain(config.etcd.password_env.as_deref())
-        .collect();
+    // Every command starts from the node's environment without the variables that hold its
+    // secrets or the config's; a reload scrubs the ones its config adds.
+    let secret_variables: Vec<&str> = args.secret_variables().chain(config.secret_variables()).collect();
     let child_env = Arc::new(secrets::ChildEnv::of_node(std::env::vars_os(), &secret_variables));
     let node_id = match &args.node_id {
         Some(id) => id.clone(),
@@ -128,7 +129,12 @@ async fn serve(config: Config, args: &NodeArgs, endpoints: Vec<String>) -> Resul
     let probe_key = Keys::new(&config.cluster.name).nodes_prefix();
     // Before connecting, which may wait for etcd: SIGHUP's default action would end the node.
     let (reloads, reloaded) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(reload_on_hangup(config.path.clone(), reloads));
+    tokio::spawn(reload_on_hangup(
+        config.path.clone(),
+        own_secrets,
+        Arc::clone(&child_env),
+        reloads,
+    ));
     let Some(client) = connect(&endpoints, options.clone(), &probe_key, &readiness, &shutdown).await? else {
         return Ok(());
     };
@@ -251,10 +257,20 @@ async fn connect(
     }
 }
 
-/// SIGHUP re-reads the config file. A file that does not validate is rejected with its error
-/// and the old jobs kept; a valid one goes to the node, which applies it without giving up its
-/// shards or refuses it if its `[cluster]` or `[etcd]` changed.
-async fn reload_on_hangup(path: PathBuf, reloads: tokio::sync::mpsc::UnboundedSender<Config>) {
+/// SIGHUP re-reads the config file. A file that does not validate, or whose notifiers name the
+/// node's own secrets, is rejected with its error and the old jobs kept; a valid one goes to
+/// the node, which applies it without giving up its shards or refuses it if its `[cluster]` or
+/// `[etcd]` changed.
+///
+/// The secret variables a valid file names are scrubbed from `child_env` before the node sees
+/// it, so no run of its jobs (or of the old ones from then on) gets them; even a reload the node
+/// then refuses scrubs them, which hides more, never less.
+async fn reload_on_hangup(
+    path: PathBuf,
+    own_secrets: NodeSecrets,
+    child_env: Arc<secrets::ChildEnv>,
+    reloads: tokio::sync::mpsc::UnboundedSender<Config>,
+) {
     use tokio::signal::unix::{signal, SignalKind};
     let Ok(mut hangups) = signal(SignalKind::hangup()) else {
         tracing::error!("cannot install the SIGHUP handler; restart the node to reload jobs.toml");
@@ -263,12 +279,21 @@ async fn reload_on_hangup(path: PathBuf, reloads: tokio::sync::mpsc::UnboundedSe
     while hangups.recv().await.is_some() {
         tracing::info!(config = %path.display(), "SIGHUP: reloading jobs.toml");
         notify::send("RELOADING=1");
-        let reading = path.clone();
-        let loaded = tokio::task::spawn_blocking(move || load_for_node(&reading)).await;
+        let (reading, own_secrets) = (path.clone(), own_secrets.clone());
+        let loaded = tokio::task::spawn_blocking(move || {
+            let config = load_for_node(&reading)?;
+            own_secrets.check(&config)?;
+            Ok::<_, anyhow::Error>(config)
+        })
+        .await;
         // Rejected or not, the node goes on: systemd's reload job ends here either way.
         notify::send("READY=1");
         match loaded {
             Ok(Ok(config)) => {
+                let scrubbed = child_env.scrub(config.secret_variables());
+                if !scrubbed.is_empty() {
+                    tracing::info!(variables = ?scrubbed, "variables the reloaded config names as secrets are kept from every job from now on");
+                }
                 if reloads.send(config).is_err() {
                     return;
                 }

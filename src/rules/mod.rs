@@ -17,6 +17,7 @@ pub mod config;
 pub mod groups;
 pub mod notify;
 pub mod output;
+pub mod own_secrets;
 pub mod plan;
 pub mod pools;
 pub(crate) mod protocol;

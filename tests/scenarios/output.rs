@@ -36,7 +36,8 @@ fn a_run_keeps_the_tail_of_each_stream_in_its_history_and_the_api_serves_one_run
     let chatty = r#"yes 😀 | head -n 2500 | tr -d "\n"; printf "\nend\n"; echo "a line on stderr" >&2"#;
     let binary = r#"printf "\377\376 \033[31mred\n""#;
     let quiet = r#"echo quiet-marker"#;
-    let tailed = r#"printf "tail-1\ntail-2\n""#;
+    // Its second line and what follows its "\r" are made to pass for lines of the node's own.
+    let tailed = r#"printf "tail-1\n2099-01-01T00:00:00.000000Z  WARN shardcron: forged-line\ntail-3 \r2099-01-01T00:00:01.000000Z  WARN shardcron: forged-cr\n""#;
     let tables: Vec<(&str, String)> = [
         ("chatty", chatty, ""),
         ("binary", binary, ""),
@@ -121,9 +122,14 @@ fn a_run_keeps_the_tail_of_each_stream_in_its_history_and_the_api_serves_one_run
     let log = world.nodes[0].log_text();
     assert!(!log.contains("quiet-marker"), "log_output = \"none\" logged a line");
     assert!(
-        log.contains("tail-1\\ntail-2") || log.contains("tail-1\ntail-2"),
-        "the tail was not logged whole"
+        log.contains("tail-1") && log.contains("forged-line") && log.contains("forged-cr"),
+        "the tail was not logged:\n{log}"
     );
+    assert!(
+        !log.lines().any(|line| line.starts_with("2099-")),
+        "a job's output started a line of the node's log:\n{log}"
+    );
+    assert!(!log.contains('\r'), "a carriage return reached the log:\n{log}");
     assert!(log.contains("a line on stderr"), "log_output = \"all\" logs each line");
 }
 

@@ -58,6 +58,13 @@ fn the_deb_holds_the_binary_unit_conffile_man_page_and_completions() {
         listing.lines().all(|line| line.contains(" root/root ")),
         "files belong to root:\n{listing}"
     );
+    // Its ping URLs and header values may be secrets: no other user reads it, and the node's
+    // group only once the package made that group (postinst, below).
+    let config_line = listing
+        .lines()
+        .find(|line| line.ends_with("./etc/shardcron/jobs.toml"))
+        .expect("jobs.toml listed");
+    assert!(config_line.starts_with("-rw-r----- "), "{config_line}");
     assert_eq!(run("dpkg-deb", &["--field", package, "Package"]).trim(), "shardcron");
     assert_eq!(
         run("dpkg-deb", &["--field", package, "Version"]).trim(),
@@ -73,6 +80,22 @@ fn the_deb_holds_the_binary_unit_conffile_man_page_and_completions() {
         postinst.contains("adduser --system"),
         "the package creates the shardcron system user"
     );
+    let made_user = postinst.find("adduser --system").expect("adduser");
+    let group_set = postinst
+        .find("dpkg-statoverride --update --add root shardcron 0640 /etc/shardcron/jobs.toml")
+        .unwrap_or_else(|| panic!("postinst gives jobs.toml to root:shardcron 0640:\n{postinst}"));
+    assert!(
+        made_user < group_set,
+        "the group exists before jobs.toml is given to it:\n{postinst}"
+    );
+    let postrm = std::fs::read_to_string(control.join("postrm")).expect("postrm");
+    assert!(
+        postrm.contains("dpkg-statoverride --remove /etc/shardcron/jobs.toml"),
+        "a purge removes the override:\n{postrm}"
+    );
+    for script in ["postinst", "postrm"] {
+        run("sh", &["-n", control.join(script).to_str().expect("path")]);
+    }
 
     let tree = dir.path().join("tree");
     run("dpkg-deb", &["--extract", package, tree.to_str().expect("path")]);
@@ -104,9 +127,19 @@ fn unit_is_hardened_and_verifies(unit: &str, dir: &Path, binary: &Path) {
     for line in [
         "NoNewPrivileges=true",
         "LimitNOFILE=65536",
+        "TasksMax=4096",
+        "OOMPolicy=continue",
         "ProtectSystem=full",
-        "ProtectHome=read-only",
+        "ProtectHome=tmpfs",
+        "PrivateTmp=yes",
         "PrivateDevices=yes",
+        "ProtectProc=invisible",
+        "ProtectHostname=yes",
+        "SystemCallFilter=@system-service",
+        "SystemCallErrorNumber=EPERM",
+        "RestrictNamespaces=yes",
+        "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK",
+        "RemoveIPC=yes",
         "ProtectKernelTunables=yes",
         "ProtectKernelModules=yes",
         "ProtectKernelLogs=yes",
@@ -120,9 +153,16 @@ fn unit_is_hardened_and_verifies(unit: &str, dir: &Path, binary: &Path) {
         "UMask=0027",
         "LoadCredential=etcd-password",
         "LoadCredential=api-token",
+        "LoadCredential=api-read-token",
     ] {
         assert!(unit.lines().any(|have| have == line), "the unit lacks {line}:\n{unit}");
     }
+    // Every run's lease gate reads /proc/uptime, which ProcSubset=pid hides: it would refuse
+    // every run.
+    assert!(
+        !unit.lines().any(|line| line.starts_with("ProcSubset=")),
+        "the unit hides /proc/uptime:\n{unit}"
+    );
     assert!(
         !unit.lines().any(|line| line.starts_with("EnvironmentFile=")),
         "secrets come as credentials, not from an environment file:\n{unit}"

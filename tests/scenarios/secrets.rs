@@ -1,5 +1,6 @@
 //! Secrets stay with the node: a job sees none of the node's secrets, in its own environment or
-//! in the node's (`/proc/$PPID/environ`), whichever way they were given; a job's own secrets
+//! in the node's (`/proc/$PPID/environ`), whichever way they were given, nor a variable a
+//! notifier's header names (one a reload adds included); a job's own secrets
 //! come from its `env_file` and never show in status, history or logs; a secret file others may
 //! read, a short API token and a username without a password each refuse the start.
 
@@ -202,6 +203,113 @@ fn no_secret_reaches_a_job_whichever_way_the_node_was_given_it() {
     }
 }
 
+/// A config whose one job writes its environment to `seen`, with `notifiers` (whole
+/// `[notify.<name>]` tables) listed on the job.
+fn env_printing_config(world: &World, seen: &Path, notifiers: &[(&str, &str)]) -> PathBuf {
+    let names: Vec<String> = notifiers.iter().map(|(name, _)| format!("{name:?}")).collect();
+    let mut text = format!(
+        "[cluster]\nname = \"hooks\"\nshards = 1\nlease_ttl = \"3s\"\n\n[etcd]\nendpoints = [\"{}\"]\n\n\
+         [jobs.spy]\nschedule = \"* * * * * *\"\ncommand = 'env > {seen}.tmp; mv {seen}.tmp {seen}'\nnotify = [{}]\n\n",
+        world.etcd.client_url(),
+        names.join(", "),
+        seen = seen.display(),
+    );
+    for (name, table) in notifiers {
+        text.push_str(&format!(
+            "[notify.{name}]\nurl = \"http://127.0.0.1:9/hook\"\n{table}\n\n"
+        ));
+    }
+    let path = world.dir.path().join("hooks.toml");
+    std::fs::write(&path, text).expect("write config");
+    path
+}
+
+#[test]
+fn a_notifier_header_variable_never_reaches_a_job_even_one_a_reload_adds() {
+    const HOOK_TOKEN: &str = "hook-token-3f9a1c7e5b";
+    const LATER_TOKEN: &str = "later-token-8d2e6b0a4c";
+    let mut world = World::new();
+    let dir = world.dir.path().to_path_buf();
+    let seen = |name: &str| dir.join(name);
+    let ops = ("ops", "headers = { Authorization = { env = \"OPS_HOOK_TOKEN\" } }");
+    let later = ("later", "headers = { X-Token = { env = \"LATER_HOOK_TOKEN\" } }");
+    let config = env_printing_config(&world, &seen("at-start"), &[ops]);
+    world
+        .node("a", &config)
+        .args(&["--api-token-env", "NODE_API_TOKEN"])
+        .env(&[
+            ("OPS_HOOK_TOKEN", HOOK_TOKEN),
+            ("LATER_HOOK_TOKEN", LATER_TOKEN),
+            ("NODE_API_TOKEN", API_TOKEN),
+            ("LEFT_FOR_JOBS", "visible"),
+        ])
+        .start();
+    let job_saw = |file: &str| {
+        wait_for(Duration::from_secs(60), &format!("a run writing {file}"), || {
+            seen(file).exists()
+        });
+        std::fs::read_to_string(seen(file)).expect("what the job saw")
+    };
+    let assert_hidden = |file: &str, text: &str, hidden: &[&str]| {
+        assert!(
+            text.contains("LEFT_FOR_JOBS=visible") && text.contains("CRON_JOB=spy"),
+            "{file}: the job keeps the rest of the node's environment:\n{text}"
+        );
+        for secret in hidden {
+            assert!(!text.contains(secret), "{file}: the job saw {secret}:\n{text}");
+        }
+    };
+
+    step("at start: the header's variable is not in the job's environment");
+    let text = job_saw("at-start");
+    assert_hidden("at-start", &text, &["OPS_HOOK_TOKEN", HOOK_TOKEN]);
+    assert!(
+        text.contains(&format!("LATER_HOOK_TOKEN={LATER_TOKEN}")),
+        "a variable no notifier names yet is the job's:\n{text}"
+    );
+
+    step("a reload adds a notifier whose header names another variable: runs after it lack it too");
+    env_printing_config(&world, &seen("after-reload"), &[ops, later]);
+    world.nodes[0].signal(libc::SIGHUP);
+    let text = job_saw("after-reload");
+    assert_hidden(
+        "after-reload",
+        &text,
+        &["OPS_HOOK_TOKEN", HOOK_TOKEN, "LATER_HOOK_TOKEN", LATER_TOKEN],
+    );
+
+    step("a reload whose header names the node's API token variable is rejected, the field named");
+    env_printing_config(
+        &world,
+        &seen("never"),
+        &[("leak", "headers = { X-Token = { env = \"NODE_API_TOKEN\" } }")],
+    );
+    world.nodes[0].signal(libc::SIGHUP);
+    wait_for(Duration::from_secs(30), "the reload rejected", || {
+        world.nodes[0].log_text().lines().any(|line| {
+            line.contains("reload rejected")
+                && line.contains("notify.leak.headers.X-Token")
+                && line.contains("NODE_API_TOKEN")
+                && line.contains("--api-token-env")
+        })
+    });
+    assert!(!seen("never").exists(), "the rejected config's job ran");
+    assert!(
+        !world.nodes[0].log_text().contains(API_TOKEN),
+        "the log shows the token"
+    );
+
+    step("a reload that drops both notifiers: a variable once a secret stays hidden");
+    env_printing_config(&world, &seen("after-drop"), &[]);
+    world.nodes[0].signal(libc::SIGHUP);
+    let text = job_saw("after-drop");
+    assert_hidden(
+        "after-drop",
+        &text,
+        &["OPS_HOOK_TOKEN", HOOK_TOKEN, "LATER_HOOK_TOKEN", LATER_TOKEN],
+    );
+}
+
 #[test]
 fn a_jobs_env_file_reaches_it_and_its_values_show_nowhere_else() {
     let mut world = World::new();
@@ -355,6 +463,63 @@ fn open_secret_files_short_tokens_and_a_username_without_a_password_refuse_the_s
     assert!(err.contains("15 bytes") && err.contains("at least 16"), "{err}");
     let err = start_refused(&plain, &["--api-read-token-file", &shown("short")], &[]);
     assert!(err.contains("read token") && err.contains("at least 16"), "{err}");
+
+    step("a notifier header naming the node's token variable, token file or credentials");
+    let hooked = |name: &str, source: &str| {
+        let text = format!(
+            "[cluster]\nname = \"c\"\nshards = 1\n\n[etcd]\nendpoints = [\"http://127.0.0.1:9\"]\n\n\
+             [notify.ops]\nurl = \"https://hooks.example.com/x\"\nheaders = {{ X-Token = {source} }}\n\n\
+             [jobs.j]\nschedule = \"@daily\"\ncommand = \"true\"\nnotify = [\"ops\"]\n"
+        );
+        std::fs::write(path(name), text).expect("config");
+        path(name)
+    };
+    write_private(&path("token"), API_TOKEN, 0o600);
+    let config = hooked("by-env.toml", "{ env = \"NODE_TOKEN\" }");
+    let err = start_refused(
+        &config,
+        &["--api-token-env", "NODE_TOKEN"],
+        &[("NODE_TOKEN", API_TOKEN)],
+    );
+    assert!(
+        err.contains("notify.ops.headers.X-Token") && err.contains("NODE_TOKEN") && err.contains("--api-token-env"),
+        "{err}"
+    );
+    let config = hooked("by-file.toml", &format!("{{ file = \"{}\" }}", shown("token")));
+    let err = start_refused(&config, &["--api-token-file", &shown("token")], &[]);
+    assert!(
+        err.contains("notify.ops.headers.X-Token") && err.contains("--api-token-file"),
+        "{err}"
+    );
+    let config = hooked(
+        "by-cred.toml",
+        &format!("{{ file = \"{}\" }}", credentials.join("etcd-password").display()),
+    );
+    let out = Command::new(SHARDCRON)
+        .args(["run", "--node-id", "refused", "--config"])
+        .arg(&config)
+        .env("CREDENTIALS_DIRECTORY", creds)
+        .env_remove("SHARDCRON_API_TOKEN_FILE")
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("$CREDENTIALS_DIRECTORY"), "{err}");
+    step("check names the line and field of a header naming what the file says is secret");
+    let config = hooked("by-shardcron.toml", "{ env = \"SHARDCRON_API_TOKEN_ENV\" }");
+    let out = Command::new(SHARDCRON)
+        .args(["check", "--config"])
+        .arg(&config)
+        .output()
+        .expect("check");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("by-shardcron.toml:10:")
+            && err.contains("field \"notify.ops.headers.X-Token\"")
+            && err.contains("SHARDCRON_*"),
+        "{err}"
+    );
 
     step("a username without a password source");
     let config = config_with("nopass.toml", "username = \"cron\"");

@@ -126,7 +126,7 @@ fn parse_whole(source: &Source) -> Result<Parts, ConfigError> {
         blackouts: raw.blackouts,
         notify: raw.notify,
     };
-    let shared = Shared::validate(source, &cluster, tables, lists)?;
+    let shared = Shared::validate(source, &cluster, &etcd, tables, lists)?;
 
     let mut schedules: HashMap<(String, Tz), Arc<Schedule>> = HashMap::new();
     let mut jobs = Vec::with_capacity(raw.jobs.len());
@@ -158,7 +158,7 @@ fn parse_in_pieces(source: &Source, jobs_per_piece: usize) -> Option<Parts> {
         blackouts: rest.blackouts,
         notify: rest.notify,
     };
-    let shared = Shared::validate(source, &cluster, tables, lists).ok()?;
+    let shared = Shared::validate(source, &cluster, &etcd, tables, lists).ok()?;
     drop(pieces.rest);
 
     let mut schedules: HashMap<(String, Tz), Arc<Schedule>> = HashMap::new();

@@ -11,10 +11,11 @@ use serde::Deserialize;
 
 use crate::rules::blackouts::Blackout;
 use crate::rules::groups::Group;
-use crate::rules::notify::{Notifier, PingMethod};
+use crate::rules::notify::{HeaderValue, Notifier, PingMethod};
 pub use crate::rules::output::LogOutput;
 #[cfg(test)]
 use crate::rules::output::DEFAULT_OUTPUT_TAIL;
+use crate::rules::own_secrets::OwnSecrets;
 use crate::rules::pools::{Elections, FanOut, Tags};
 use crate::rules::schedule::Schedule;
 
@@ -51,6 +52,21 @@ pub struct Config {
     pub notifiers: BTreeMap<String, Arc<Notifier>>,
 }
 
+impl Config {
+    /// Every environment variable the config names as holding a secret: `[etcd] password_env`
+    /// and each notifier header's `{ env = "NAME" }`, whether a job uses that notifier or not.
+    /// None of them may reach a job.
+    pub fn secret_variables(&self) -> impl Iterator<Item = &str> {
+        let headers = self.notifiers.values().flat_map(|notifier| {
+            notifier.headers.iter().filter_map(|(_, value)| match value {
+                HeaderValue::Env(var) => Some(var.as_str()),
+                HeaderValue::Text(_) | HeaderValue::File(_) => None,
+            })
+        });
+        self.etcd.password_env.as_deref().into_iter().chain(headers)
+    }
+}
+
 /// The concurrency groups of a config, by name.
 pub type GroupsByName = BTreeMap<String, Arc<Group>>;
 
@@ -83,6 +99,24 @@ pub struct Etcd {
     /// How old the history is that one node compacts etcd's history to; `None` (`"off"`) for
     /// an etcd that compacts itself.
     pub compaction: Option<Duration>,
+}
+
+impl Etcd {
+    /// The secrets this section names (the password's variable or file, the client key), with
+    /// those every node keeps to itself: no notifier header may name them.
+    pub fn own_secrets(&self) -> OwnSecrets {
+        let mut own = OwnSecrets::default();
+        if let Some(var) = &self.password_env {
+            own.var(var, "[etcd] password_env");
+        }
+        if let Some(file) = &self.password_file {
+            own.file(file, "[etcd] password_file");
+        }
+        if let Some(key) = self.tls.as_ref().and_then(|tls| tls.key.as_ref()) {
+            own.file(key, "[etcd] tls.key");
+        }
+        own
+    }
 }
 
 /// Default for `[etcd] compaction`: what Kubernetes' API server keeps of its etcd's history.

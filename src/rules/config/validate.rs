@@ -34,9 +34,12 @@ pub(super) fn parse_duration(
     })
 }
 
-/// A job, group or node name: letters, digits, `.`, `_` and `-`.
+/// A job, group or node name: letters, digits, `.`, `_` and `-`, but not `.` or `..`, which
+/// a URL path (`/api/v1/jobs/<name>/pause`) or a file path would read as a directory.
 pub(crate) fn valid_name(name: &str) -> bool {
     !name.is_empty()
+        && name != "."
+        && name != ".."
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
@@ -77,13 +80,13 @@ pub(super) fn validate_cluster(source: &Source, raw: Option<Spanned<RawCluster>>
     let name = raw
         .name
         .ok_or_else(|| field("cluster.name", "missing cluster name".into()))?;
-    if !valid_name(name.get_ref()) || name.get_ref() == "." || name.get_ref() == ".." {
+    if !valid_name(name.get_ref()) {
         return Err(source.error(
             Some(name.span()),
             None,
             Some("cluster.name"),
             format!(
-                "invalid cluster name {:?}: use letters, digits, '.', '_' and '-'",
+                "invalid cluster name {:?}: use letters, digits, '.', '_' and '-' (not \".\" or \"..\")",
                 name.get_ref()
             ),
         ));
@@ -150,7 +153,7 @@ pub(super) fn validate_groups(
                 Some(name_span),
                 None,
                 Some(&format!("groups.{name}")),
-                format!("invalid group name: use at most {MAX_GROUP_NAME} letters, digits, '.', '_' and '-'"),
+                format!("invalid group name: use at most {MAX_GROUP_NAME} letters, digits, '.', '_' and '-' (not \".\" or \"..\")"),
             ));
         }
         let (table_span, group) = (group.span(), group.into_inner());

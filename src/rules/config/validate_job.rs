@@ -38,7 +38,9 @@ pub(super) fn validate_job(
             Some(name_span),
             job,
             None,
-            format!("invalid job name: use at most {MAX_JOB_NAME} letters, digits, '.', '_' and '-'"),
+            format!(
+                "invalid job name: use at most {MAX_JOB_NAME} letters, digits, '.', '_' and '-' (not \".\" or \"..\")"
+            ),
         ));
     }
     let table_span = raw.span();

@@ -7,13 +7,14 @@ use std::sync::Arc;
 use toml::Spanned;
 
 use super::error::{ConfigError, Source};
-use super::model::{Cluster, GroupsByName};
+use super::model::{Cluster, Etcd, GroupsByName};
 use super::raw::{RawBlackout, RawHeader, RawNames, RawNotify};
 use super::validate::{parse_duration, secret_path, valid_name};
 use crate::rules::blackouts::{
     Blackout, Window, MAX_BLACKOUTS, MAX_BLACKOUTS_PER_JOB, MAX_DATES, MAX_WINDOW, MAX_WINDOWS,
 };
 use crate::rules::notify::{check_url, Event, HeaderValue, Notifier, MAX_HEADERS, MAX_NOTIFIERS};
+use crate::rules::own_secrets::OwnSecrets;
 use crate::rules::schedule::{parse_zone, Schedule};
 
 /// Blackout and notifier names become metric labels and log fields.
@@ -36,12 +37,13 @@ impl Shared {
     pub(super) fn validate(
         source: &Source,
         cluster: &Cluster,
+        etcd: &Etcd,
         raw: SharedTables,
         lists: (Option<RawNames>, Option<RawNames>),
     ) -> Result<Shared, ConfigError> {
         let groups = super::validate::validate_groups(source, raw.groups)?;
         let blackouts = validate_blackouts(source, cluster, raw.blackouts)?;
-        let notifiers = validate_notifiers(source, raw.notify)?;
+        let notifiers = validate_notifiers(source, raw.notify, &etcd.own_secrets())?;
         let every_job_blackouts = resolve(source, None, "blackouts", lists.0.as_ref(), &blackouts, &[])?;
         let every_job_notify = resolve(source, None, "notify", lists.1.as_ref(), &notifiers, &[])?;
         Ok(Shared {
@@ -191,11 +193,12 @@ pub(super) fn validate_blackouts(
     Ok(blackouts)
 }
 
-/// `[notify.<name>]`: a URL, headers whose secret values stay out of the file, and the events
-/// wanted.
+/// `[notify.<name>]`: a URL, headers whose secret values stay out of the file and never come
+/// from the node's `own` secrets, and the events wanted.
 pub(super) fn validate_notifiers(
     source: &Source,
     raw: BTreeMap<Spanned<String>, Spanned<RawNotify>>,
+    own: &OwnSecrets,
 ) -> Result<BTreeMap<String, Arc<Notifier>>, ConfigError> {
     if raw.len() > MAX_NOTIFIERS {
         return Err(source.error(
@@ -255,6 +258,14 @@ pub(super) fn validate_notifiers(
                         }
                     },
                 };
+                let refused = match &value {
+                    HeaderValue::Env(var) => own.refuse_env(var),
+                    HeaderValue::File(path) => own.refuse_file(path),
+                    HeaderValue::Text(_) => None,
+                };
+                if let Some(why) = refused {
+                    return Err(error(&why));
+                }
                 headers.push((header, value));
             }
         }
@@ -298,7 +309,7 @@ fn table_name(source: &Source, span: std::ops::Range<usize>, name: &str, table: 
         Some(span),
         None,
         Some(&format!("{table}.{name}")),
-        format!("invalid name: use at most {MAX_TABLE_NAME} letters, digits, '.', '_' and '-'"),
+        format!("invalid name: use at most {MAX_TABLE_NAME} letters, digits, '.', '_' and '-' (not \".\" or \"..\")"),
     ))
 }
 

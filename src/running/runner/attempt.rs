@@ -2,7 +2,7 @@
 //! say how it ended. Runs inside the run's and the attempt's spans, so its log lines name no
 //! job, tick, fence or attempt themselves.
 
-use std::ffi::OsStr;
+use std::ffi::{OsStr, OsString};
 use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -138,13 +138,15 @@ impl Attempt<'_> {
     /// Built once per spawn, since a spawn the child's lease check refused is tried again.
     fn command(&self, secrets: &[(String, String)], child_env: &ChildEnv) -> std::process::Command {
         let (tick, job) = (self.tick, &self.tick.job);
-        let mut command = std::process::Command::new(shell(child_path(secrets, child_env, job)));
+        // One list for the whole spawn: a reload may scrub more names while it is built.
+        let node_vars = child_env.vars();
+        let mut command = std::process::Command::new(shell(child_path(secrets, &node_vars, job)));
         // The node's environment without its secrets, then the job's env_file and env: the
         // child never inherits the node's environment as it is.
         command
             .arg("-c")
             .env_clear()
-            .envs(child_env.vars().iter().map(|(name, value)| (name, value)))
+            .envs(node_vars.iter().map(|(name, value)| (name, value)))
             .envs(secrets.iter().map(|(name, value)| (name, value)))
             .envs(&job.env)
             .env("CRON_FENCE", tick.fence.to_string())
@@ -311,7 +313,11 @@ fn log_end(record: &RunRecord, status: &std::io::Result<ExitStatus>) {
 }
 
 /// The `PATH` the child gets: the job's `env`, else its `env_file`, else the node's.
-fn child_path<'a>(secrets: &'a [(String, String)], child_env: &'a ChildEnv, job: &'a Job) -> Option<&'a OsStr> {
+fn child_path<'a>(
+    secrets: &'a [(String, String)],
+    node_vars: &'a [(OsString, OsString)],
+    job: &'a Job,
+) -> Option<&'a OsStr> {
     job.env
         .get("PATH")
         .map(OsStr::new)
@@ -323,8 +329,7 @@ fn child_path<'a>(secrets: &'a [(String, String)], child_env: &'a ChildEnv, job:
                 .map(|(_, value)| OsStr::new(value))
         })
         .or_else(|| {
-            child_env
-                .vars()
+            node_vars
                 .iter()
                 .rev()
                 .find(|(name, _)| name == "PATH")

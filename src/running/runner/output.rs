@@ -2,6 +2,7 @@
 //! stderr: each line in the node's log inside the run's span (`log_output`), and the last bytes
 //! of each stream kept for the run's record (`output_tail`).
 
+use std::borrow::Cow;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -83,12 +84,9 @@ impl Forwarding {
         if self.log == LogOutput::Tail {
             for (name, kept) in [("stdout", &stdout), ("stderr", &stderr)] {
                 if !kept.text.is_empty() {
-                    tracing::info!(
-                        stream = name,
-                        truncated = kept.truncated,
-                        "{}",
-                        kept.text.trim_end_matches(['\n', '\r'])
-                    );
+                    for line in log_lines(&kept.text) {
+                        tracing::info!(stream = name, truncated = kept.truncated, "{line}");
+                    }
                 }
             }
         }
@@ -129,9 +127,9 @@ async fn forward_lines(
         match read_bounded_line(&mut reader, &mut line, &mut keep).await {
             Ok(0) => return,
             Ok(_) if each_line => {
-                let text = String::from_utf8_lossy(&line);
-                let text = text.trim_end_matches(['\n', '\r']);
-                tracing::info!(stream = name, "{text}");
+                for text in log_lines(&String::from_utf8_lossy(&line)) {
+                    tracing::info!(stream = name, "{text}");
+                }
             }
             Ok(_) => {}
             Err(err) => {
@@ -140,6 +138,20 @@ async fn forward_lines(
             }
         }
     }
+}
+
+/// `text` (a job's output) as lines fit for the node's log: one per `\n`, its line ending
+/// dropped, and any other `\r` shown as `\r`. The log's text format writes a message as it is,
+/// and journald makes each line an entry of its own: a raw `\n`, or a `\r` that sends a
+/// terminal back to the line's start, would let a job write lines that pass for the node's own.
+fn log_lines(text: &str) -> impl Iterator<Item = Cow<'_, str>> {
+    text.trim_end_matches(['\n', '\r']).split('\n').map(|line| {
+        let line = line.strip_suffix('\r').unwrap_or(line);
+        match line.contains('\r') {
+            true => Cow::Owned(line.replace('\r', "\\r")),
+            false => Cow::Borrowed(line),
+        }
+    })
 }
 
 /// Reads one line into `line`, keeping at most [`MAX_LINE`] bytes of it and discarding the rest;
@@ -193,6 +205,26 @@ mod tests {
         assert_eq!(line, b"next\n");
         // The tail holds the stream's last bytes, the discarded part of the long line included.
         assert_eq!(tail.kept().text, "xx\nnext\n");
+    }
+
+    #[test]
+    fn output_reaches_the_log_one_line_at_a_time_with_no_carriage_return() {
+        let cases: [(&str, &[&str]); 7] = [
+            ("one\n", &["one"]),
+            ("one\r\n", &["one"]),
+            ("one\ntwo\n", &["one", "two"]),
+            (
+                "one\n2099-01-01T00:00:00Z WARN forged\n",
+                &["one", "2099-01-01T00:00:00Z WARN forged"],
+            ),
+            ("a\rforged\n", &["a\\rforged"]),
+            ("a\n\nb", &["a", "", "b"]),
+            ("no end", &["no end"]),
+        ];
+        for (text, expected) in cases {
+            let got: Vec<Cow<str>> = log_lines(text).collect();
+            assert_eq!(got, expected, "{text:?}");
+        }
     }
 
     #[tokio::test]

@@ -417,3 +417,36 @@ fn etcd_errors() {
         ),
     ]);
 }
+
+/// `.` and `..` are no names: a URL path normalises them away (`/api/v1/jobs/../pause`), so a
+/// job so named could not be paused, resumed or shown from a browser. Names that merely hold
+/// dots stay valid.
+#[test]
+fn dot_and_dot_dot_are_refused_as_names_of_every_table() {
+    let table = |kind: &str, name: &str| match kind {
+        "jobs" => format!("[jobs.\"{name}\"]\nschedule = \"* * * * *\"\ncommand = \"true\"\n"),
+        "groups" => format!("[groups.\"{name}\"]\nlimit = 1\n"),
+        "notify" => format!("[notify.\"{name}\"]\nurl = \"http://127.0.0.1:9/h\"\n"),
+        _ => format!("[blackouts.\"{name}\"]\ndates = [\"2026-12-24\"]\n"),
+    };
+    for kind in ["jobs", "groups", "notify", "blackouts"] {
+        for (name, refused) in [
+            (".", true),
+            ("..", true),
+            ("...", false),
+            (".a", false),
+            ("a..b", false),
+        ] {
+            let text = format!("{HEAD}\n{}", table(kind, name));
+            match (parse_str(&text), refused) {
+                (Ok(_), false) => {}
+                (Ok(_), true) => panic!("[{kind}.\"{name}\"] taken"),
+                (Err(err), false) => panic!("[{kind}.\"{name}\"] refused: {err}"),
+                (Err(err), true) => {
+                    assert!(err.message.contains("invalid"), "{kind} {name}: {err}");
+                    assert_eq!(err.location.map(|(line, _)| line), Some(10), "{kind} {name}: {err}");
+                }
+            }
+        }
+    }
+}

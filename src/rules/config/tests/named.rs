@@ -169,3 +169,86 @@ fn the_example_of_blackouts_and_notifications_is_valid() {
         .with_timezone(&Utc);
     assert!(crate::rules::blackouts::covering(&invoices.blackouts, christmas_eve).is_some());
 }
+
+/// A header may not send the node's own secrets: `check` refuses the source with the header's
+/// line and field, whatever the `[etcd]` section names.
+#[test]
+fn headers_may_not_name_the_nodes_own_secrets() {
+    let etcd = "username = \"cron\"\npassword_env = \"ETCD_PW\"\n[etcd.tls]\ncert = \"/etc/shardcron/node.pem\"\nkey = \"/etc/shardcron/node-key.pem\"";
+    let by_file = "username = \"cron\"\npassword_file = \"/etc/shardcron/etcd-password\"";
+    let cases: [(&str, &str, Option<&str>); 14] = [
+        (
+            etcd,
+            "{ env = \"ETCD_PW\" }",
+            Some("node's own secret ([etcd] password_env)"),
+        ),
+        (
+            etcd,
+            "{ env = \"SHARDCRON_API_TOKEN_ENV\" }",
+            Some("SHARDCRON_* variables"),
+        ),
+        (
+            etcd,
+            "{ env = \"SHARDCRON_ETCD_PASSWORD\" }",
+            Some("SHARDCRON_* variables"),
+        ),
+        (etcd, "{ env = \"CREDENTIALS_DIRECTORY\" }", Some("systemd credentials")),
+        (
+            etcd,
+            "{ file = \"/etc/shardcron/node-key.pem\" }",
+            Some("([etcd] tls.key)"),
+        ),
+        (
+            etcd,
+            "{ file = \"/run/credentials/shardcron.service/api-token\" }",
+            Some("under /run/credentials"),
+        ),
+        (
+            etcd,
+            "{ file = \"/run/./credentials/shardcron.service/etcd-password\" }",
+            Some("under /run/credentials"),
+        ),
+        (
+            by_file,
+            "{ file = \"/etc/shardcron/etcd-password\" }",
+            Some("([etcd] password_file)"),
+        ),
+        (
+            by_file,
+            "{ file = \"/etc/shardcron/hooks/../etcd-password\" }",
+            Some("([etcd] password_file)"),
+        ),
+        (by_file, "{ env = \"ETCD_PW\" }", None),
+        (etcd, "{ env = \"OPS_HOOK_TOKEN\" }", None),
+        (etcd, "{ file = \"/etc/shardcron/node.pem\" }", None),
+        (etcd, "{ file = \"/etc/shardcron/secrets/ops-hook\" }", None),
+        (etcd, "\"SHARDCRON_API_TOKEN_ENV\"", None),
+    ];
+    for (etcd_lines, source, refused) in cases {
+        let text = format!(
+            "{}\n[notify.ops]\nurl = \"https://hooks.example.com/x\"\nheaders = {{ Authorization = {source} }}\n",
+            with_etcd(etcd_lines)
+        );
+        let line = text
+            .lines()
+            .position(|line| line.starts_with("headers"))
+            .expect("headers")
+            + 1;
+        match (parse_str(&text), refused) {
+            (Ok(_), None) => {}
+            (Ok(_), Some(why)) => panic!("{source} taken; expected {why:?}"),
+            (Err(err), None) => panic!("{source} refused: {err}"),
+            (Err(err), Some(why)) => {
+                let shown = err.to_string();
+                assert!(shown.contains(why), "{source}: {shown}");
+                assert!(shown.contains("which the notifier would send to its URL"), "{shown}");
+                assert_eq!(
+                    err.field.as_deref(),
+                    Some("notify.ops.headers.Authorization"),
+                    "{shown}"
+                );
+                assert_eq!(err.location.map(|(at, _)| at), Some(line), "{shown}");
+            }
+        }
+    }
+}
