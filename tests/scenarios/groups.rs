@@ -557,3 +557,76 @@ fn a_limit_lowered_by_a_reload_holds_while_the_group_is_busy() {
         "{most} runs of a group lowered to 1 went at once: {window:?}"
     );
 }
+
+/// A place left in a group's line on a node's slot lease with no attempt waiting at it (what a
+/// lost reply or a failed call to leave the line leaves): its node takes it out, or frees the slot
+/// handed to it, so the group of 1 runs on instead of handing its only slot to nobody for good.
+#[test]
+fn a_place_nobody_waits_at_is_swept_and_the_group_of_one_runs_on() {
+    let mut world = World::new();
+    let ends = world.runs_file().with_file_name("ends.log");
+    let jobs = vec![("solo".to_string(), "*/4 * * * * *", "group = \"one\"".to_string())];
+    let config = write_grouped(&world, 1, "[groups.one]\nlimit = 1", &jobs, &lasting(&world, 2, &ends));
+    step("one node; solo runs 2 s from every fourth second in a group of 1");
+    world.node("a", &config).start();
+    let (runtime, mut client) = world.etcd_client();
+    let slot_key = "/shardcron/test/groups/one/slots/00000";
+    let mut lease = 0;
+    wait_for(Duration::from_secs(30), "solo holds the slot", || {
+        lease = runtime
+            .block_on(client.get(slot_key, None))
+            .ok()
+            .and_then(|read| read.kvs().first().map(|kv| kv.lease()))
+            .unwrap_or(0);
+        lease != 0
+    });
+    step("put a place for a ghost at the head of the line, on the node's slot lease");
+    let due = chrono::Utc::now() - chrono::Duration::seconds(60);
+    let place = shardcron::rules::groups::Place {
+        due,
+        job: "ghost".into(),
+        fence: 1,
+    };
+    let ghost = shardcron::rules::groups::Holder {
+        node: "a".into(),
+        job: "ghost".into(),
+        tick: due,
+        fence: 1,
+        since: due,
+    };
+    let place_key = format!("/shardcron/test/groups/one/waiting/{}", place.segment());
+    runtime
+        .block_on(client.put(
+            place_key.as_str(),
+            serde_json::to_vec(&ghost).expect("holder"),
+            Some(etcd_client::PutOptions::new().with_lease(lease)),
+        ))
+        .expect("put the ghost's place");
+    let put_at = now_secs();
+    wait_for(
+        Duration::from_secs(30),
+        "solo ran three more runs (the slot not left to the ghost)",
+        || {
+            world
+                .runs()
+                .iter()
+                .filter(|run| run.job == "solo" && run.started > put_at)
+                .count()
+                >= 3
+        },
+    );
+    assert_eq!(world.etcd_value(&place_key), None, "the ghost's place is still in line");
+    assert!(
+        world.nodes[0].log_text().contains("no attempt of this node"),
+        "the node did not say what it cleaned up"
+    );
+    let first = world
+        .runs()
+        .into_iter()
+        .find(|run| run.job == "solo" && run.started > put_at)
+        .expect("a run");
+    eprintln!(
+        "solo's first run after the ghost's place was put started {:.2} s later",
+        first.started - put_at
+    );
+}
