@@ -35,6 +35,8 @@ use crate::coord::mirror::{Mirror, Put};
 use crate::coord::session::{Purpose, Session};
 use crate::rules::groups::{admit_counted, within, Admission, Group, Holder, Place};
 
+mod sweep;
+
 /// How often a waiting attempt looks at its group again without a change seen: a watch that
 /// failed and is being restarted delivers nothing meanwhile.
 const LOOK_AGAIN: Duration = Duration::from_secs(1);
@@ -45,9 +47,6 @@ const TAKE_TRIES: usize = 3;
 
 /// How often a failed etcd call of a waiting or ending attempt is tried again.
 const RETRY: Duration = Duration::from_millis(200);
-
-/// How often the node looks on its lease for places and slots no attempt of it accounts for.
-const SWEEP: Duration = Duration::from_secs(3);
 
 /// A group's limit in the node's config now, by the group's name; `None` for a group the
 /// config no longer has.
@@ -225,13 +224,6 @@ impl Drop for Attending {
     fn drop(&mut self) {
         self.groups.attending().remove(&self.holder);
     }
-}
-
-/// Something on the node's lease the sweep looks at.
-#[derive(Debug, Clone)]
-enum Left {
-    Slot(u32),
-    Place(String),
 }
 
 impl Groups {
@@ -634,89 +626,6 @@ impl Groups {
                 _attending: attending,
             }),
         }
-    }
-
-    /// Every few seconds until `cancel`: takes out of the lines the places on the node's lease
-    /// that no attempt of this process waits at, and frees (or hands on) the slots on it that no
-    /// attempt of this process holds. Those are left by a reply lost at the wrong moment, or an
-    /// attempt dropped while it waited; the lease lives as long as the node, so nothing else
-    /// would end them. Looks only at the mirror until it finds one.
-    pub(crate) async fn sweep(self: Arc<Self>, cancel: CancellationToken) {
-        loop {
-            tokio::select! {
-                _ = cancel.cancelled() => return,
-                _ = tokio::time::sleep(SWEEP) => {}
-            }
-            let Some(lease) = self.lease_if_live() else { continue };
-            for (group, left) in self.left_behind(lease.lease()) {
-                if let Err(err) = self.clean(&group, left, &lease).await {
-                    tracing::debug!(error = %err, group = %group, "cannot clean up the group yet; trying at the next sweep");
-                }
-            }
-        }
-    }
-
-    /// What on `lease` the mirror shows and no attempt of this process accounts for.
-    fn left_behind(&self, lease: i64) -> Vec<(String, Left)> {
-        let attending = self.attending().clone();
-        let views = self.lock();
-        let mut left = Vec::new();
-        for (group, view) in views.iter() {
-            for (slot, kept) in &view.slots {
-                let held = attending.get(&kept.holder) == Some(&Phase::Holding(*slot));
-                let handed = attending.get(&kept.holder) == Some(&Phase::Waiting);
-                if kept.lease == lease && !held && !handed {
-                    left.push((group.clone(), Left::Slot(*slot)));
-                }
-            }
-            for (place, kept) in &view.waiting {
-                if kept.lease == lease && attending.get(&kept.holder) != Some(&Phase::Waiting) {
-                    left.push((group.clone(), Left::Place(place.segment())));
-                }
-            }
-        }
-        left
-    }
-
-    /// Reads what the sweep found from etcd and, if it is still on `lease` and still no
-    /// attempt's, ends it. The attempt is looked up after the read: an attempt says it waits
-    /// before it puts a place, so a place put since makes the guarded delete fail.
-    async fn clean(self: &Arc<Self>, group: &str, left: Left, lease: &Session) -> Result<(), CoordError> {
-        let key = match &left {
-            Left::Slot(slot) => self.keys.group_slot(group, *slot),
-            Left::Place(segment) => self.keys.group_waiting(group, segment),
-        };
-        let read = etcd::call(self.client.clone().get(key.as_str(), None)).await?;
-        let Some(kv) = read.kvs().first() else {
-            return Ok(());
-        };
-        let Ok(holder) = serde_json::from_slice::<Holder>(kv.value()) else {
-            return Ok(());
-        };
-        if kv.lease() != lease.lease() {
-            return Ok(());
-        }
-        let phase = self.attending().get(&holder).copied();
-        match left {
-            Left::Place(_) if phase == Some(Phase::Waiting) => {}
-            Left::Place(_) => {
-                let txn = Txn::new()
-                    .when([Compare::mod_revision(key.as_str(), CompareOp::Equal, kv.mod_revision())])
-                    .and_then([TxnOp::delete(key.as_str(), None)]);
-                if etcd::call(self.client.clone().txn(txn)).await?.succeeded() {
-                    tracing::warn!(group, job = %holder.job, tick = %holder.tick, "took out of the group's line a place no attempt of this node waits at (a reply lost at the wrong moment)");
-                }
-            }
-            Left::Slot(slot) if phase == Some(Phase::Holding(slot)) || phase == Some(Phase::Waiting) => {}
-            Left::Slot(slot) => {
-                tracing::warn!(group, slot, job = %holder.job, tick = %holder.tick, "freeing a group slot no attempt of this node holds (a reply lost at the wrong moment)");
-                // A group the config no longer has: freed, since no job of it runs.
-                self.slot(group, 0, slot, kv.value().to_vec(), lease, None)
-                    .release()
-                    .await;
-            }
-        }
-        Ok(())
     }
 
     /// The lease slots and places live on: the current one while it holds by this node's
