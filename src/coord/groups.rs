@@ -9,6 +9,15 @@
 //! stops the runs holding its slots at once: another node may hold those slots by then.
 //!
 //! Every node mirrors the groups' keys; an attempt waiting in line wakes on each change.
+//!
+//! A write whose reply is lost may have landed: a take that got no answer is read back before
+//! the attempt stands in line, a place is taken out of the line whenever its attempt gets a slot
+//! or gives up (tried again until etcd answers or the lease ends), and every few seconds the node
+//! sweeps its own lease for what no attempt of this process accounts for (a place nobody waits
+//! at, a slot handed to an attempt that is gone), since that lease lives as long as the node.
+//!
+//! The limit is the one the node's config has now: after a reload that lowers it, a slot past
+//! it is freed rather than handed on, and an attempt handed one gives it back and waits.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
@@ -24,7 +33,9 @@ use crate::coord::etcd::{self, CoordError};
 use crate::coord::keys::{GroupKey, Keys};
 use crate::coord::mirror::{Mirror, Put};
 use crate::coord::session::{Purpose, Session};
-use crate::rules::groups::{admit_counted, Admission, Group, Holder, Place};
+use crate::rules::groups::{admit_counted, within, Admission, Group, Holder, Place};
+
+mod sweep;
 
 /// How often a waiting attempt looks at its group again without a change seen: a watch that
 /// failed and is being restarted delivers nothing meanwhile.
@@ -36,6 +47,10 @@ const TAKE_TRIES: usize = 3;
 
 /// How often a failed etcd call of a waiting or ending attempt is tried again.
 const RETRY: Duration = Duration::from_millis(200);
+
+/// A group's limit in the node's config now, by the group's name; `None` for a group the
+/// config no longer has.
+pub(crate) type CurrentLimit = Box<dyn Fn(&str) -> Option<u32> + Send + Sync>;
 
 /// The slots held and the attempts in line of every group, as the node's mirror shows them.
 #[derive(Debug, Clone, Default)]
@@ -77,6 +92,10 @@ pub(crate) struct Groups {
     lease: tokio::sync::Mutex<Option<Session>>,
     /// Cancelled once the node's runs have ended: the lease of its slots ends with it.
     drained: CancellationToken,
+    /// Each group's limit by the config the node runs now.
+    limits: CurrentLimit,
+    /// The attempts of this process that may have a place or a slot, by their value.
+    attending: Mutex<HashMap<Holder, Phase>>,
 }
 
 impl Mirror for Groups {
@@ -151,6 +170,8 @@ fn spread_of(place: &Place) -> usize {
 
 /// What a looking attempt does.
 enum Decision {
+    /// A slot holds this attempt's value on its lease: handed to it, or taken by a write of its
+    /// whose reply was lost.
     Handed(u32),
     /// Take this slot; `ahead` attempts wait ahead in line.
     Take {
@@ -160,11 +181,53 @@ enum Decision {
     Wait,
 }
 
+/// What a try to take a slot came to.
+enum Taken {
+    /// This slot is the attempt's; `place_gone` when the write that took it also took its place
+    /// out of the line.
+    Slot { slot: u32, place_gone: bool },
+    /// A slot past the limit (lowered since it was handed on) is the attempt's: it gives it
+    /// back and waits.
+    PastLimit(u32),
+    /// A take of this slot got no answer: it may have landed.
+    Unsure(u32),
+    /// No slot for it now.
+    Nothing,
+}
+
 /// Why an attempt stopped waiting for a slot, as its caller said.
 pub(crate) struct GaveUp<W>(pub(crate) W);
 
+/// Where an attempt of this process stands in its group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Looking for a slot: it may have a place in line, and a slot may be handed to it.
+    Waiting,
+    /// Holding this slot, until its release has ended.
+    Holding(u32),
+}
+
+/// An attempt known to the node's groups from before its first write to after its last: the
+/// sweep leaves alone what it accounts for, and cleans up what it left once it is gone.
+struct Attending {
+    groups: Arc<Groups>,
+    holder: Holder,
+}
+
+impl Attending {
+    fn set(&self, phase: Phase) {
+        self.groups.attending().insert(self.holder.clone(), phase);
+    }
+}
+
+impl Drop for Attending {
+    fn drop(&mut self) {
+        self.groups.attending().remove(&self.holder);
+    }
+}
+
 impl Groups {
-    pub(crate) fn new(client: Client, keys: Keys, ttl: Duration) -> Groups {
+    pub(crate) fn new(client: Client, keys: Keys, ttl: Duration, limits: CurrentLimit) -> Groups {
         Groups {
             client,
             keys,
@@ -173,7 +236,24 @@ impl Groups {
             changed: Notify::new(),
             lease: tokio::sync::Mutex::new(None),
             drained: CancellationToken::new(),
+            limits,
+            attending: Mutex::default(),
         }
+    }
+
+    /// `group`'s limit now: by the config the node runs (a reload may have changed it since the
+    /// attempt began), else `otherwise`.
+    fn limit_of(&self, group: &str, otherwise: u32) -> u32 {
+        (self.limits)(group).unwrap_or(otherwise)
+    }
+
+    fn attend(self: &Arc<Self>, holder: &Holder) -> Attending {
+        let attending = Attending {
+            groups: Arc::clone(self),
+            holder: holder.clone(),
+        };
+        attending.set(Phase::Waiting);
+        attending
     }
 
     /// `group` as the mirror shows it now.
@@ -196,7 +276,24 @@ impl Groups {
         give_up: impl Future<Output = W>,
     ) -> Result<Slot, GaveUp<W>> {
         tokio::pin!(give_up);
-        let mut waiting: Option<(Session, String)> = None;
+        let attending = self.attend(&holder);
+        let value = match serde_json::to_vec(&holder) {
+            Ok(value) => value,
+            Err(err) => {
+                // A holder is plain data: never seen. No slot is taken under a value not written.
+                tracing::error!(error = %err, group = %group.name, "cannot write the attempt's value for its group: it waits as in a full group");
+                return Err(GaveUp(give_up.await));
+            }
+        };
+        let line_key = self.keys.group_waiting(&group.name, &place.segment());
+        // The lease a put of the place was sent on: the place may be in line there even when the
+        // put's reply was lost, and must be taken out whatever comes.
+        let mut placed: Option<Session> = None;
+        // The put was answered: the place is in line, and a take takes it out in the same write.
+        let mut in_line = false;
+        // A take of this slot, on this lease, got no answer: it is read back before the attempt
+        // stands in line, since it may hold the slot already.
+        let mut unsure: Option<(u32, i64)> = None;
         let mut told = false;
         loop {
             let changed = self.changed.notified();
@@ -213,37 +310,63 @@ impl Groups {
                     }
                 }
             };
-            if waiting
-                .as_ref()
-                .is_some_and(|(held_on, _)| held_on.lease() != lease.lease())
-            {
+            if placed.as_ref().is_some_and(|on| on.lease() != lease.lease()) {
                 // The place was on a lease since lost, and went with it.
-                waiting = None;
+                placed = None;
+                in_line = false;
             }
-            match self.try_take(group, &holder, &place, &lease, waiting.as_ref()).await {
-                Ok(Some(slot)) => return Ok(slot),
-                Ok(None) => {}
+            unsure = unsure.filter(|(_, on)| *on == lease.lease());
+            let limit = self.limit_of(&group.name, group.limit);
+            let taken = match unsure {
+                Some((slot, _)) => self.read_back(group, slot, &value, &lease, limit).await,
+                None => {
+                    let waiting = placed.as_ref().filter(|_| in_line).map(|_| line_key.as_str());
+                    self.try_take(group, limit, &holder, &value, &place, &lease, waiting)
+                        .await
+                }
+            };
+            match taken {
+                Ok(Taken::Slot { slot, place_gone }) => {
+                    attending.set(Phase::Holding(slot));
+                    if let (Some(on), false) = (&placed, place_gone) {
+                        // Handed the slot (the hand-over took the place out), or holding it by a
+                        // write whose reply was lost, its place put after: out of the line, so
+                        // that no slot is ever handed to it.
+                        self.remove_place(&group.name, &line_key, &value, on).await;
+                    }
+                    return Ok(self.slot(&group.name, group.limit, slot, value, &lease, Some(attending)));
+                }
+                Ok(Taken::PastLimit(slot)) => {
+                    tracing::info!(group = %group.name, slot, limit, "holding a slot past the group's limit, lowered since: giving it back and waiting");
+                    self.slot(&group.name, group.limit, slot, value.clone(), &lease, None)
+                        .release()
+                        .await;
+                    // The hand-over took the place out of the line: it stands in line again, at
+                    // the place its due time gives it.
+                    in_line = false;
+                }
+                Ok(Taken::Unsure(slot)) => unsure = Some((slot, lease.lease())),
+                Ok(Taken::Nothing) => unsure = None,
                 Err(err) => tracing::debug!(error = %err, group = %group.name, "cannot take a slot now; trying again"),
             }
-            if waiting.is_none() {
-                match self.stand_in_line(group, &holder, &place, &lease).await {
-                    Ok(key) => waiting = Some((lease.clone(), key)),
+            if !in_line && unsure.is_none() {
+                placed = Some(lease.clone());
+                match self.stand_in_line(&line_key, &value, &lease).await {
+                    Ok(()) => in_line = true,
                     Err(err) => {
                         tracing::debug!(error = %err, group = %group.name, "cannot wait in the group's line now; trying again")
                     }
                 }
             }
-            if waiting.is_some() && !told {
+            if in_line && !told {
                 told = true;
                 let view = self.view(&group.name);
-                tracing::info!(group = %group.name, limit = group.limit, running = view.slots.len(), waiting = view.waiting.len(), holders = %view.holders(10), "the group is full: waiting for a slot");
+                tracing::info!(group = %group.name, limit, running = view.slots.len(), waiting = view.waiting.len(), holders = %view.holders(10), "the group is full: waiting for a slot");
             }
             tokio::select! {
                 biased;
                 why = &mut give_up => {
-                    if let Some((lease, key)) = waiting {
-                        self.leave_line(group, &holder, &lease, &key).await;
-                    }
+                    self.leave_line(group, &value, &line_key, placed.as_ref(), unsure.map(|(slot, _)| slot), &lease).await;
                     return Err(GaveUp(why));
                 }
                 _ = &mut changed => {}
@@ -253,21 +376,30 @@ impl Groups {
         }
     }
 
-    /// The slot handed to `holder`, or one it may take by the line's order; `None` if neither.
+    /// The slot handed to `holder`, or one it may take by the line's order; `Nothing` if
+    /// neither. `waiting`: the key of its place, known to be in line.
+    #[allow(clippy::too_many_arguments)]
     async fn try_take(
         self: &Arc<Self>,
         group: &Group,
+        limit: u32,
         holder: &Holder,
+        value: &[u8],
         place: &Place,
         lease: &Session,
-        waiting: Option<&(Session, String)>,
-    ) -> Result<Option<Slot>, CoordError> {
-        let (mut slot, ahead) = match self.decide(group, holder, place, lease.lease(), waiting.is_some()) {
-            Decision::Handed(slot) => return Ok(Some(self.slot(group, slot, holder, lease)?)),
+        waiting: Option<&str>,
+    ) -> Result<Taken, CoordError> {
+        let (mut slot, ahead) = match self.decide(&group.name, limit, holder, place, lease.lease(), waiting.is_some()) {
+            Decision::Handed(slot) if within(slot, limit) => {
+                return Ok(Taken::Slot {
+                    slot,
+                    place_gone: false,
+                })
+            }
+            Decision::Handed(slot) => return Ok(Taken::PastLimit(slot)),
             Decision::Take { slot, ahead } => (slot, ahead),
-            Decision::Wait => return Ok(None),
+            Decision::Wait => return Ok(Taken::Nothing),
         };
-        let value = serde_json::to_vec(holder).map_err(|err| CoordError::Protocol(err.to_string()))?;
         let slots = self.keys.group_slots_prefix(&group.name);
         // The mirror lags behind etcd: a slot it shows free may be taken already. A refused take
         // reads which are held in the same round trip and tries a slot free by that read, so an
@@ -278,18 +410,32 @@ impl Groups {
             let mut when = vec![Compare::create_revision(key.as_str(), CompareOp::Equal, 0)];
             let mut then = vec![TxnOp::put(
                 key.as_str(),
-                value.clone(),
+                value.to_vec(),
                 Some(PutOptions::new().with_lease(lease.lease())),
             )];
-            if let Some((_, place_key)) = waiting {
-                when.push(Compare::version(place_key.as_str(), CompareOp::Greater, 0));
-                then.push(TxnOp::delete(place_key.as_str(), None));
+            if let Some(place_key) = waiting {
+                when.push(Compare::version(place_key, CompareOp::Greater, 0));
+                then.push(TxnOp::delete(place_key, None));
             }
             let held_now = TxnOp::get(slots.as_str(), Some(GetOptions::new().with_prefix().with_keys_only()));
             let txn = Txn::new().when(when).and_then(then).or_else([held_now]);
-            let response = etcd::call(self.client.clone().txn(txn)).await?;
+            let response = match etcd::call(self.client.clone().txn(txn)).await {
+                Ok(response) => response,
+                Err(err) => {
+                    tracing::debug!(error = %err, group = %group.name, slot, "no answer to a take of a group slot: reading it back before waiting in line");
+                    return Ok(Taken::Unsure(slot));
+                }
+            };
             if response.succeeded() {
-                return Ok(Some(self.slot(group, slot, holder, lease)?));
+                // A reload may have lowered the limit since the slot was chosen: a run only
+                // starts in a slot within the limit as it is once the slot is taken.
+                if !within(slot, self.limit_of(&group.name, group.limit)) {
+                    return Ok(Taken::PastLimit(slot));
+                }
+                return Ok(Taken::Slot {
+                    slot,
+                    place_gone: waiting.is_some(),
+                });
             }
             let held: BTreeSet<u32> = response
                 .op_responses()
@@ -308,22 +454,49 @@ impl Groups {
                 })
                 .collect();
             let spread = if waiting.is_some() { 0 } else { spread_of(place) };
-            match admit_counted(ahead, |slot| held.contains(&slot), group.limit, spread) {
+            let beyond = held.range(limit..).count();
+            match admit_counted(ahead, |slot| held.contains(&slot), beyond, limit, spread) {
                 Admission::Take(free) => slot = free,
-                Admission::Wait => return Ok(None),
+                Admission::Wait => return Ok(Taken::Nothing),
             }
         }
-        Ok(None)
+        Ok(Taken::Nothing)
+    }
+
+    /// Whether a take of `slot` whose reply was lost landed: the slot holds the attempt's
+    /// `value` on its lease.
+    async fn read_back(
+        &self,
+        group: &Group,
+        slot: u32,
+        value: &[u8],
+        lease: &Session,
+        limit: u32,
+    ) -> Result<Taken, CoordError> {
+        let key = self.keys.group_slot(&group.name, slot);
+        let read = etcd::call(self.client.clone().get(key, None)).await?;
+        let mine = read
+            .kvs()
+            .first()
+            .is_some_and(|kv| kv.value() == value && kv.lease() == lease.lease());
+        Ok(match mine {
+            false => Taken::Nothing,
+            true if within(slot, limit) => Taken::Slot {
+                slot,
+                place_gone: false,
+            },
+            true => Taken::PastLimit(slot),
+        })
     }
 
     /// What an attempt does now, by the mirror: take the slot handed to it, take a free one by
     /// the line's order, or wait. Counted under the lock without copying the line: every
     /// waiting attempt of the node looks again at each change of the group.
-    fn decide(&self, group: &Group, holder: &Holder, place: &Place, lease: i64, in_line: bool) -> Decision {
+    fn decide(&self, group: &str, limit: u32, holder: &Holder, place: &Place, lease: i64, in_line: bool) -> Decision {
         let spread = if in_line { 0 } else { spread_of(place) };
         let views = self.lock();
-        let Some(view) = views.get(&group.name) else {
-            return match admit_counted(0, |_| false, group.limit, spread) {
+        let Some(view) = views.get(group) else {
+            return match admit_counted(0, |_| false, 0, limit, spread) {
                 Admission::Take(slot) => Decision::Take { slot, ahead: 0 },
                 Admission::Wait => Decision::Wait,
             };
@@ -335,52 +508,89 @@ impl Groups {
         {
             return Decision::Handed(*slot);
         }
-        let ahead = view.waiting.range(..place).take(group.limit as usize).count();
-        match admit_counted(ahead, |slot| view.slots.contains_key(&slot), group.limit, spread) {
+        let ahead = view.waiting.range(..place).take(limit as usize).count();
+        let beyond = view.slots.range(limit..).count();
+        match admit_counted(ahead, |slot| view.slots.contains_key(&slot), beyond, limit, spread) {
             Admission::Take(slot) => Decision::Take { slot, ahead },
             Admission::Wait => Decision::Wait,
         }
     }
 
-    /// Puts `holder`'s place in `group`'s line; returns its key.
-    async fn stand_in_line(
-        &self,
-        group: &Group,
-        holder: &Holder,
-        place: &Place,
-        lease: &Session,
-    ) -> Result<String, CoordError> {
-        let key = self.keys.group_waiting(&group.name, &place.segment());
-        let value = serde_json::to_vec(holder).map_err(|err| CoordError::Protocol(err.to_string()))?;
+    /// Puts the attempt's place, `key`, in its group's line.
+    async fn stand_in_line(&self, key: &str, value: &[u8], lease: &Session) -> Result<(), CoordError> {
         let options = PutOptions::new().with_lease(lease.lease());
-        etcd::call(self.client.clone().put(key.as_str(), value, Some(options))).await?;
-        Ok(key)
+        etcd::call(self.client.clone().put(key, value.to_vec(), Some(options))).await?;
+        Ok(())
     }
 
-    /// Takes `holder`'s place out of the line. A slot handed to it meanwhile is handed on.
-    async fn leave_line(self: &Arc<Self>, group: &Group, holder: &Holder, lease: &Session, key: &str) {
+    /// Takes the place `key` holding `value` out of the line, trying until etcd answers or the
+    /// lease it is on ends (and the place with it): the lease lives as long as the node, so a
+    /// place left would be handed a slot nobody runs. `Some(true)` if it was in line.
+    async fn remove_place(&self, group: &str, key: &str, value: &[u8], lease: &Session) -> Option<bool> {
         let txn = Txn::new()
-            .when([Compare::version(key, CompareOp::Greater, 0)])
+            .when([Compare::value(key, CompareOp::Equal, value.to_vec())])
             .and_then([TxnOp::delete(key, None)]);
-        match etcd::call(self.client.clone().txn(txn)).await {
-            Ok(response) if response.succeeded() => return,
-            Ok(_) => {}
-            // Left in line, the place goes with the lease, or is handed a slot the holder of
-            // which then never starts: both end within the TTL.
-            Err(err) => {
-                tracing::debug!(error = %err, group = %group.name, "cannot leave the group's line; its place ends with the lease");
-                return;
+        while lease.is_live() {
+            match etcd::call(self.client.clone().txn(txn.clone())).await {
+                Ok(response) => return Some(response.succeeded()),
+                Err(err) => {
+                    tracing::debug!(error = %err, group, "cannot take a place out of the group's line yet; trying again");
+                    tokio::time::sleep(RETRY).await;
+                }
             }
         }
-        // Gone from the line without this node taking it out: a slot was handed to it.
-        let read = etcd::call(self.client.clone().get(
-            self.keys.group_slots_prefix(&group.name),
-            Some(GetOptions::new().with_prefix()),
-        ))
-        .await;
-        let Ok(read) = read else { return };
+        None
+    }
+
+    /// An attempt that gives up takes its place out of the line, if it may have put one, and
+    /// gives back a slot handed to it meanwhile, or taken by a write whose reply was lost
+    /// (`unsure`). Each step is tried until etcd answers or the lease ends; anything left
+    /// after that is the sweep's.
+    async fn leave_line(
+        self: &Arc<Self>,
+        group: &Group,
+        value: &[u8],
+        key: &str,
+        placed: Option<&Session>,
+        unsure: Option<u32>,
+        lease: &Session,
+    ) {
+        let was_in_line = match placed {
+            Some(on) => self.remove_place(&group.name, key, value, on).await,
+            None => Some(false),
+        };
+        // Gone from the line without this node taking it out: a slot may have been handed to it.
+        let look = match was_in_line {
+            Some(true) => unsure.is_some(),
+            Some(false) => placed.is_some() || unsure.is_some(),
+            None => false,
+        };
+        if !look {
+            return;
+        }
+        let prefix = self.keys.group_slots_prefix(&group.name);
+        let read = loop {
+            if !lease.is_live() {
+                return;
+            }
+            match etcd::call(
+                self.client
+                    .clone()
+                    .get(prefix.as_str(), Some(GetOptions::new().with_prefix())),
+            )
+            .await
+            {
+                Ok(read) => break read,
+                Err(err) => {
+                    tracing::debug!(error = %err, group = %group.name, "cannot read the group's slots yet; trying again");
+                    tokio::time::sleep(RETRY).await;
+                }
+            }
+        };
         for kv in read.kvs() {
-            let handed = serde_json::from_slice::<Holder>(kv.value()).is_ok_and(|held| held == *holder);
+            if kv.value() != value || kv.lease() != lease.lease() {
+                continue;
+            }
             let slot = std::str::from_utf8(kv.key())
                 .ok()
                 .and_then(|key| self.keys.parse_group_key(key))
@@ -388,25 +598,34 @@ impl Groups {
                     GroupKey::Slot(slot) => Some(slot),
                     GroupKey::Waiting(_) => None,
                 });
-            if let (true, Some(slot)) = (handed, slot) {
-                if let Ok(slot) = self.slot(group, slot, holder, lease) {
-                    slot.release().await;
-                }
+            if let Some(slot) = slot {
+                self.slot(&group.name, group.limit, slot, value.to_vec(), lease, None)
+                    .release()
+                    .await;
             }
         }
     }
 
-    fn slot(self: &Arc<Self>, group: &Group, slot: u32, holder: &Holder, lease: &Session) -> Result<Slot, CoordError> {
-        let value = serde_json::to_vec(holder).map_err(|err| CoordError::Protocol(err.to_string()))?;
-        Ok(Slot {
+    fn slot(
+        self: &Arc<Self>,
+        group: &str,
+        limit: u32,
+        slot: u32,
+        value: Vec<u8>,
+        lease: &Session,
+        attending: Option<Attending>,
+    ) -> Slot {
+        Slot {
             held: Some(Held {
                 groups: Arc::clone(self),
-                group: group.name.clone(),
+                group: group.to_string(),
+                limit,
                 slot,
                 value,
                 lease: lease.clone(),
+                _attending: attending,
             }),
-        })
+        }
     }
 
     /// The lease slots and places live on: the current one while it holds by this node's
@@ -419,6 +638,12 @@ impl Groups {
         let session = Session::open_for(&self.client, self.ttl, &self.drained, Purpose::Slots).await?;
         *current = Some(session.clone());
         Ok(session)
+    }
+
+    /// The lease now, if the node holds one that is live and nobody is opening another.
+    fn lease_if_live(&self) -> Option<Session> {
+        let current = self.lease.try_lock().ok()?;
+        current.as_ref().filter(|session| session.is_live()).cloned()
     }
 
     /// The lease now, if the node holds one that is live, without waiting: a run of an
@@ -465,6 +690,10 @@ impl Groups {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, GroupView>> {
         self.views.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
+
+    fn attending(&self) -> std::sync::MutexGuard<'_, HashMap<Holder, Phase>> {
+        self.attending.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
 }
 
 /// A slot held by one attempt. Released when the attempt's process group has ended; dropped
@@ -476,11 +705,16 @@ pub(crate) struct Slot {
 struct Held {
     groups: Arc<Groups>,
     group: String,
+    /// The group's limit when the slot was taken: the one its release goes by if the config no
+    /// longer has the group.
+    limit: u32,
     slot: u32,
     /// The slot key's value as this attempt holds it: a release changes the key only while it
     /// still holds this, so a slot that lapsed and went to another attempt is left alone.
     value: Vec<u8>,
     lease: Session,
+    /// The attempt holding the slot, known to the sweep until the release has ended.
+    _attending: Option<Attending>,
 }
 
 impl Slot {
@@ -528,16 +762,22 @@ impl Held {
         }
     }
 
-    /// One try: hands the slot to the first in line, or frees it. `false` when the first in
-    /// line left before the hand-over: the next try looks again.
+    /// One try: hands the slot to the first in line, or frees it (also a slot past the group's
+    /// limit now, lowered since it was taken). `false` when the first in line left before the
+    /// hand-over: the next try looks again.
     async fn hand_on(&self, key: &str, mine: Compare) -> Result<bool, CoordError> {
         let groups = &self.groups;
+        let free = || Txn::new().when([mine.clone()]).and_then([TxnOp::delete(key, None)]);
+        if !within(self.slot, groups.limit_of(&self.group, self.limit)) {
+            etcd::call(groups.client.clone().txn(free())).await?;
+            tracing::debug!(group = %self.group, slot = self.slot, "freed a group slot past the group's limit");
+            return Ok(true);
+        }
         let first = GetOptions::new().with_prefix().with_limit(1);
         let line = groups.keys.group_waiting_prefix(&self.group);
         let read = etcd::call(groups.client.clone().get(line, Some(first))).await?;
         let Some(heir) = read.kvs().first() else {
-            let free = Txn::new().when([mine]).and_then([TxnOp::delete(key, None)]);
-            etcd::call(groups.client.clone().txn(free)).await?;
+            etcd::call(groups.client.clone().txn(free())).await?;
             return Ok(true);
         };
         let handed = Txn::new()

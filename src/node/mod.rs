@@ -90,7 +90,12 @@ pub async fn run(
         jobs: loaded.clone(),
     });
     let pauses = Arc::new(Pauses::default());
-    let groups = Arc::new(Groups::new(client.clone(), keys.clone(), cluster.lease_ttl));
+    // A group's limit as the config holds it now: a reload that lowers it holds for the slots
+    // already held, not only for new takes.
+    let configured = loaded.clone();
+    let limits: crate::coord::groups::CurrentLimit =
+        Box::new(move |group| configured.borrow().groups.get(group).map(|group| group.limit));
+    let groups = Arc::new(Groups::new(client.clone(), keys.clone(), cluster.lease_ttl, limits));
     let backfills = Arc::new(Backfills::default());
     let (outbox, notifications, notes) =
         crate::running::notifications::new(client.clone(), keys.clone(), options.node_id.clone(), shutdown.clone());

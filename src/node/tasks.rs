@@ -56,6 +56,7 @@ pub(super) fn spawn_node_tasks(
     ));
     // Opened now: the first runs of the node list themselves going on it.
     node.groups.lease_now();
+    tokio::spawn(Arc::clone(&node.groups).sweep(node.groups.runs_ended()));
     tokio::spawn(crate::coord::going::follow_asks(
         client.clone(),
         node.keys.clone(),

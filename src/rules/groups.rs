@@ -10,6 +10,10 @@
 //! two writes whether it waited or not: its slot taken (or its place in line) and its slot
 //! handed on (or freed).
 //!
+//! A limit lowered by a reload holds at once for every new run: a slot numbered at or past the
+//! limit is neither taken, nor handed on, nor run in ([`within`]), and the slots still held past
+//! it count against the free ones below it until the runs holding them end.
+//!
 //! Pure: what etcd holds is passed in.
 
 use std::collections::BTreeSet;
@@ -73,7 +77,7 @@ impl Place {
 
 /// Who holds a slot, or waits for one: the value of both keys. A slot handed to a waiting
 /// attempt holds that attempt's value, on that attempt's lease.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Holder {
     pub node: String,
     pub job: String,
@@ -107,6 +111,7 @@ pub fn admit(line: &Line, place: &Place, limit: u32) -> Admission {
     admit_counted(
         line.waiting.range(..place).count(),
         |slot| line.held.contains(&slot),
+        line.held.range(limit..).count(),
         limit,
         0,
     )
@@ -116,16 +121,28 @@ pub fn admit(line: &Line, place: &Place, limit: u32) -> Admission {
 /// `held` says are held: what a node computes from its mirror without copying the line. Only
 /// the first `limit` ahead matter, so a caller may stop counting there.
 ///
+/// `beyond` slots are held at or past the limit (it was lowered while they ran): each counts
+/// against a free slot below it, so the group runs no more than `limit` at once from the moment
+/// the runs holding them end, and no new run starts beside them meanwhile.
+///
 /// `spread` picks among the free slots past those left to the attempts ahead: 0 for an attempt
 /// in line (the order of the line keeps its first few from reaching for one slot); for one that
 /// is not, a number of its own (a hash of its job), so that the many attempts that find the
 /// group free at one instant reach for different slots instead of all for the first.
-pub fn admit_counted(ahead: usize, held: impl Fn(u32) -> bool, limit: u32, spread: usize) -> Admission {
-    let free: Vec<u32> = (0..limit).filter(|slot| !held(*slot)).collect();
+pub fn admit_counted(ahead: usize, held: impl Fn(u32) -> bool, beyond: usize, limit: u32, spread: usize) -> Admission {
+    let mut free: Vec<u32> = (0..limit).filter(|slot| !held(*slot)).collect();
+    free.truncate(free.len().saturating_sub(beyond));
     match free.len().checked_sub(ahead) {
         Some(room) if room > 0 => Admission::Take(free[ahead + spread % room]),
         _ => Admission::Wait,
     }
+}
+
+/// Whether `slot` is one of a group of `limit`'s: one past it (the limit was lowered by a
+/// reload while it was held) is freed by its holder instead of handed on, and an attempt handed
+/// one gives it back and waits.
+pub fn within(slot: u32, limit: u32) -> bool {
+    slot < limit
 }
 
 /// The attempt an ending one hands its slot to: the first in line.
@@ -197,12 +214,50 @@ mod tests {
         assert_eq!(heir(&line(&[0], &[b0.clone(), a1])), Some(&b0));
         // Not in line: a slot of its own among those the attempts ahead leave.
         let held = |slot: u32| slot == 1;
-        assert_eq!(admit_counted(0, held, 4, 0), Admission::Take(0));
-        assert_eq!(admit_counted(0, held, 4, 5), Admission::Take(3));
-        assert_eq!(admit_counted(1, held, 4, 7), Admission::Take(3));
-        assert_eq!(admit_counted(1, held, 4, 6), Admission::Take(2));
-        assert_eq!(admit_counted(3, held, 4, 6), Admission::Wait);
+        assert_eq!(admit_counted(0, held, 0, 4, 0), Admission::Take(0));
+        assert_eq!(admit_counted(0, held, 0, 4, 5), Admission::Take(3));
+        assert_eq!(admit_counted(1, held, 0, 4, 7), Admission::Take(3));
+        assert_eq!(admit_counted(1, held, 0, 4, 6), Admission::Take(2));
+        assert_eq!(admit_counted(3, held, 0, 4, 6), Admission::Wait);
         assert_eq!(heir(&line(&[0], &[])), None);
+    }
+
+    #[test]
+    fn a_lowered_limit_holds_for_new_runs_while_slots_past_it_are_held() {
+        let a0 = place(0, "a");
+        let cases = [
+            (
+                line(&[1, 2], &[]),
+                1,
+                Admission::Wait,
+                "slot 0 free, two held past a limit of 1",
+            ),
+            (
+                line(&[2], &[]),
+                2,
+                Admission::Take(0),
+                "one held past a limit of 2: one slot left below",
+            ),
+            (line(&[0, 2], &[]), 2, Admission::Wait, "one held below, one past"),
+            (line(&[1, 2], &[]), 3, Admission::Take(0), "no limit lowered"),
+            (
+                line(&[0, 3], &[]),
+                3,
+                Admission::Take(1),
+                "two free below, one held past",
+            ),
+            (
+                line(&[0, 1, 3], &[]),
+                3,
+                Admission::Wait,
+                "one free below, one held past",
+            ),
+            (line(&[5], &[]), 3, Admission::Take(0), "one held past, two free below"),
+        ];
+        for (line, limit, expected, why) in cases {
+            assert_eq!(admit(&line, &a0, limit), expected, "{why}");
+        }
+        assert!(within(0, 1) && !within(1, 1) && !within(0, 0));
     }
 
     #[test]

@@ -421,3 +421,212 @@ fn no_slot_leaks_through_a_trigger_a_pause_a_failover_and_a_catch_up() {
         "the pause settled no tick: {outcomes:?}"
     );
 }
+
+/// A tick's first take of the only slot of a group of 1 lands in etcd, but its reply comes
+/// back only past the call's timeout: the attempt holds the slot without knowing it. Whatever it
+/// does next, nothing of it may be left in the group once it ran: every later tick of the group
+/// runs, and the group ends empty.
+#[test]
+fn a_take_whose_reply_is_lost_leaves_nothing_behind_in_a_group_of_one() {
+    let mut world = World::new();
+    let ends = world.runs_file().with_file_name("ends.log");
+    let jobs = vec![("solo".to_string(), "*/2 * * * * *", "group = \"one\"".to_string())];
+    let config = write_grouped(&world, 1, "[groups.one]\nlimit = 1", &jobs, &lasting(&world, 0, &ends));
+    // A lease that outlives the held-back replies: the node's own leases are not the fault here.
+    let text = std::fs::read_to_string(&config).expect("config");
+    std::fs::write(&config, text.replace("lease_ttl = \"2s\"", "lease_ttl = \"6s\"")).expect("config");
+    let proxy = crate::support::proxy::Proxy::start(&world.etcd.client_address());
+    step("one node, through a proxy; solo runs every 2 s in a group of 1");
+    world.node("a", &config).via(&proxy).start();
+    wait_for(Duration::from_secs(30), "solo ran twice", || {
+        world.runs().iter().filter(|run| run.job == "solo").count() >= 2
+    });
+    let aimed = chrono::DateTime::from_timestamp(((now_secs() as i64 + 3) / 2 + 1) * 2, 0).expect("an instant");
+    step(&format!(
+        "hold back the reply to the take of the slot for solo's tick {aimed} for 2.6 s (the call gives up at 2 s)"
+    ));
+    let tick = format!("\"tick\":\"{}\"", format_tick(aimed));
+    proxy.hold_reply_to(
+        &[b"/shardcron/test/groups/one/slots/00000", tick.as_bytes()],
+        Duration::from_millis(2600),
+    );
+    wait_for(Duration::from_secs(15), "the take's reply held back", || {
+        proxy.replies_held() == 1
+    });
+    let held_at = now_secs();
+    wait_for(
+        Duration::from_secs(30),
+        "solo ran three later ticks (none stopped by a slot nobody holds)",
+        || {
+            world
+                .runs()
+                .iter()
+                .filter(|run| run.job == "solo" && run.tick > aimed)
+                .count()
+                >= 3
+        },
+    );
+    let later: Vec<Run> = world
+        .runs()
+        .into_iter()
+        .filter(|run| run.job == "solo" && run.tick > aimed)
+        .collect();
+    eprintln!(
+        "after the lost reply, solo's next run started {:.2} s later",
+        later[0].started - held_at
+    );
+    step("pause solo: once its last run ended, no slot is held and nobody waits");
+    shardcron_on(&config, &["pause", "solo"]);
+    wait_for(Duration::from_secs(15), "the group empty in etcd", || {
+        world
+            .status(&config)
+            .groups
+            .first()
+            .is_none_or(|group| group.running == 0 && group.waiting == 0)
+    });
+}
+
+/// A busy group's limit lowered from 3 to 1 by a reload of every node: once the runs going at
+/// the reload have ended, never more than 1 run of the group goes at once, by the jobs' own
+/// start and end stamps, while its runs go on one at a time.
+#[test]
+fn a_limit_lowered_by_a_reload_holds_while_the_group_is_busy() {
+    const LASTS: f64 = 3.0;
+    let mut world = World::new();
+    let ends = world.runs_file().with_file_name("ends.log");
+    let names = job_names(6, 1);
+    let jobs: Vec<(String, &str, String)> = names
+        .iter()
+        .map(|name| (name.clone(), "*/2 * * * * *", "group = \"pool\"".to_string()))
+        .collect();
+    let config = write_grouped(
+        &world,
+        2,
+        "[groups.pool]\nlimit = 3",
+        &jobs,
+        &lasting(&world, LASTS as u32, &ends),
+    );
+    step("two nodes; six jobs due every 2 s, 3 s long, in a group of 3: always full, a line waiting");
+    world.node("a", &config).start();
+    world.node("b", &config).start();
+    wait_for(Duration::from_secs(40), "3 runs of the group at once", || {
+        most_of(&spans(&world, &ends)) >= 3
+    });
+    step("lower the limit to 1 and SIGHUP both nodes");
+    let text = std::fs::read_to_string(&config).expect("config");
+    std::fs::write(&config, text.replace("limit = 3", "limit = 1")).expect("config");
+    for node in &world.nodes {
+        node.signal(libc::SIGHUP);
+    }
+    wait_for(Duration::from_secs(10), "both nodes reloaded", || {
+        world
+            .nodes
+            .iter()
+            .all(|node| node.log_text().contains("reloaded jobs.toml: terms take"))
+    });
+    // The runs going at the reload go on to their ends: the window opens once they have.
+    let from = now_secs() + LASTS + 1.5;
+    let to = from + 20.0;
+    std::thread::sleep(Duration::from_secs_f64(to - now_secs()));
+    wait_for(Duration::from_secs(10), "every run started in the window ended", || {
+        let ended = spans(&world, &ends);
+        world.runs().iter().filter(|run| run.started < to).all(|run| {
+            ended
+                .iter()
+                .any(|span| span.job == run.job && span.started == run.started)
+        })
+    });
+    let window: Vec<(f64, f64)> = spans(&world, &ends)
+        .iter()
+        .filter(|span| span.ended > from && span.started < to)
+        .map(|span| (span.started.max(from), span.ended.min(to)))
+        .collect();
+    let most = most_at_once(window.iter().copied());
+    eprintln!(
+        "{} runs of the group in the {:.0} s window from {LASTS} s after the reload: at most {most} at once",
+        window.len(),
+        to - from
+    );
+    assert!(
+        window.len() >= 4,
+        "the group ran only {} times in the window",
+        window.len()
+    );
+    assert!(
+        most <= 1,
+        "{most} runs of a group lowered to 1 went at once: {window:?}"
+    );
+}
+
+/// A place left in a group's line on a node's slot lease with no attempt waiting at it (what a
+/// lost reply or a failed call to leave the line leaves): its node takes it out, or frees the slot
+/// handed to it, so the group of 1 runs on instead of handing its only slot to nobody for good.
+#[test]
+fn a_place_nobody_waits_at_is_swept_and_the_group_of_one_runs_on() {
+    let mut world = World::new();
+    let ends = world.runs_file().with_file_name("ends.log");
+    let jobs = vec![("solo".to_string(), "*/4 * * * * *", "group = \"one\"".to_string())];
+    let config = write_grouped(&world, 1, "[groups.one]\nlimit = 1", &jobs, &lasting(&world, 2, &ends));
+    step("one node; solo runs 2 s from every fourth second in a group of 1");
+    world.node("a", &config).start();
+    let (runtime, mut client) = world.etcd_client();
+    let slot_key = "/shardcron/test/groups/one/slots/00000";
+    let mut lease = 0;
+    wait_for(Duration::from_secs(30), "solo holds the slot", || {
+        lease = runtime
+            .block_on(client.get(slot_key, None))
+            .ok()
+            .and_then(|read| read.kvs().first().map(|kv| kv.lease()))
+            .unwrap_or(0);
+        lease != 0
+    });
+    step("put a place for a ghost at the head of the line, on the node's slot lease");
+    let due = chrono::Utc::now() - chrono::Duration::seconds(60);
+    let place = shardcron::rules::groups::Place {
+        due,
+        job: "ghost".into(),
+        fence: 1,
+    };
+    let ghost = shardcron::rules::groups::Holder {
+        node: "a".into(),
+        job: "ghost".into(),
+        tick: due,
+        fence: 1,
+        since: due,
+    };
+    let place_key = format!("/shardcron/test/groups/one/waiting/{}", place.segment());
+    runtime
+        .block_on(client.put(
+            place_key.as_str(),
+            serde_json::to_vec(&ghost).expect("holder"),
+            Some(etcd_client::PutOptions::new().with_lease(lease)),
+        ))
+        .expect("put the ghost's place");
+    let put_at = now_secs();
+    wait_for(
+        Duration::from_secs(30),
+        "solo ran three more runs (the slot not left to the ghost)",
+        || {
+            world
+                .runs()
+                .iter()
+                .filter(|run| run.job == "solo" && run.started > put_at)
+                .count()
+                >= 3
+        },
+    );
+    assert_eq!(world.etcd_value(&place_key), None, "the ghost's place is still in line");
+    assert!(
+        world.nodes[0].log_text().contains("no attempt of this node"),
+        "the node did not say what it cleaned up"
+    );
+    let first = world
+        .runs()
+        .into_iter()
+        .find(|run| run.job == "solo" && run.started > put_at)
+        .expect("a run");
+    eprintln!(
+        "solo's first run after the ghost's place was put started {:.2} s later",
+        first.started - put_at
+    );
+}

@@ -4,16 +4,21 @@
 //! wake. A write is prepared from what the node read and lands later, so every other step may
 //! come between the two, and etcd's guards decide, as they do for `coord::groups`.
 //!
+//! A take's reply may be lost (the write lands or not, the attempt does not know which), and a
+//! call to leave the line may fail; the limit may be lowered (a reload of every node) while
+//! attempts run and wait.
+//!
 //! Properties: never more than `limit` attempts running on nodes that run (a crashed or stalled
-//! node's command runs on beyond the model, as documented); once every attempt has ended, no
-//! slot and no place in line is left on a live lease; every attempt ends.
+//! node's command runs on beyond the model, as documented), by the limit lowered to once every
+//! run that went when it was lowered has ended; once every attempt has ended, no slot and no
+//! place in line is left on a live lease; every attempt ends.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::DateTime;
 use stateright::{Checker, HasDiscoveries, Model, Property};
 
-use super::{admit, heir, Admission, Line, Place};
+use super::{admit, admit_counted, heir, within, Admission, Line, Place};
 
 /// The node's rules, or one broken on purpose to see the checker catch it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,6 +30,13 @@ enum Rules {
     NoHeirGuard,
     /// A node that wakes after its lease expired lets the runs that held its slots go on.
     RunOnAfterLapse,
+    /// The rules before lost replies were looked at: a take whose reply is lost counts as
+    /// refused (the attempt stands in line), a slot handed to an attempt in line leaves its
+    /// place there, and a failed call to leave the line leaves the place.
+    TrustLostReplies,
+    /// The rules before a lowered limit was looked at: slots are handed on and run in whatever
+    /// their number, and a take counts only the free slots below the limit.
+    LimitAtTake,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -43,6 +55,10 @@ enum Attempt {
         slot: u32,
         in_line: bool,
         lease: u8,
+    },
+    /// A take whose reply was lost: it may have landed.
+    Unsure {
+        in_line: bool,
     },
     Running(u32),
     /// Its command ended: it hands its slot on.
@@ -81,6 +97,10 @@ struct State {
     attempts: Vec<Attempt>,
     faults: u8,
     next_lease: u8,
+    /// The limit now: lowered at most once, on every node at once.
+    limit: u32,
+    /// The attempts that ran when the limit was lowered and still do.
+    ran_before: BTreeSet<usize>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -91,11 +111,18 @@ enum Action {
     Crash(usize),
     Stall(usize),
     Wake(usize),
+    /// The take's write lands, or not, as a step would have it; its reply is lost.
+    LoseReply(usize),
+    /// A call to leave the line fails.
+    FailLeave(usize),
+    Lower,
 }
 
 #[derive(Clone)]
 struct Slots {
     limit: u32,
+    /// The limit a reload may lower it to.
+    lowered: Option<u32>,
     /// Each attempt's node.
     on: Vec<usize>,
     nodes: usize,
@@ -128,20 +155,70 @@ fn expire(state: &mut State, lease: u8) {
 }
 
 impl Slots {
+    /// Whether an attempt may take a slot now, by the model's rules.
+    fn admission(&self, state: &State, place: &Place) -> Admission {
+        let line = line_of(state);
+        match self.rules {
+            Rules::LimitAtTake => admit_counted(
+                line.waiting.range(..place).count(),
+                |slot| line.held.contains(&slot),
+                0,
+                state.limit,
+                0,
+            ),
+            _ => admit(&line, place, state.limit),
+        }
+    }
+
+    /// The take of `slot` lands, if etcd's guards let it: `Some(slot)` when it did and the slot
+    /// is the attempt's to run in.
+    fn land_take(&self, state: &mut State, attempt: usize, slot: u32, in_line: bool, lease: u8) -> Option<u32> {
+        let place = self.place(attempt);
+        let free = !state.slots.contains_key(&slot) || self.rules == Rules::NoFreeGuard;
+        let still_in_line = !in_line || state.line.contains_key(&place);
+        if !(free && still_in_line && state.live_leases.contains(&lease)) {
+            return None;
+        }
+        state.line.remove(&place);
+        if self.rules != Rules::LimitAtTake && !within(slot, state.limit) {
+            // Taken past a limit lowered since the slot was chosen: given back at once.
+            return None;
+        }
+        state.slots.insert(slot, (attempt, lease));
+        Some(slot)
+    }
+
     fn step(&self, state: &mut State, attempt: usize) {
         let lease = state.nodes[self.on[attempt]].1;
         let place = self.place(attempt);
         let handed = state
             .slots
             .iter()
-            .find(|(_, (holder, _))| *holder == attempt)
+            .find(|(_, (holder, on))| *holder == attempt && *on == lease)
             .map(|(slot, _)| *slot);
+        let sound = self.rules != Rules::TrustLostReplies;
         state.attempts[attempt] = match (state.attempts[attempt], handed) {
-            (Attempt::InLine, Some(slot)) => Attempt::Running(slot),
+            // As the node does on every look: a slot holding its value is its own first.
+            (Attempt::Idle | Attempt::InLine, Some(slot))
+                if self.rules != Rules::LimitAtTake && !within(slot, state.limit) =>
+            {
+                // Handed a slot past the limit lowered since: given back, and it waits again.
+                state.slots.remove(&slot);
+                state.line.remove(&place);
+                Attempt::Idle
+            }
+            (Attempt::Idle | Attempt::InLine, Some(slot)) => {
+                if sound && state.line.get(&place).is_some_and(|(_, on)| *on == lease) {
+                    // Its place still in line (a take whose reply was lost landed before it
+                    // stood there): taken out, guarded by its value.
+                    state.line.remove(&place);
+                }
+                Attempt::Running(slot)
+            }
             (Attempt::InLine, None) if !state.line.contains_key(&place) => Attempt::Idle,
             (Attempt::Idle | Attempt::InLine, _) => {
                 let in_line = state.attempts[attempt] == Attempt::InLine;
-                match admit(&line_of(state), &place, self.limit) {
+                match self.admission(state, &place) {
                     Admission::Take(slot) => Attempt::Taking { slot, in_line, lease },
                     Admission::Wait if in_line => Attempt::InLine,
                     Admission::Wait => {
@@ -150,21 +227,31 @@ impl Slots {
                     }
                 }
             }
-            (Attempt::Taking { slot, in_line, lease }, _) => {
-                let free = !state.slots.contains_key(&slot) || self.rules == Rules::NoFreeGuard;
-                let still_in_line = !in_line || state.line.contains_key(&place);
-                if free && still_in_line && state.live_leases.contains(&lease) {
-                    state.slots.insert(slot, (attempt, lease));
-                    state.line.remove(&place);
-                    Attempt::Running(slot)
-                } else if in_line {
-                    Attempt::InLine
-                } else {
+            (Attempt::Taking { slot, in_line, lease }, _) => match self.land_take(state, attempt, slot, in_line, lease)
+            {
+                Some(slot) => Attempt::Running(slot),
+                None if in_line => Attempt::InLine,
+                None => Attempt::Idle,
+            },
+            (Attempt::Unsure { in_line }, _) if sound => match handed {
+                // Read back: the take landed.
+                Some(slot) if within(slot, state.limit) => Attempt::Running(slot),
+                Some(slot) => {
+                    state.slots.remove(&slot);
                     Attempt::Idle
                 }
+                None if in_line && state.line.contains_key(&place) => Attempt::InLine,
+                None => Attempt::Idle,
+            },
+            // Counted as refused: it stands in line, whether the take landed or not.
+            (Attempt::Unsure { .. }, _) => {
+                state.line.insert(place, (attempt, lease));
+                Attempt::InLine
             }
             (Attempt::Ending(slot), _) => {
+                let past = self.rules != Rules::LimitAtTake && !within(slot, state.limit);
                 let first = heir(&line_of(state))
+                    .filter(|_| !past)
                     .and_then(|place| state.line.get(place))
                     .map(|(heir, _)| *heir);
                 Attempt::Releasing {
@@ -235,7 +322,7 @@ impl Slots {
                 // The slot lapsed with the lease: the run is killed at once.
                 Attempt::Running(_) | Attempt::Ending(_) | Attempt::Releasing { .. } => Attempt::Killed,
                 // Its place went with the lease: it stands in line again.
-                Attempt::InLine | Attempt::Taking { .. } => Attempt::Idle,
+                Attempt::InLine | Attempt::Taking { .. } | Attempt::Unsure { .. } => Attempt::Idle,
                 Attempt::Leaving { .. } => Attempt::GaveUp,
                 other => other,
             };
@@ -261,6 +348,8 @@ impl Model for Slots {
             attempts: vec![Attempt::Idle; self.on.len()],
             faults: 0,
             next_lease: self.nodes as u8,
+            limit: self.limit,
+            ran_before: BTreeSet::new(),
         }]
     }
 
@@ -271,12 +360,23 @@ impl Model for Slots {
             }
             match now {
                 Attempt::Running(_) => actions.push(Action::Finish(attempt)),
-                Attempt::InLine => {
+                Attempt::InLine | Attempt::Unsure { .. } => {
                     actions.push(Action::Step(attempt));
                     actions.push(Action::GiveUp(attempt));
                 }
+                Attempt::Taking { .. } if state.faults < self.faults => {
+                    actions.push(Action::Step(attempt));
+                    actions.push(Action::LoseReply(attempt));
+                }
+                Attempt::Leaving { .. } if state.faults < self.faults => {
+                    actions.push(Action::Step(attempt));
+                    actions.push(Action::FailLeave(attempt));
+                }
                 _ => actions.push(Action::Step(attempt)),
             }
+        }
+        if self.lowered.is_some_and(|lowered| lowered < state.limit) {
+            actions.push(Action::Lower);
         }
         for (node, (up, _)) in state.nodes.iter().enumerate() {
             match up {
@@ -296,12 +396,42 @@ impl Model for Slots {
             Action::Step(attempt) => self.step(&mut next, attempt),
             Action::GiveUp(attempt) => {
                 let lease = next.nodes[self.on[attempt]].1;
-                next.attempts[attempt] = Attempt::Leaving { lease };
+                next.attempts[attempt] = match next.attempts[attempt] {
+                    // It never learnt that it may hold a slot: nothing to leave.
+                    Attempt::Unsure { .. } if self.rules == Rules::TrustLostReplies => Attempt::GaveUp,
+                    _ => Attempt::Leaving { lease },
+                };
             }
             Action::Finish(attempt) => {
                 if let Attempt::Running(slot) = next.attempts[attempt] {
                     next.attempts[attempt] = Attempt::Ending(slot);
+                    next.ran_before.remove(&attempt);
                 }
+            }
+            Action::LoseReply(attempt) => {
+                next.faults += 1;
+                if let Attempt::Taking { slot, in_line, lease } = next.attempts[attempt] {
+                    self.land_take(&mut next, attempt, slot, in_line, lease);
+                    next.attempts[attempt] = Attempt::Unsure { in_line };
+                }
+            }
+            Action::FailLeave(attempt) => {
+                next.faults += 1;
+                if self.rules == Rules::TrustLostReplies {
+                    // Left in line: "the place goes with the lease", which lives on.
+                    next.attempts[attempt] = Attempt::GaveUp;
+                }
+                // Else it tries again: its next step.
+            }
+            Action::Lower => {
+                next.limit = self.lowered.unwrap_or(next.limit);
+                next.ran_before = next
+                    .attempts
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, now)| matches!(now, Attempt::Running(_)))
+                    .map(|(attempt, _)| attempt)
+                    .collect();
             }
             Action::Crash(node) => {
                 next.faults += 1;
@@ -311,6 +441,7 @@ impl Model for Slots {
                 for (attempt, on) in self.on.iter().enumerate() {
                     if *on == node {
                         next.attempts[attempt] = Attempt::Dead;
+                        next.ran_before.remove(&attempt);
                     }
                 }
             }
@@ -337,7 +468,13 @@ impl Model for Slots {
                         matches!(now, Attempt::Running(_)) && state.nodes[model.on[*attempt]].0 == Up::Live
                     })
                     .count();
-                running <= model.limit as usize
+                // While a run that went when the limit was lowered goes on, the old limit.
+                let before = state
+                    .ran_before
+                    .iter()
+                    .any(|attempt| matches!(state.attempts[*attempt], Attempt::Running(_)));
+                let limit = if before { model.limit } else { state.limit };
+                running <= limit as usize
             }),
             Property::always(NO_LEAK, |_: &Slots, state: &State| {
                 !state.attempts.iter().all(|now| now.ended())
@@ -362,27 +499,42 @@ fn check(model: Slots) -> Vec<&'static str> {
         .spawn_bfs()
         .join();
     println!(
-        "slot model {:?} (limit {}, {} attempts on {} nodes, {} faults): {} states",
+        "slot model {:?} (limit {}, lowered to {:?}, {} attempts on {} nodes, {} faults): {} states",
         checker.model().rules,
         checker.model().limit,
+        checker.model().lowered,
         checker.model().on.len(),
         checker.model().nodes,
         checker.model().faults,
         checker.unique_state_count()
     );
-    [LIMIT, NO_LEAK, ENDS]
+    let found: Vec<&'static str> = [LIMIT, NO_LEAK, ENDS]
         .into_iter()
         .filter(|property| checker.discovery(property).is_some())
-        .collect()
+        .collect();
+    for property in &found {
+        if let Some(path) = checker.discovery(property) {
+            println!("{property}: {:?}", path.into_actions());
+        }
+    }
+    found
 }
 
 fn model(limit: u32, on: &[usize], faults: u8, rules: Rules) -> Slots {
     Slots {
         limit,
+        lowered: None,
         nodes: on.iter().max().map_or(1, |last| last + 1),
         on: on.to_vec(),
         faults,
         rules,
+    }
+}
+
+fn lowered(limit: u32, to: u32, on: &[usize], rules: Rules) -> Slots {
+    Slots {
+        lowered: Some(to),
+        ..model(limit, on, 0, rules)
     }
 }
 
@@ -394,8 +546,19 @@ fn slots_hold_the_limit_leak_nothing_and_every_attempt_ends() {
 }
 
 #[test]
+fn a_limit_lowered_while_slots_are_held_holds_once_their_runs_end() {
+    for (limit, to, on) in [(2, 1, vec![0, 1, 0, 1]), (3, 1, vec![0, 1, 0, 1])] {
+        assert_eq!(check(lowered(limit, to, &on, Rules::Sound)), Vec::<&str>::new());
+    }
+}
+
+#[test]
 fn the_checker_catches_each_guard_taken_away() {
     assert!(check(model(1, &[0, 1], 0, Rules::NoFreeGuard)).contains(&LIMIT));
     assert!(check(model(1, &[0, 1, 1], 0, Rules::NoHeirGuard)).contains(&NO_LEAK));
     assert!(check(model(1, &[0, 1], 1, Rules::RunOnAfterLapse)).contains(&LIMIT));
+    // A lost reply to a take, or a failed call to leave the line, leaves a place (or a slot)
+    // on a lease that lives on: the zombie of the review's H2.
+    assert!(check(model(1, &[0, 1], 1, Rules::TrustLostReplies)).contains(&NO_LEAK));
+    assert!(check(lowered(2, 1, &[0, 1, 0, 1], Rules::LimitAtTake)).contains(&LIMIT));
 }

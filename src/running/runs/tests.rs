@@ -19,6 +19,7 @@ async fn shards_taking_over_together_share_the_nodes_room_for_late_ticks() {
         client,
         crate::coord::keys::Keys::new("c"),
         Duration::from_secs(3),
+        Box::new(|_| None),
     ));
     let runs = Runs::new(
         Arc::default(),
