@@ -177,9 +177,8 @@ pub(crate) struct Notifications {
     /// The events this process is sending now, by job and dedupe key and notifier: a sweep
     /// that finds them in etcd leaves them be.
     sending: Mutex<HashSet<(String, String, String)>>,
-    /// Each job's runs waiting for its accounting task, in the order they were handed over:
-    /// a job is in the map while its task runs.
-    queued: Mutex<HashMap<String, VecDeque<Note>>>,
+    /// Each job's runs waiting for its accounting task, in the order they were handed over.
+    queued: Mutex<JobQueues<Note>>,
     /// Runs handed over and not yet accounted for, to bound `queued` as the inbox is bounded.
     room: Arc<Semaphore>,
     accounting: Semaphore,
@@ -187,6 +186,52 @@ pub(crate) struct Notifications {
     tracker: TaskTracker,
     /// Cancelled once a stop's flush is over: what still sleeps between attempts ends.
     stop: CancellationToken,
+}
+
+/// Each job's waiting items in the order they came, for one worker per job: a job's items
+/// stay in order (an older run accounted for after a newer one would be ignored), and no job
+/// waits behind another's. A job is known while its worker runs.
+struct JobQueues<T> {
+    by_job: HashMap<String, VecDeque<T>>,
+}
+
+impl<T> Default for JobQueues<T> {
+    fn default() -> Self {
+        JobQueues { by_job: HashMap::new() }
+    }
+}
+
+impl<T> JobQueues<T> {
+    /// Queues `item` behind `job`'s others; `true` when the job has no worker: start one.
+    fn push(&mut self, job: &str, item: T) -> bool {
+        if let Some(waiting) = self.by_job.get_mut(job) {
+            waiting.push_back(item);
+            return false;
+        }
+        self.by_job.insert(job.to_string(), VecDeque::from([item]));
+        true
+    }
+
+    /// The job's next item for its worker; `None` ends the worker, and the job is forgotten
+    /// in the same step, so the next [`JobQueues::push`] starts another.
+    fn next(&mut self, job: &str) -> Option<T> {
+        let next = self.by_job.get_mut(job).and_then(VecDeque::pop_front);
+        if next.is_none() {
+            self.by_job.remove(job);
+        }
+        next
+    }
+
+    /// How many items wait, across jobs.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.by_job.values().map(VecDeque::len).sum()
+    }
+
+    /// Forgets every waiting item (their workers end at their next look); how many there were.
+    fn clear(&mut self) -> usize {
+        self.by_job.values_mut().map(|waiting| waiting.drain(..).count()).sum()
+    }
 }
 
 /// A queue for runs to hand their records to, and what reads it: run [`Notifications::run`].
@@ -287,7 +332,8 @@ impl Notifications {
         };
         self.stop.cancel();
         if !finished {
-            let left: usize = self.lock_queued().values().map(VecDeque::len).sum();
+            // Taken off their queues here, counted once: their workers find none left.
+            let left = self.lock_queued().clear();
             let sending = self.lock().len();
             tracing::warn!(unaccounted = left, sending, flush = ?FLUSH, "stopping before every finished run was accounted for and told: the events accounted for wait in their jobs' records for the shard's leader or this node's next start");
             if left > 0 {
@@ -311,39 +357,23 @@ impl Notifications {
             room.forget();
         }
         let job = note.job().name.clone();
-        let mut queued = self.lock_queued();
-        if let Some(waiting) = queued.get_mut(&job) {
-            waiting.push_back(note);
-            return;
+        if self.lock_queued().push(&job, note) {
+            self.tracker.spawn(Arc::clone(self).account_job(job));
         }
-        queued.insert(job.clone(), VecDeque::from([note]));
-        self.tracker.spawn(Arc::clone(self).account_job(job));
     }
 
     /// Accounts for `job`'s queued runs one after the other, until none is left.
     async fn account_job(self: Arc<Self>, job: String) {
         loop {
-            let note = {
-                let mut queued = self.lock_queued();
-                let Some(waiting) = queued.get_mut(&job) else { return };
-                match waiting.pop_front() {
-                    Some(note) => note,
-                    None => {
-                        queued.remove(&job);
-                        return;
-                    }
-                }
+            let Some(note) = self.lock_queued().next(&job) else {
+                return;
             };
             self.room.add_permits(1);
-            if self.stop.is_cancelled() {
-                count(&crate::metrics::get().notifications, "dropped");
-                continue;
-            }
             self.take(note).await;
         }
     }
 
-    fn lock_queued(&self) -> std::sync::MutexGuard<'_, HashMap<String, VecDeque<Note>>> {
+    fn lock_queued(&self) -> std::sync::MutexGuard<'_, JobQueues<Note>> {
         self.queued.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
@@ -652,6 +682,25 @@ async fn header_file(path: &std::path::Path) -> Result<String, String> {
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn each_job_has_its_own_queue_and_keeps_its_order() {
+        let mut queues = JobQueues::default();
+        assert!(queues.push("stuck", 1), "a worker for stuck");
+        assert!(!queues.push("stuck", 2), "behind stuck's first");
+        assert!(queues.push("other", 10), "other waits for no one: a worker of its own");
+        assert_eq!(queues.len(), 3);
+        assert_eq!(queues.next("stuck"), Some(1));
+        // stuck's worker is busy with 1 (etcd refusing its record): other's goes on.
+        assert_eq!(queues.next("other"), Some(10));
+        assert_eq!(queues.next("other"), None, "other's worker ends");
+        assert!(queues.push("other", 11), "and the next of other starts another");
+        assert!(!queues.push("stuck", 3));
+        assert_eq!((queues.next("stuck"), queues.next("stuck")), (Some(2), Some(3)));
+        assert_eq!(queues.next("stuck"), None);
+        assert!(queues.push("stuck", 4));
+        assert_eq!(queues.len(), 2);
+    }
 
     #[tokio::test]
     async fn success_pings_past_the_bound_in_flight_are_dropped_and_counted() {
