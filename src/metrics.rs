@@ -143,7 +143,7 @@ impl Metrics {
         for result in ["delivered", "failed", "gave_up", "dropped"] {
             metrics.notifications.get_or_create(&ResultLabel { result }).inc_by(0);
         }
-        for result in ["delivered", "failed"] {
+        for result in ["delivered", "failed", "dropped"] {
             metrics.pings.get_or_create(&ResultLabel { result }).inc_by(0);
         }
         metrics.register_runs(&mut registry);

@@ -3,7 +3,7 @@
 //! adopting, never overwrite each other.
 
 use chrono::{DateTime, Utc};
-use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpResponse};
 
 use crate::coord::etcd::{self, CoordError};
 use crate::coord::keys::Keys;
@@ -86,14 +86,91 @@ pub(crate) async fn account(
     Ok(added)
 }
 
-/// Every job's record that holds undelivered events, by job.
+/// Records read in one transaction: a record is at most [`notify::MAX_RECORD_BYTES`], and an
+/// answer must stay under the client's 4 MiB decode limit.
+const READS_PER_TXN: usize = 3;
+/// Keys listed in one call when looking for the records of fanned-out instances.
+const KEYS_PER_PAGE: i64 = 2000;
+
+/// The records of `jobs` that hold undelivered events, by job. Each is read by its key, so
+/// records this node has no business with (other nodes' instances of fanned-out jobs,
+/// `<job>@<node>`, which grow with every node id the fleet ever had) are never read.
 pub(crate) async fn with_pending(
     client: &etcd_client::Client,
     keys: &Keys,
+    jobs: &[&str],
 ) -> Result<Vec<(String, Record)>, CoordError> {
-    let mut records = read_all(client, keys).await?;
-    records.retain(|(_, record)| !record.pending.is_empty());
+    let mut records = Vec::new();
+    for chunk in jobs.chunks(READS_PER_TXN) {
+        let reads: Vec<TxnOp> = chunk.iter().map(|job| TxnOp::get(keys.notify(job), None)).collect();
+        let answer = etcd::call(client.clone().txn(Txn::new().and_then(reads))).await?;
+        for (job, read) in chunk.iter().zip(answer.op_responses()) {
+            let TxnOpResponse::Get(read) = read else { continue };
+            let Some(kv) = read.kvs().first() else { continue };
+            match decode(kv.value()) {
+                Ok(record) if !record.pending.is_empty() => records.push((job.to_string(), record)),
+                Ok(_) => {}
+                Err(err) => tracing::debug!(job, error = %err, "a notification record that does not parse: left out"),
+            }
+        }
+    }
     Ok(records)
+}
+
+/// The records of fanned-out instances (`<job>@<node>`) etcd holds, by name, with the revision
+/// each was last written at; keys only.
+pub(crate) async fn instance_records(
+    client: &etcd_client::Client,
+    keys: &Keys,
+) -> Result<Vec<(String, i64)>, CoordError> {
+    let prefix = keys.notify_prefix();
+    let mut end = prefix.as_bytes().to_vec();
+    if let Some(last) = end.last_mut() {
+        *last += 1;
+    }
+    let mut from = prefix.as_bytes().to_vec();
+    let mut found = Vec::new();
+    loop {
+        let options = GetOptions::new()
+            .with_range(end.clone())
+            .with_keys_only()
+            .with_limit(KEYS_PER_PAGE);
+        let page = etcd::call(client.clone().get(from.clone(), Some(options))).await?;
+        for kv in page.kvs() {
+            let Some(name) = std::str::from_utf8(kv.key())
+                .ok()
+                .and_then(|key| key.strip_prefix(&prefix))
+            else {
+                continue;
+            };
+            if name.contains('@') {
+                found.push((name.to_string(), kv.mod_revision()));
+            }
+        }
+        match (page.more(), page.kvs().last()) {
+            (true, Some(last)) => {
+                from = last.key().to_vec();
+                // The next key after the last one read.
+                from.push(0);
+            }
+            _ => return Ok(found),
+        }
+    }
+}
+
+/// Removes the record `name` unless it was written after `revision` (its node came back and
+/// told something meanwhile); whether it was removed.
+pub(crate) async fn remove(
+    client: &etcd_client::Client,
+    keys: &Keys,
+    name: &str,
+    revision: i64,
+) -> Result<bool, CoordError> {
+    let key = keys.notify(name);
+    let txn = Txn::new()
+        .when([Compare::mod_revision(key.as_str(), CompareOp::Equal, revision)])
+        .and_then([TxnOp::delete(key.as_str(), None)]);
+    Ok(etcd::call(client.clone().txn(txn)).await?.succeeded())
 }
 
 /// Every job's record, by job: what `status` shows of the last notification.
@@ -172,4 +249,84 @@ pub(crate) async fn settle(
     })
     .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::record::{Outcome, RunRecord};
+
+    fn with_one(node: &str) -> Record {
+        let at = DateTime::<Utc>::from_timestamp(1_800_000_000, 0).unwrap();
+        Record {
+            failing: true,
+            pending: vec![Pending {
+                notifier: "ops".into(),
+                event: notify::Event::Failure,
+                run: RunRecord {
+                    outcome: Outcome::Exited,
+                    exit_code: Some(1),
+                    ..RunRecord::for_tests(at, 3)
+                },
+                since: at,
+                node: node.into(),
+                missed: 0,
+            }],
+            ..Record::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn the_sweep_reads_only_the_named_records_and_a_departed_instance_record_is_removed_unless_rewritten() {
+        let etcd = crate::etcd_server::EtcdServer::start(&crate::etcd_server::test_etcd_bin()).expect("etcd");
+        let client = etcd_client::Client::connect([etcd.client_url()], None)
+            .await
+            .expect("client");
+        let keys = Keys::new("notify");
+        for (name, node) in [
+            ("nightly", "a"),
+            ("sweep@a", "a"),
+            ("sweep@gone", "gone"),
+            ("quiet", "a"),
+        ] {
+            let mut record = with_one(node);
+            if name == "quiet" {
+                record.pending.clear();
+            }
+            let value = serde_json::to_vec(&record).unwrap();
+            client.clone().put(keys.notify(name), value, None).await.unwrap();
+        }
+
+        let read = with_pending(&client, &keys, &["nightly", "quiet", "sweep@a", "absent"])
+            .await
+            .unwrap();
+        let names: Vec<&str> = read.iter().map(|(name, _)| name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["nightly", "sweep@a"],
+            "never another node's instance, nor one without events"
+        );
+
+        let listed = instance_records(&client, &keys).await.unwrap();
+        let names: Vec<&str> = listed.iter().map(|(name, _)| name.as_str()).collect();
+        assert_eq!(names, ["sweep@a", "sweep@gone"]);
+        let (_, listed_at) = listed[1];
+        // Its node came back and told something after the listing: kept.
+        let rewritten = serde_json::to_vec(&with_one("gone")).unwrap();
+        client
+            .clone()
+            .put(keys.notify("sweep@gone"), rewritten, None)
+            .await
+            .unwrap();
+        assert!(!remove(&client, &keys, "sweep@gone", listed_at).await.unwrap());
+        let (_, now_at) = instance_records(&client, &keys).await.unwrap()[1];
+        assert!(remove(&client, &keys, "sweep@gone", now_at).await.unwrap());
+        let left: Vec<String> = instance_records(&client, &keys)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|(name, _)| name)
+            .collect();
+        assert_eq!(left, ["sweep@a"]);
+    }
 }

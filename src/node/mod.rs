@@ -4,7 +4,8 @@
 //! leadership. When the session is lost every term ends at once and the node opens a new session
 //! after a capped, jittered backoff. On shutdown the node stops claiming, revokes its lease
 //! (which resigns every shard at once), gives running commands their grace period, then writes
-//! the results still waiting.
+//! the results still waiting and tells what the last runs told (for at most
+//! [`crate::running::notifications::FLUSH`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -98,8 +99,10 @@ pub async fn run(
     let groups = Arc::new(Groups::new(client.clone(), keys.clone(), cluster.lease_ttl, limits));
     let backfills = Arc::new(Backfills::default());
     let (outbox, notifications, notes) =
-        crate::running::notifications::new(client.clone(), keys.clone(), options.node_id.clone(), shutdown.clone());
-    tokio::spawn(Arc::clone(&notifications).run(notes));
+        crate::running::notifications::new(client.clone(), keys.clone(), options.node_id.clone());
+    // Closed only once the runs drained: a run that ends in the grace is told and pinged too.
+    let notes_closed = CancellationToken::new();
+    let notifier = tokio::spawn(Arc::clone(&notifications).run(notes, notes_closed.clone(), options.hurry.clone()));
     let node = Arc::new(NodeContext {
         node_id: options.node_id.clone(),
         keys,
@@ -151,8 +154,12 @@ pub async fn run(
     node.runs.drain(options.shutdown_grace, &options.hurry).await;
     node.groups.close().await;
     results_closed.cancel();
+    notes_closed.cancel();
     if let Err(err) = result_writer.await {
         tracing::warn!(error = %err, "result writer ended abnormally");
+    }
+    if let Err(err) = notifier.await {
+        tracing::warn!(error = %err, "notification sender ended abnormally");
     }
     tracing::info!("node stopped");
 }

@@ -31,6 +31,13 @@ pub const SEND_TIMEOUT: Duration = Duration::from_secs(10);
 pub const MAX_PENDING: usize = 32;
 /// At most this many bytes of each output stream in a notification's body.
 pub const MAX_BODY_OUTPUT: usize = 4096;
+/// At most this many bytes of a job's record as JSON: well under etcd's default request
+/// limit (1.5 MiB), which output that escapes to 6 bytes a character could pass with
+/// [`MAX_PENDING`] events of [`MAX_BODY_OUTPUT`] each.
+pub const MAX_RECORD_BYTES: usize = 1024 * 1024;
+/// The end of each stream an undelivered event keeps once the record is past
+/// [`MAX_RECORD_BYTES`]: the oldest events are cut to it first.
+pub const SHORT_OUTPUT: usize = 256;
 
 /// What a notifier may be told about (`on = [...]`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -181,16 +188,21 @@ fn is_zero_fence(fence: &i64) -> bool {
 }
 
 impl Pending {
-    /// job + tick + event: the same for every attempt to tell of one transition, so a receiver
-    /// may drop a repeat.
+    /// The same for every attempt to tell of one transition, so a receiver may drop a repeat:
+    /// `job/tick/event` for a scheduled or manual run (a manual run's tick is its own
+    /// instant) and a `missed` event; `job/tick/event/backfill/fence` for a backfill run, which
+    /// runs a tick again and may fail as its first run did, and must not be dropped as a repeat
+    /// of it (the fence is its claim's own revision).
     pub fn dedupe_key(&self, job: &str) -> String {
-        format!(
-            "{job}/{}/{}",
-            self.run
-                .scheduled_at
-                .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-            self.event.as_str()
-        )
+        let tick = self
+            .run
+            .scheduled_at
+            .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+        let event = self.event.as_str();
+        match self.run.trigger {
+            Trigger::Backfill => format!("{job}/{tick}/{event}/backfill/{}", self.run.fence),
+            Trigger::Schedule | Trigger::Manual => format!("{job}/{tick}/{event}"),
+        }
     }
 }
 
@@ -327,23 +339,83 @@ pub fn account_missed(
 /// `run` as an undelivered event keeps it: the last [`MAX_BODY_OUTPUT`] bytes of each stream.
 pub fn kept(run: &RunRecord) -> RunRecord {
     let mut run = run.clone();
+    keep_last(&mut run, MAX_BODY_OUTPUT);
+    run
+}
+
+/// Cuts each of `run`'s output streams to its last `bytes` bytes, where a character starts.
+fn keep_last(run: &mut RunRecord, bytes: usize) {
     if let Some(output) = &mut run.output {
         for text in [&mut output.stdout, &mut output.stderr] {
-            let mut start = text.len().saturating_sub(MAX_BODY_OUTPUT);
+            let mut start = text.len().saturating_sub(bytes);
             while !text.is_char_boundary(start) {
                 start += 1;
             }
             text.drain(..start);
         }
     }
-    run
 }
 
-/// Drops the oldest undelivered events past [`MAX_PENDING`]; returns how many.
+fn encoded_len<T: Serialize>(value: &T) -> usize {
+    serde_json::to_vec(value).map_or(0, |bytes| bytes.len())
+}
+
+/// Bounds the undelivered events: drops the oldest past [`MAX_PENDING`], then, while the
+/// record as JSON is past [`MAX_RECORD_BYTES`], cuts the output of the oldest to
+/// [`SHORT_OUTPUT`] (an event without the end of its output still tells its transition), and
+/// only then drops the oldest. Returns how many were dropped.
 pub fn trim(record: &mut Record) -> usize {
     let over = record.pending.len().saturating_sub(MAX_PENDING);
     record.pending.drain(..over);
-    over
+    let mut size = encoded_len(record);
+    let mut cut = 0;
+    while size > MAX_RECORD_BYTES && cut < record.pending.len() {
+        let pending = &mut record.pending[cut];
+        let before = encoded_len(pending);
+        keep_last(&mut pending.run, SHORT_OUTPUT);
+        size = size.saturating_sub(before.saturating_sub(encoded_len(pending)));
+        cut += 1;
+    }
+    let mut dropped = over;
+    while size > MAX_RECORD_BYTES && !record.pending.is_empty() {
+        let oldest = record.pending.remove(0);
+        // Its bytes and the comma between it and the next.
+        size = size.saturating_sub(encoded_len(&oldest) + 1);
+        dropped += 1;
+    }
+    dropped
+}
+
+/// How long the notification record of a fanned-out job's instance (`<job>@<node>`) is kept
+/// once its node left the fleet: a node that comes back within it finds its record (whether
+/// its instance was failing, and its undelivered events) as it left it.
+pub const INSTANCE_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// Which records of fanned-out instances (`<job>@<node>`, by `names`) are due for removal: those
+/// whose node (`is_member` says whether it is in the fleet) has been out of it for `retention`
+/// by the looks so far. `gone_since` is kept by the caller between looks: when each record was
+/// first seen with its node gone, on any monotonic clock `now` reads. A record whose node is
+/// back, or that is gone from etcd, is forgotten.
+pub fn departed_instances(
+    gone_since: &mut std::collections::BTreeMap<String, Duration>,
+    names: &[String],
+    is_member: impl Fn(&str) -> bool,
+    now: Duration,
+    retention: Duration,
+) -> Vec<String> {
+    let departed: BTreeSet<&String> = names
+        .iter()
+        .filter(|name| name.rsplit_once('@').is_some_and(|(_, node)| !is_member(node)))
+        .collect();
+    gone_since.retain(|name, _| departed.contains(name));
+    departed
+        .into_iter()
+        .filter(|name| {
+            let since = *gone_since.entry((*name).clone()).or_insert(now);
+            now.saturating_sub(since) >= retention
+        })
+        .cloned()
+        .collect()
 }
 
 /// The JSON body of a notification.
@@ -524,6 +596,103 @@ mod tests {
         );
         let body = serde_json::to_value(Body::of("j", missed)).unwrap();
         assert_eq!((body["missed"].as_u64(), body["outcome"].is_null()), (Some(7), true));
+    }
+
+    #[test]
+    fn a_backfill_of_a_told_tick_has_a_key_of_its_own_and_scheduled_runs_keep_theirs() {
+        let ops = notifier(&Event::DEFAULT);
+        let mut record = Record::default();
+        let now = Utc::now();
+        let failed = run(9, Outcome::Exited, Some(1));
+        account(&mut record, &failed, &[&ops], "a", now);
+        account(&mut record, &run(10, Outcome::Exited, Some(0)), &[&ops], "a", now);
+        let backfill = RunRecord {
+            fence: 80,
+            trigger: Trigger::Backfill,
+            ..failed.clone()
+        };
+        assert!(
+            account(&mut record, &backfill, &[&ops], "b", now),
+            "a genuine transition"
+        );
+        let keys: Vec<String> = record.pending.iter().map(|p| p.dedupe_key("nightly")).collect();
+        assert_eq!(
+            keys,
+            [
+                "nightly/2027-01-15T08:00:09.000Z/failure",
+                "nightly/2027-01-15T08:00:10.000Z/recovered",
+                "nightly/2027-01-15T08:00:09.000Z/failure/backfill/80",
+            ]
+        );
+        let stored: Record = serde_json::from_slice(&serde_json::to_vec(&record).unwrap()).unwrap();
+        assert_eq!(
+            stored.pending[2].dedupe_key("nightly"),
+            keys[2],
+            "the same at every attempt"
+        );
+    }
+
+    #[test]
+    fn a_record_of_binary_output_stays_under_its_byte_bound_and_keeps_every_event() {
+        let ops = notifier(&[Event::Lost]);
+        let mut record = Record::default();
+        let binary: String = "\u{1}".repeat(MAX_BODY_OUTPUT);
+        for fence in 1..=(MAX_PENDING as i64) {
+            let mut lost = run(fence, Outcome::Lost, None);
+            lost.output = Some(crate::rules::record::RunOutput {
+                stdout: binary.clone(),
+                stderr: binary.clone(),
+                ..Default::default()
+            });
+            account(&mut record, &lost, &[&ops], "a", Utc::now());
+        }
+        let before = serde_json::to_vec(&record).unwrap().len();
+        assert!(
+            before > 3 * MAX_RECORD_BYTES / 2,
+            "{before} bytes: past etcd's request limit"
+        );
+        assert_eq!(trim(&mut record), 0, "no event dropped");
+        let after = serde_json::to_vec(&record).unwrap().len();
+        assert!(after <= MAX_RECORD_BYTES, "{after} bytes");
+        assert_eq!(record.pending.len(), MAX_PENDING);
+        let newest = record.pending.last().and_then(|p| p.run.output.as_ref()).unwrap();
+        assert_eq!(newest.stdout, binary, "the newest event keeps its whole tail");
+        let oldest = record.pending[0].run.output.as_ref().unwrap();
+        assert!(oldest.stdout.len() <= SHORT_OUTPUT && oldest.stdout.len() < binary.len());
+    }
+
+    #[test]
+    fn an_instance_record_is_removed_once_its_node_was_gone_for_the_retention() {
+        let hour = Duration::from_secs(3600);
+        let names: Vec<String> = ["nightly", "sweep@a", "sweep@b", "sweep@c"].map(String::from).to_vec();
+        let mut gone = std::collections::BTreeMap::new();
+        let mut members = BTreeSet::from(["a"]);
+        // (hours since the first look, members, due for removal)
+        let looks: [(u64, &[&str], &[&str]); 5] = [
+            (0, &["a"], &[]),
+            (23, &["a"], &[]),
+            (24, &["a", "c"], &["sweep@b"]),
+            (30, &["a"], &["sweep@b"]),
+            (54, &["a"], &["sweep@b", "sweep@c"]),
+        ];
+        for (hours, now_members, due) in looks {
+            members = now_members.iter().copied().collect();
+            let removed = departed_instances(
+                &mut gone,
+                &names,
+                |node| members.contains(node),
+                hour * hours as u32,
+                INSTANCE_RETENTION,
+            );
+            assert_eq!(
+                removed,
+                due.iter().map(|n| n.to_string()).collect::<Vec<_>>(),
+                "at {hours} h"
+            );
+        }
+        assert!(!members.contains("b"));
+        departed_instances(&mut gone, &names[..1], |_| true, hour * 60, INSTANCE_RETENTION);
+        assert!(gone.is_empty(), "records gone from etcd are forgotten");
     }
 
     #[test]

@@ -466,3 +466,79 @@ fn a_failing_job_is_told_once_per_transition_through_a_receiver_outage_and_a_lea
         }
     }
 }
+
+#[test]
+fn runs_that_end_in_the_shutdown_grace_are_told_and_pinged() {
+    let mut world = World::new();
+    let receiver = Receiver::start();
+    let failing = world.dir.path().join("failing");
+    let pinged_runs = world.dir.path().join("pinged.log");
+    // Each run takes 3 s and decides at its end: at a SIGTERM, about three of each are going.
+    let tables = [
+        (
+            "slow",
+            format!(
+                "schedule = \"{EVERY_SECOND}\"\ncommand = 'sleep 3; test ! -f {}'\noverlap = \"allow\"\nnotify = [\"ops\"]",
+                failing.display()
+            ),
+        ),
+        (
+            "pinged",
+            format!(
+                "schedule = \"{EVERY_SECOND}\"\ncommand = 'sleep 3; echo \"$CRON_SCHEDULED_AT\" >> {}'\noverlap = \"allow\"\nping_url = \"{}\"",
+                pinged_runs.display(),
+                receiver.url("/ping/")
+            ),
+        ),
+    ];
+    let config = world.write_config_tables("jobs.toml", 1, 2, &tables);
+    append(&config, &format!("[notify.ops]\nurl = \"{}\"\n", receiver.url("/hook")));
+    world
+        .node("a", &config)
+        .args(&["--shutdown-grace", "20s"])
+        .start_serving();
+
+    step("both jobs run: the first success pinged");
+    wait_for(Duration::from_secs(30), "a first ping", || {
+        !receiver.hits_on("/ping/").is_empty()
+    });
+    assert!(events(&receiver).is_empty(), "no failure yet: {:?}", events(&receiver));
+
+    step("the runs going from now on fail; SIGTERM while they go: they end in the grace");
+    std::fs::write(&failing, "").expect("fail");
+    world.nodes[0].signal(libc::SIGTERM);
+    let stopped_at = std::time::Instant::now();
+    assert_eq!(
+        world.nodes[0].wait_exit(Duration::from_secs(60)),
+        Some(0),
+        "a clean stop"
+    );
+    let took = stopped_at.elapsed();
+
+    step("the failure that ended in the grace was told, and each success pinged");
+    wait_for(Duration::from_secs(5), "the failure told", || {
+        events(&receiver).iter().any(|(event, _)| event == "failure")
+    });
+    let successes = std::fs::read_to_string(&pinged_runs)
+        .unwrap_or_default()
+        .lines()
+        .count();
+    wait_for(Duration::from_secs(5), "a ping for each success", || {
+        receiver.hits_on("/ping/").len() >= successes
+    });
+    assert_eq!(
+        receiver.hits_on("/ping/").len(),
+        successes,
+        "pings against successful runs"
+    );
+    let told = events(&receiver);
+    assert_eq!(
+        told.iter().map(|(event, _)| event.as_str()).collect::<Vec<_>>(),
+        ["failure"],
+        "{told:?}"
+    );
+    eprintln!(
+        "stopped {:.1} s after SIGTERM; {successes} successes pinged; told {told:?}",
+        took.as_secs_f64()
+    );
+}
