@@ -15,7 +15,6 @@ use serde_json::json;
 
 use super::{bad_request, etcd_failed, jobs_by_name, known_job, no_wildcard, Answer, Failure};
 use crate::rules::config::Job;
-use crate::rules::record::RunRecord;
 use crate::serving::http::App;
 
 #[derive(Deserialize)]
@@ -219,8 +218,11 @@ pub(in crate::serving::http) struct HistoryQuery {
     output: Option<bool>,
 }
 
+/// The most runs a history answer with output lists: each may keep 128 KiB.
+const HISTORY_WITH_OUTPUT: usize = 50;
+
 /// `GET /api/v1/jobs/{name}/history?count=N[&output=true]`: the job's newest runs, newest
-/// first.
+/// first, behind a read permit; at most [`HISTORY_WITH_OUTPUT`] with their output.
 pub(in crate::serving::http) async fn history(
     State(served): State<Arc<App>>,
     Path(name): Path<String>,
@@ -239,24 +241,25 @@ pub(in crate::serving::http) async fn history(
             "this cluster keeps no history ([cluster] history = 0)".to_string(),
         ));
     }
-    let count = query.count.unwrap_or(20).min(served.cluster.history as usize);
-    let fans_out = exposed.jobs.borrow().fanned_out.iter().any(|job| job.name == name);
-    let records = if fans_out {
-        crate::coord::history::read_each(&exposed.client, &served.keys(), &name, count).await
+    let with_output = query.output == Some(true);
+    // Without output an entry is a few hundred bytes; with it up to 768 KiB in etcd.
+    let most = if with_output {
+        HISTORY_WITH_OUTPUT
     } else {
-        crate::coord::history::read(&exposed.client, &served.keys(), &name, count).await
+        crate::coord::history::READ_LIMIT
+    };
+    let count = query.count.unwrap_or(20).min(served.cluster.history as usize).min(most);
+    let fans_out = exposed.jobs.borrow().fanned_out.iter().any(|job| job.name == name);
+    let _permit = served.reads.permit().await?;
+    let records = if fans_out {
+        crate::coord::history::read_each(&exposed.client, &served.keys(), &name, count, with_output).await
+    } else {
+        crate::coord::history::read(&exposed.client, &served.keys(), &name, count, with_output).await
     }
     .map_err(etcd_failed)?;
     if records.is_empty() {
         known_job(exposed, &name)?;
     }
-    let records: Vec<RunRecord> = match query.output {
-        Some(true) => records,
-        _ => records
-            .into_iter()
-            .map(|record| RunRecord { output: None, ..record })
-            .collect(),
-    };
     Ok(Json(records).into_response())
 }
 
@@ -299,6 +302,7 @@ pub(in crate::serving::http) async fn run(
             )))
         }
     };
+    let _permit = served.reads.permit().await?;
     let record = crate::coord::history::read_run(&exposed.client, &served.keys(), &kept_as, tick)
         .await
         .map_err(etcd_failed)?;
