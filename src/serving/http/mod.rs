@@ -19,6 +19,7 @@
 mod api;
 mod exposure;
 mod guard;
+mod index;
 mod listener;
 mod reads;
 
@@ -74,6 +75,8 @@ pub(crate) struct App {
     /// The address the listener is bound to, a `Host` every request may name.
     listen: SocketAddr,
     reads: reads::Reads,
+    /// The jobs by name, built once per config load.
+    jobs: index::JobIndex,
 }
 
 impl Deref for App {
@@ -100,6 +103,7 @@ pub async fn serve(listener: TcpListener, served: Served, stop: CancellationToke
         served,
         listen,
         reads: reads::Reads::default(),
+        jobs: index::JobIndex::default(),
     });
     listener::run(listener, router(app), cap, stop).await;
 }
@@ -233,6 +237,7 @@ mod tests {
             served,
             listen: "127.0.0.1:9464".parse().unwrap(),
             reads: reads::Reads::default(),
+            jobs: index::JobIndex::default(),
         }))
     }
 

@@ -12,7 +12,7 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{bad_request, etcd_failed, jobs_by_name, no_wildcard, Answer, Failure};
+use super::{bad_request, etcd_failed, no_wildcard, Answer, Failure};
 use crate::coord::backfills::{self, Asked};
 use crate::rules::backfill::{self, Ask, Backfill, DEFAULT_MAX};
 use crate::rules::plan::PlannedFire;
@@ -46,12 +46,7 @@ pub(in crate::serving::http) async fn ask(
 ) -> Answer {
     no_wildcard(&name)?;
     let (exposed, asked): (_, BackfillBody) = served.write_to_job(&headers, &name, body).await?;
-    let Some(job) = jobs_by_name(exposed).into_iter().find(|job| job.name == name) else {
-        return Err(Failure(
-            StatusCode::NOT_FOUND,
-            format!("no job {name:?} in this node's jobs.toml"),
-        ));
-    };
+    let job = served.job_named(exposed, &name).await?;
     if job.fan_out == FanOut::All {
         return Err(bad_request(format!(
             "{name} has fan_out = \"all\": backfill runs a job's ticks on one node, and does not run fanned-out jobs"
