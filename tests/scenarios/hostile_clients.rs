@@ -119,6 +119,16 @@ fn hostile_requests_get_clear_json_errors_and_change_nothing() {
         "a pause for 265000y",
     );
 
+    step("a backfill from before 1970, or at the limit of time, is 400, not a dead connection");
+    for from in ["-262143-01-01T00:00:00Z", "1969-12-31T23:59:59Z"] {
+        let body = format!(r#"{{"from": "{from}", "to": "2025-01-01T00:00:00Z", "dry_run": true}}"#);
+        assert_json_error(
+            &with_token(port, "POST", "/api/v1/jobs/daily/backfill", &body),
+            400,
+            &format!("a backfill from {from}"),
+        );
+    }
+
     step("the job path * is no job for any verb, and leaves pause --all alone");
     let paused_all = Command::new(SHARDCRON)
         .args(["pause", "--all", "--config"])
