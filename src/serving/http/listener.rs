@@ -155,6 +155,10 @@ impl Slots {
     }
 }
 
+/// The address of the client that sent a request, in the request's extensions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PeerAddr(pub(crate) std::net::IpAddr);
+
 /// The open connections, each with what its watchdog reads and a way to close it.
 #[derive(Default)]
 struct Open {
@@ -313,13 +317,18 @@ async fn serve_watched(stream: TcpStream, app: Router, connection: &Connection, 
         probes_only,
     } = connection;
     let probes_only = *probes_only;
+    // The guard slows a peer that keeps sending wrong tokens: it needs to know who it is.
+    let peer = stream.peer_addr().ok().map(|address| PeerAddr(address.ip()));
     let io = TokioIo::new(Watched {
         stream,
         activity: Arc::clone(activity),
     });
     let service = {
         let activity = Arc::clone(activity);
-        hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
+        hyper::service::service_fn(move |mut request: hyper::Request<hyper::body::Incoming>| {
+            if let Some(peer) = peer {
+                request.extensions_mut().insert(peer);
+            }
             let mut app = app.clone();
             let activity = Arc::clone(&activity);
             activity.request_began();

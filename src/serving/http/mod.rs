@@ -18,6 +18,7 @@
 
 mod api;
 mod exposure;
+mod failed_tokens;
 mod guard;
 mod index;
 mod listener;
@@ -77,6 +78,8 @@ pub(crate) struct App {
     reads: reads::Reads,
     /// The jobs by name, built once per config load.
     jobs: index::JobIndex,
+    /// Who sent wrong tokens lately, to count, log and slow them.
+    failed_tokens: failed_tokens::FailedTokens,
 }
 
 impl Deref for App {
@@ -104,6 +107,7 @@ pub async fn serve(listener: TcpListener, served: Served, stop: CancellationToke
         listen,
         reads: reads::Reads::default(),
         jobs: index::JobIndex::default(),
+        failed_tokens: failed_tokens::FailedTokens::new(),
     });
     listener::run(listener, router(app), cap, stop).await;
 }
@@ -238,6 +242,7 @@ mod tests {
             listen: "127.0.0.1:9464".parse().unwrap(),
             reads: reads::Reads::default(),
             jobs: index::JobIndex::default(),
+            failed_tokens: failed_tokens::FailedTokens::new(),
         }))
     }
 
@@ -251,6 +256,69 @@ mod tests {
             .await
             .unwrap()
             .status()
+    }
+
+    async fn status_from(router: &mut Router, peer: [u8; 4], path: &str, token: Option<&str>) -> StatusCode {
+        let mut request = Request::get(path).header(header::HOST, "127.0.0.1:9464");
+        if let Some(token) = token {
+            request = request.header(header::AUTHORIZATION, format!("Bearer {token}"));
+        }
+        let mut request = request.body(Body::empty()).unwrap();
+        request
+            .extensions_mut()
+            .insert(listener::PeerAddr(std::net::IpAddr::from(peer)));
+        router.call(request).await.unwrap().status()
+    }
+
+    /// Wrong tokens are counted, and a peer that keeps sending them waits longer for each
+    /// answer; its probes and other peers do not.
+    #[tokio::test(start_paused = true)]
+    async fn wrong_tokens_are_counted_and_slow_only_their_peer() {
+        let mut guarded = app(Some("the read token, long enough"));
+        let counted = || {
+            let page = crate::metrics::get().render();
+            page.lines()
+                .find_map(|line| line.strip_prefix("shardcron_http_unauthorized_total "))
+                .and_then(|value| value.trim().parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        let before = counted();
+        let guesser = [192, 0, 2, 7];
+        let mut last = std::time::Duration::ZERO;
+        for _ in 0..9 {
+            let started = tokio::time::Instant::now();
+            assert_eq!(
+                status_from(&mut guarded, guesser, "/api/v1/status", Some("a guess")).await,
+                StatusCode::UNAUTHORIZED
+            );
+            last = started.elapsed();
+        }
+        assert!(counted() >= before + 9, "{} then {}", before, counted());
+        assert!(
+            last >= std::time::Duration::from_millis(800),
+            "the 9th guess waited {last:?}"
+        );
+        let started = tokio::time::Instant::now();
+        assert_eq!(
+            status_from(&mut guarded, guesser, "/healthz", None).await,
+            StatusCode::OK
+        );
+        assert_eq!(
+            status_from(
+                &mut guarded,
+                [192, 0, 2, 8],
+                "/api/v1/status",
+                Some("the read token, long enough")
+            )
+            .await,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "another peer with the right token: past the check"
+        );
+        assert!(
+            started.elapsed() < std::time::Duration::from_millis(50),
+            "{:?}",
+            started.elapsed()
+        );
     }
 
     #[tokio::test]
