@@ -85,10 +85,12 @@ pub fn history(args: &HistoryArgs) -> Result<()> {
     };
     let records = block_on(async {
         let cluster = args.cluster.connect(&config).await?;
+        // The table alone needs no output: it stays in etcd.
+        let with_output = args.output || args.json;
         let read = if fans_out {
-            history::read_each(&cluster.client, &cluster.keys, &args.job, count).await
+            history::read_each(&cluster.client, &cluster.keys, &args.job, count, with_output).await
         } else {
-            history::read(&cluster.client, &cluster.keys, &args.job, count).await
+            history::read(&cluster.client, &cluster.keys, &args.job, count, with_output).await
         };
         read.with_context(|| format!("cannot read the history from etcd at {:?}", cluster.endpoints))
     })?;

@@ -6,6 +6,28 @@
 //! the write of results no claim carried), so history costs operations inside transactions
 //! etcd commits regardless, not a write per run. Trimming by the schedule needs no read: the
 //! oldest tick to keep follows from the schedule alone.
+//!
+//! # Layout under `runs/<job>/`
+//!
+//! - `<tick>` (12 digits, seconds) a scheduled run, `<tick>.<ms>-manual` one asked for by hand:
+//!   the live history, trimmed to the job's last `history` ticks.
+//! - `+backfill/<tick>`: backfill runs, trimmed on their own to the last `history` ticks of the
+//!   schedule up to the newest backfill tick written. They sort before every live key (`+`
+//!   before `-` and the digits), outside the live trim's range `[-, horizon)`: a backfill of
+//!   last year's ticks is not deleted by the next live run. (The previous release wrote them as
+//!   `<tick>-backfill` among the live keys; those are still read.)
+//! - `<entry key>/output`: the run's kept output tails (up to 2 x 64 KiB, 6 x that JSON-escaped),
+//!   apart from its entry, so that a history listing reads entries of a few hundred bytes and
+//!   pulls output only when asked. An entry written by the previous release holds its output
+//!   inside; readers take both shapes.
+//!
+//! Why this layout keeps a rolling upgrade and a rollback safe: the output key sorts right
+//! after its entry, inside the range every release's live trim deletes, so a node of the
+//! previous release trims new outputs with their entries (no orphans after a rollback). That
+//! release reads new entries without their output ("no output kept") and skips the output keys
+//! it cannot parse as runs (a listing of N may then show fewer); it never reads `+backfill/`
+//! before its N live keys, and its trim deletes `+backfill/` entries as it did its own backfill
+//! entries. A separate prefix for outputs would have left them behind after a rollback.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -20,8 +42,20 @@ use crate::coord::keys::Keys;
 use crate::rules::config::Job;
 use crate::rules::record::{RunRecord, Trigger};
 
-/// Two operations per entry: its put and the trim.
-pub const OPS_PER_ENTRY: usize = 2;
+/// Three operations per entry at most: its put, its output's put and a trim.
+pub const OPS_PER_ENTRY: usize = 3;
+
+/// What follows an entry's key to name its output's.
+const OUTPUT_SUFFIX: &str = "/output";
+/// The folder of a job's backfill runs, within its history's prefix.
+const BACKFILL_DIR: &str = "+backfill/";
+/// Where a job's live keys start: `-` (a tick before 1970) and the digits sort from here,
+/// [`BACKFILL_DIR`] before it.
+const LIVE_FROM: &str = "-";
+
+/// The most runs one history read fetches: with output kept apart an entry is a few hundred
+/// bytes, so 1,000 (the longest history) is a few hundred KiB.
+pub const READ_LIMIT: usize = 1000;
 
 /// At most this many bytes of entries go in one transaction, unless one entry alone is more:
 /// etcd refuses a request past its `--max-request-bytes` (1.5 MiB by default), and an entry
@@ -112,11 +146,19 @@ impl HistoryQueue {
         if self.keep == 0 {
             return None;
         }
+        // Backfill runs keep their own last `keep` ticks; their old ticks would throw the live
+        // horizon's one-step cache back to a walk.
+        let keep_from = match record.trigger {
+            Trigger::Backfill => job
+                .schedule
+                .nth_newest_at_or_before(record.scheduled_at, self.keep as usize),
+            _ => self.horizon(job, record.scheduled_at),
+        };
         Some(Entry {
             job: job.name.clone(),
             shard: job.shard,
             record: record.clone(),
-            keep_from: self.horizon(job, record.scheduled_at),
+            keep_from,
             since: Instant::now(),
             bytes: entry_bytes(record),
         })
@@ -239,42 +281,90 @@ pub(crate) fn key_of(keys: &Keys, job: &str, at: DateTime<Utc>, trigger: Trigger
             at.timestamp(),
             at.timestamp_subsec_millis()
         ),
-        Trigger::Backfill => format!("{}{:012}-backfill", keys.job_runs_prefix(job), at.timestamp()),
+        Trigger::Backfill => format!("{}{BACKFILL_DIR}{:012}", keys.job_runs_prefix(job), at.timestamp()),
     }
 }
 
-/// The operations that put `entries` into their jobs' histories and trim them: per job one
-/// delete, up to the newest horizon among its entries, and one put per key at or past it (the
-/// last entry of a key wins). etcd refuses a transaction that puts a key twice or puts one
-/// inside a range it deletes, which several runs of a job riding together would otherwise ask.
+/// Where the previous release kept a backfill run: among the live keys, which trimmed it.
+fn legacy_backfill_key(keys: &Keys, job: &str, at: DateTime<Utc>) -> String {
+    format!("{}{:012}-backfill", keys.job_runs_prefix(job), at.timestamp())
+}
+
+fn output_key(entry_key: &str) -> String {
+    format!("{entry_key}{OUTPUT_SUFFIX}")
+}
+
+/// Whether a history entry written by this release keeps its output under its own key: when
+/// there is some. An empty one stays inside (a few bytes), so "printed nothing" still reads
+/// apart from "no output kept".
+fn output_apart(record: &RunRecord) -> bool {
+    record
+        .output
+        .as_ref()
+        .is_some_and(|output| !output.stdout.is_empty() || !output.stderr.is_empty())
+}
+
+/// The operations that put `entries` into their jobs' histories and trim them: per job and
+/// kind (live or backfill) one delete, up to the newest horizon among its entries, and one put
+/// per key at or past it (the last entry of a key wins), its output apart. etcd refuses a
+/// transaction that puts a key twice or puts one inside a range it deletes, which several runs
+/// of a job riding together would otherwise ask.
 pub fn ops(keys: &Keys, entries: &[Entry]) -> Result<Vec<TxnOp>, CoordError> {
-    let mut horizons: HashMap<&str, String> = HashMap::new();
+    // (job, backfill) -> (the first key of the trimmed range, its end)
+    let mut horizons: HashMap<(&str, bool), (String, String)> = HashMap::new();
     for entry in entries {
         if let Some(keep_from) = entry.keep_from {
-            let end = key_of(keys, &entry.job, keep_from, Trigger::Schedule);
-            let horizon = horizons.entry(&entry.job).or_insert_with(|| end.clone());
-            if end > *horizon {
-                *horizon = end;
+            let backfill = entry.record.trigger == Trigger::Backfill;
+            let prefix = keys.job_runs_prefix(&entry.job);
+            let (from, end) = if backfill {
+                (
+                    format!("{prefix}{BACKFILL_DIR}"),
+                    key_of(keys, &entry.job, keep_from, Trigger::Backfill),
+                )
+            } else {
+                (
+                    format!("{prefix}{LIVE_FROM}"),
+                    key_of(keys, &entry.job, keep_from, Trigger::Schedule),
+                )
+            };
+            let horizon = horizons
+                .entry((&entry.job, backfill))
+                .or_insert_with(|| (from, end.clone()));
+            if end > horizon.1 {
+                horizon.1 = end;
             }
         }
     }
     let mut puts: HashMap<String, &RunRecord> = HashMap::new();
     for entry in entries {
         let key = key(keys, &entry.job, &entry.record);
-        if horizons.get(entry.job.as_str()).is_none_or(|horizon| key >= *horizon) {
+        let backfill = entry.record.trigger == Trigger::Backfill;
+        if horizons
+            .get(&(entry.job.as_str(), backfill))
+            .is_none_or(|(_, end)| key >= *end)
+        {
             puts.insert(key, &entry.record);
         }
     }
-    let mut ops = Vec::with_capacity(puts.len() + horizons.len());
+    let protocol = |err: serde_json::Error| CoordError::Protocol(err.to_string());
+    let mut ops = Vec::with_capacity(2 * puts.len() + horizons.len());
     for (key, record) in puts {
-        let value = serde_json::to_vec(record).map_err(|err| CoordError::Protocol(err.to_string()))?;
-        ops.push(TxnOp::put(key, value, None));
+        if output_apart(record) {
+            if let Some(output) = &record.output {
+                let output = serde_json::to_vec(output).map_err(protocol)?;
+                ops.push(TxnOp::put(output_key(&key), output, None));
+            }
+            let entry = RunRecord {
+                output: None,
+                ..record.clone()
+            };
+            ops.push(TxnOp::put(key, serde_json::to_vec(&entry).map_err(protocol)?, None));
+        } else {
+            ops.push(TxnOp::put(key, serde_json::to_vec(record).map_err(protocol)?, None));
+        }
     }
-    for (job, horizon) in horizons {
-        ops.push(TxnOp::delete(
-            keys.job_runs_prefix(job),
-            Some(DeleteOptions::new().with_range(horizon)),
-        ));
+    for (from, end) in horizons.into_values() {
+        ops.push(TxnOp::delete(from, Some(DeleteOptions::new().with_range(end))));
     }
     Ok(ops)
 }
@@ -288,78 +378,199 @@ pub async fn write(client: &etcd_client::Client, keys: &Keys, entries: &[Entry])
     Ok(())
 }
 
-/// The job's last `count` runs, newest first.
+/// The job's last `count` runs (at most [`READ_LIMIT`]), newest first, backfill runs among
+/// them by tick; each with its kept output only if `with_output`. Keys are listed first, then
+/// the entries fetched in pages that halve past etcd-client's 4 MiB answer limit, then, if
+/// asked, the outputs kept apart.
 pub async fn read(
     client: &etcd_client::Client,
     keys: &Keys,
     job: &str,
     count: usize,
+    with_output: bool,
 ) -> Result<Vec<RunRecord>, CoordError> {
-    let options = GetOptions::new()
-        .with_prefix()
-        .with_sort(SortTarget::Key, SortOrder::Descend)
-        .with_limit(count as i64);
-    let response = etcd::call(client.clone().get(keys.job_runs_prefix(job), Some(options))).await?;
-    Ok(response
-        .kvs()
-        .iter()
-        .filter_map(|kv| serde_json::from_slice(kv.value()).ok())
-        .collect())
+    let count = count.min(READ_LIMIT);
+    let prefix = keys.job_runs_prefix(job);
+    // Each entry may have an output key beside it: twice the keys hold `count` entries.
+    let listed = i64::try_from(2 * count).unwrap_or(i64::MAX);
+    let list = |from: String, end: String| {
+        TxnOp::get(
+            from,
+            Some(
+                GetOptions::new()
+                    .with_range(end)
+                    .with_keys_only()
+                    .with_sort(SortTarget::Key, SortOrder::Descend)
+                    .with_limit(listed),
+            ),
+        )
+    };
+    let backfill_dir = format!("{prefix}{BACKFILL_DIR}");
+    let lists = [
+        list(format!("{prefix}{LIVE_FROM}"), prefix_end(&prefix)),
+        list(backfill_dir.clone(), prefix_end(&backfill_dir)),
+    ];
+    let answer = etcd::call(client.clone().txn(Txn::new().and_then(lists))).await?;
+    let mut newest: Vec<(String, String)> = Vec::new();
+    for listed in answer.op_responses() {
+        let etcd_client::TxnOpResponse::Get(listed) = listed else {
+            continue;
+        };
+        for kv in listed.kvs() {
+            let Ok(key) = std::str::from_utf8(kv.key()) else {
+                continue;
+            };
+            if key.ends_with(OUTPUT_SUFFIX) {
+                continue;
+            }
+            // Sorted as the previous release's keys sorted: a backfill after the schedule's
+            // run of its second, before a manual run of that second.
+            let rest = &key[prefix.len().min(key.len())..];
+            let order = match rest.strip_prefix(BACKFILL_DIR) {
+                Some(tick) => format!("{tick}-backfill"),
+                None => rest.to_string(),
+            };
+            newest.push((order, key.to_string()));
+        }
+    }
+    newest.sort_by(|a, b| b.0.cmp(&a.0));
+    newest.truncate(count);
+    let keys: Vec<String> = newest.into_iter().map(|(_, key)| key).collect();
+    entries_of(client, keys, with_output).await
 }
 
-/// The run of `job` at `at` in its history: its tick's, one asked for by hand at that
-/// millisecond, or its backfill's.
+/// The runs under `keys`, in their order, with their kept output if `with_output`.
+async fn entries_of(
+    client: &etcd_client::Client,
+    keys: Vec<String>,
+    with_output: bool,
+) -> Result<Vec<RunRecord>, CoordError> {
+    let values = values_of(client, &keys).await?;
+    let mut records: Vec<(String, RunRecord)> = keys
+        .into_iter()
+        .zip(values)
+        .filter_map(|(key, value)| Some((key, serde_json::from_slice(&value?).ok()?)))
+        .collect();
+    if !with_output {
+        // An entry of the previous release holds its output: dropped here, at least.
+        for (_, record) in &mut records {
+            record.output = None;
+        }
+        return Ok(records.into_iter().map(|(_, record)| record).collect());
+    }
+    let apart = values_of(client, &apart_keys(&records)).await?;
+    let mut outputs = apart.into_iter();
+    let mut shown = Vec::with_capacity(records.len());
+    for (_, mut record) in records {
+        if record.output.is_none() {
+            if let Some(Some(value)) = outputs.next() {
+                record.output = serde_json::from_slice(&value).ok();
+            }
+        }
+        shown.push(record);
+    }
+    Ok(shown)
+}
+
+fn apart_keys(records: &[(String, RunRecord)]) -> Vec<String> {
+    records
+        .iter()
+        .filter(|(_, record)| record.output.is_none())
+        .map(|(key, _)| output_key(key))
+        .collect()
+}
+
+/// The values of `keys`, in their order (`None` for a key etcd does not hold): transactions
+/// of gets, as many as etcd allows in one, halved while an answer is past etcd-client's 4 MiB
+/// limit (an entry of the previous release may hold 768 KiB).
+async fn values_of(client: &etcd_client::Client, keys: &[String]) -> Result<Vec<Option<Vec<u8>>>, CoordError> {
+    let mut values = Vec::with_capacity(keys.len());
+    let mut page = crate::coord::etcd::ops_per_txn().max(1);
+    let mut at = 0;
+    while at < keys.len() {
+        let chunk = &keys[at..(at + page).min(keys.len())];
+        let gets: Vec<TxnOp> = chunk.iter().map(|key| TxnOp::get(key.as_str(), None)).collect();
+        let response = match etcd::call(client.clone().txn(Txn::new().and_then(gets))).await {
+            Ok(response) => response,
+            Err(err) if err.is_too_large() && page > 1 => {
+                page /= 2;
+                continue;
+            }
+            Err(err) => return Err(err),
+        };
+        for answer in response.op_responses() {
+            if let etcd_client::TxnOpResponse::Get(read) = answer {
+                values.push(read.kvs().first().map(|kv| kv.value().to_vec()));
+            }
+        }
+        at += chunk.len();
+    }
+    Ok(values)
+}
+
+/// The end of the range of keys starting with `prefix`.
+fn prefix_end(prefix: &str) -> String {
+    let mut end = prefix.as_bytes().to_vec();
+    if let Some(last) = end.last_mut() {
+        *last += 1;
+    }
+    String::from_utf8_lossy(&end).into_owned()
+}
+
+/// The run of `job` at `at` in its history, with its kept output: its tick's, one asked for
+/// by hand at that millisecond, or its backfill's (where this release keeps it or where the
+/// previous one did).
 pub async fn read_run(
     client: &etcd_client::Client,
     keys: &Keys,
     job: &str,
     at: DateTime<Utc>,
 ) -> Result<Option<RunRecord>, CoordError> {
-    let reads = [Trigger::Schedule, Trigger::Manual, Trigger::Backfill]
-        .map(|trigger| TxnOp::get(key_of(keys, job, at, trigger), None));
-    let read = etcd::call(client.clone().txn(Txn::new().and_then(reads))).await?;
-    Ok(read
-        .op_responses()
+    let candidates = [
+        key_of(keys, job, at, Trigger::Schedule),
+        key_of(keys, job, at, Trigger::Manual),
+        key_of(keys, job, at, Trigger::Backfill),
+        legacy_backfill_key(keys, job, at),
+    ];
+    let values = values_of(client, &candidates).await?;
+    let found = candidates
         .into_iter()
-        .filter_map(|answer| match answer {
-            etcd_client::TxnOpResponse::Get(got) => got.kvs().first().map(|kv| kv.value().to_vec()),
-            _ => None,
-        })
-        .find_map(|value| serde_json::from_slice(&value).ok()))
+        .zip(values)
+        .find_map(|(key, value)| Some(key).zip(value));
+    let Some((key, _)) = found else {
+        return Ok(None);
+    };
+    Ok(entries_of(client, vec![key], true).await?.into_iter().next())
 }
 
 /// The last `count` runs of a `fan_out = "all"` job on every node, newest first: each node's
 /// instance keeps a history of its own (`<job>@<node>`). Its keys are read first, without
-/// values, so only the runs shown are fetched.
+/// values, so only the runs shown are fetched, with their output only if `with_output`.
 pub async fn read_each(
     client: &etcd_client::Client,
     keys: &Keys,
     job: &str,
     count: usize,
+    with_output: bool,
 ) -> Result<Vec<RunRecord>, CoordError> {
     let prefix = format!("{}{job}@", keys.runs_prefix());
     let options = GetOptions::new().with_prefix().with_keys_only();
     let listed = etcd::call(client.clone().get(prefix.as_str(), Some(options))).await?;
-    let mut newest: Vec<&[u8]> = listed.kvs().iter().map(|kv| kv.key()).collect();
+    let mut newest: Vec<&[u8]> = listed
+        .kvs()
+        .iter()
+        .map(|kv| kv.key())
+        .filter(|key| !key.ends_with(OUTPUT_SUFFIX.as_bytes()))
+        .collect();
     // The tick is the last segment, after the node's: newest first across every node.
     let tick = |key: &[u8]| key.rsplit(|b| *b == b'/').next().map(<[u8]>::to_vec);
     newest.sort_by_key(|key| std::cmp::Reverse(tick(key)));
-    newest.truncate(count);
-    let mut records = Vec::with_capacity(newest.len());
-    for chunk in newest.chunks(crate::coord::etcd::ops_per_txn()) {
-        let gets: Vec<TxnOp> = chunk.iter().map(|key| TxnOp::get(key.to_vec(), None)).collect();
-        let response = etcd::call(client.clone().txn(Txn::new().and_then(gets))).await?;
-        for answer in response.op_responses() {
-            if let etcd_client::TxnOpResponse::Get(read) = answer {
-                records.extend(
-                    read.kvs()
-                        .iter()
-                        .filter_map(|kv| serde_json::from_slice(kv.value()).ok()),
-                );
-            }
-        }
-    }
-    Ok(records)
+    newest.truncate(count.min(READ_LIMIT));
+    let keys: Vec<String> = newest
+        .into_iter()
+        .map(|key| String::from_utf8_lossy(key).into_owned())
+        .collect();
+    entries_of(client, keys, with_output).await
 }
 
 /// `history`'s table: one run per line, newest first.
@@ -506,9 +717,62 @@ mod tests {
         write(&client, &keys, &entries)
             .await
             .expect("one transaction etcd takes");
-        let kept = read(&client, &keys, "j", 10).await.expect("read");
+        let kept = read(&client, &keys, "j", 10, false).await.expect("read");
         let ticks: Vec<DateTime<Utc>> = kept.iter().map(|run| run.scheduled_at).collect();
         assert_eq!(ticks, [at(7), at(6), at(5)]);
+    }
+
+    /// A backfill run of an old tick (older than the live history's horizon) is kept: put
+    /// beside a live run of the job in one transaction, and not trimmed by the next live run.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn old_backfill_runs_stay_beside_live_runs_until_their_own_bound() {
+        let etcd = crate::etcd_server::EtcdServer::start(&crate::etcd_server::test_etcd_bin()).expect("etcd");
+        let client = etcd_client::Client::connect([etcd.client_url()], None)
+            .await
+            .expect("client");
+        let keys = Keys::new("history");
+        let job = Job::for_tests("j", "* * * * * *");
+        let queue = HistoryQueue::new(3);
+        let backfill = |second| RunRecord {
+            trigger: Trigger::Backfill,
+            ..RunRecord::for_tests(at(second), 900 + second)
+        };
+        queue.push(&job, &RunRecord::for_tests(at(100), 1));
+        queue.push(&job, &backfill(10));
+        write(&client, &keys, &queue.take_older_than(Duration::ZERO))
+            .await
+            .expect("write");
+        for second in [101, 102, 103] {
+            queue.push(&job, &RunRecord::for_tests(at(second), 1));
+            write(&client, &keys, &queue.take_older_than(Duration::ZERO))
+                .await
+                .expect("write");
+        }
+        let kept = read(&client, &keys, "j", 10, false).await.expect("read");
+        let ticks: Vec<(DateTime<Utc>, Trigger)> = kept.iter().map(|run| (run.scheduled_at, run.trigger)).collect();
+        assert_eq!(
+            ticks,
+            [
+                (at(103), Trigger::Schedule),
+                (at(102), Trigger::Schedule),
+                (at(101), Trigger::Schedule),
+                (at(10), Trigger::Backfill)
+            ]
+        );
+        for second in [11, 12, 13, 14] {
+            queue.push(&job, &backfill(second));
+        }
+        write(&client, &keys, &queue.take_older_than(Duration::ZERO))
+            .await
+            .expect("write");
+        let backfilled: Vec<i64> = read(&client, &keys, "j", 10, false)
+            .await
+            .expect("read")
+            .iter()
+            .filter(|run| run.trigger == Trigger::Backfill)
+            .map(|run| run.fence - 900)
+            .collect();
+        assert_eq!(backfilled, [14, 13, 12], "backfill runs keep their own last 3");
     }
 
     fn with_output(second: i64, bytes: usize) -> RunRecord {

@@ -45,13 +45,13 @@ pub(super) struct Wake {
 pub(super) fn next_wake(known: Known) -> Wake {
     let lead = known.claim_lead;
     let at = match (known.claimed, known.next) {
-        (Some(due), _) => Some(due - lead),
+        (Some(due), _) => Some(earlier(due, lead)),
         (None, Some((due, ahead))) => Some(claim_time(due, ahead, known.last_fired.map(|(at, _)| at), lead)),
         (None, None) => None,
     };
     let settle = chrono::Duration::from_std(STARTS_SETTLE).unwrap_or_default();
     let settling = match (known.claimed, known.last_fired, at) {
-        (None, Some((fired_at, fired)), Some(at)) if at <= fired_at + settle => Some(fired),
+        (None, Some((fired_at, fired)), Some(at)) if at <= later(fired_at, settle) => Some(fired),
         _ => None,
     };
     Wake { at, settling }
@@ -65,13 +65,24 @@ fn claim_time(
     last_fired: Option<DateTime<Utc>>,
     lead: chrono::Duration,
 ) -> DateTime<Utc> {
-    let just_before = due - lead;
+    let just_before = earlier(due, lead);
     if !ahead {
         return just_before;
     }
-    let ahead = due - chrono::Duration::from_std(CLAIM_AHEAD).unwrap_or_default();
-    let settled = last_fired.map(|at| at + chrono::Duration::from_std(STARTS_SETTLE).unwrap_or_default());
+    let ahead = earlier(due, chrono::Duration::from_std(CLAIM_AHEAD).unwrap_or_default());
+    let settled = last_fired.map(|at| later(at, chrono::Duration::from_std(STARTS_SETTLE).unwrap_or_default()));
     settled.map_or(ahead, |settled| settled.max(ahead)).min(just_before)
+}
+
+/// `at - by`, or the earliest instant chrono holds: instants come from etcd records, and at
+/// chrono's limits `-` panics.
+fn earlier(at: DateTime<Utc>, by: chrono::Duration) -> DateTime<Utc> {
+    at.checked_sub_signed(by).unwrap_or(DateTime::<Utc>::MIN_UTC)
+}
+
+/// `at + by`, or the latest instant chrono holds.
+fn later(at: DateTime<Utc>, by: chrono::Duration) -> DateTime<Utc> {
+    at.checked_add_signed(by).unwrap_or(DateTime::<Utc>::MAX_UTC)
 }
 
 #[cfg(test)]
@@ -80,6 +91,28 @@ mod tests {
 
     fn at(ms: i64) -> DateTime<Utc> {
         DateTime::<Utc>::from_timestamp_millis(1_800_000_000_000 + ms).unwrap()
+    }
+
+    /// Instants from etcd at chrono's limits: no panic, a wake at the limit.
+    #[test]
+    fn instants_at_the_limits_of_time_do_not_panic() {
+        let lead = chrono::Duration::milliseconds(100);
+        let (min, max) = (DateTime::<Utc>::MIN_UTC, DateTime::<Utc>::MAX_UTC);
+        let cases = [
+            (Some(min), None, None),
+            (None, Some((min, true)), Some((max, max))),
+            (None, Some((min, false)), None),
+            (None, Some((max, true)), Some((max, max))),
+        ];
+        for (claimed, next, last_fired) in cases {
+            let wake = next_wake(Known {
+                claimed,
+                next,
+                last_fired,
+                claim_lead: lead,
+            });
+            assert!(wake.at.is_some(), "{claimed:?} {next:?} {last_fired:?}");
+        }
     }
 
     #[test]

@@ -90,7 +90,8 @@ impl DstRule {
 /// most `limit` of them, and whether more were left out.
 pub fn fires<'a>(jobs: &[&'a Job], from: DateTime<Utc>, to: DateTime<Utc>, limit: usize) -> (Vec<Fire<'a>>, bool) {
     // `next_after` is strict; a second before `from` lets an instant exactly at `from` in.
-    let before_from = from - chrono::Duration::seconds(1);
+    // Checked: `from` may come from a request or etcd, and at chrono's limit `-` panics.
+    let before_from = from.checked_sub_signed(chrono::Duration::seconds(1)).unwrap_or(from);
     let mut due: BinaryHeap<Reverse<(DateTime<Utc>, usize)>> = jobs
         .iter()
         .enumerate()
@@ -166,6 +167,21 @@ mod tests {
                 }
             })
             .collect()
+    }
+
+    /// An instant at chrono's limits (a backfill's `from`, a record read from etcd) is no
+    /// panic: the window is just empty, or starts where the schedule can.
+    #[test]
+    fn a_window_at_the_limits_of_time_does_not_panic() {
+        let job = job("j", &["0 3 * * *"], "UTC");
+        let (fires, cut) = fires(&[&job], DateTime::<Utc>::MIN_UTC, DateTime::<Utc>::MIN_UTC, 10);
+        assert!(fires.is_empty() && !cut);
+        let (fires, _) = fires_of_max(&job);
+        assert!(fires.is_empty());
+    }
+
+    fn fires_of_max(job: &Job) -> (Vec<Fire<'_>>, bool) {
+        fires(&[job], DateTime::<Utc>::MAX_UTC, DateTime::<Utc>::MAX_UTC, 10)
     }
 
     #[test]

@@ -119,6 +119,16 @@ fn hostile_requests_get_clear_json_errors_and_change_nothing() {
         "a pause for 265000y",
     );
 
+    step("a backfill from before 1970, or at the limit of time, is 400, not a dead connection");
+    for from in ["-262143-01-01T00:00:00Z", "1969-12-31T23:59:59Z"] {
+        let body = format!(r#"{{"from": "{from}", "to": "2025-01-01T00:00:00Z", "dry_run": true}}"#);
+        assert_json_error(
+            &with_token(port, "POST", "/api/v1/jobs/daily/backfill", &body),
+            400,
+            &format!("a backfill from {from}"),
+        );
+    }
+
     step("the job path * is no job for any verb, and leaves pause --all alone");
     let paused_all = Command::new(SHARDCRON)
         .args(["pause", "--all", "--config"])
@@ -403,4 +413,123 @@ fn a_spawn_out_of_descriptors_is_counted_and_shown_on_readyz() {
     let (status, reason) = http_get(port, "/readyz");
     assert!(status.contains(" 503 "), "{status} {reason}");
     assert!(reason.contains("file descriptors"), "{reason}");
+}
+
+/// `GET path` on a fresh connection, answered within `limit` (connect included), else `None`.
+fn probe_within(port: u16, path: &str, limit: Duration) -> Option<u16> {
+    let started = Instant::now();
+    let mut stream = TcpStream::connect_timeout(&std::net::SocketAddr::from(([127, 0, 0, 1], port)), limit).ok()?;
+    stream.set_read_timeout(Some(limit)).ok()?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").as_bytes())
+        .ok()?;
+    let mut answer = Vec::new();
+    let mut buffer = [0u8; 4096];
+    while !answer.windows(2).any(|window| window == b"\r\n") {
+        let read = stream.read(&mut buffer).ok()?;
+        if read == 0 || started.elapsed() > limit {
+            return None;
+        }
+        answer.extend_from_slice(&buffer[..read]);
+    }
+    String::from_utf8_lossy(&answer)
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+}
+
+/// A client that is always in a request: it keeps `depth` requests pipelined ahead of the
+/// answers it reads, so the node never sees it between two requests.
+fn busy_client(port: u16, stop: std::sync::Arc<std::sync::atomic::AtomicBool>) -> std::thread::JoinHandle<usize> {
+    std::thread::spawn(move || {
+        let paths = ["/api/v1/activity", "/api/v1/plan?for=1h"];
+        let mut answered = 0;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
+                std::thread::sleep(Duration::from_millis(100));
+                continue;
+            };
+            let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
+            let batch: String = (0..4)
+                .map(|index| format!("GET {} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", paths[index % 2]))
+                .collect();
+            if stream.write_all(batch.as_bytes()).is_err() {
+                continue;
+            }
+            let mut buffer = [0u8; 64 * 1024];
+            let mut seen = 0usize;
+            let mut asked = 4usize;
+            // Ask for more before the last answers are read: always a request waiting.
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if asked - seen < 4 {
+                    if stream.write_all(batch.as_bytes()).is_err() {
+                        break;
+                    }
+                    asked += 4;
+                }
+                match stream.read(&mut buffer) {
+                    Ok(0) => break,
+                    Ok(read) => {
+                        let text = String::from_utf8_lossy(&buffer[..read]);
+                        seen += text.matches("HTTP/1.1 ").count();
+                        answered += text.matches("HTTP/1.1 ").count();
+                    }
+                    Err(err)
+                        if matches!(
+                            err.kind(),
+                            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                        ) => {}
+                    Err(_) => break,
+                }
+            }
+        }
+        answered
+    })
+}
+
+/// As many keep-alive clients as the node has connection slots, each always in a request:
+/// `/healthz` and `/readyz` still answer in time.
+#[test]
+fn busy_clients_on_every_slot_do_not_starve_the_probes() {
+    let mut world = World::new();
+    let config = world.write_config("jobs.toml", 2, 2, &[("daily", "0 3 * * *", "")]);
+    let port = shardcron::etcd_server::free_port().expect("port");
+    world
+        .node("a", &config)
+        .args(&["--http-addr", &port.to_string()])
+        .start();
+    wait_ready(port);
+
+    step("256 busy keep-alive clients, each always with requests in flight");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let clients: Vec<_> = (0..256)
+        .map(|_| busy_client(port, std::sync::Arc::clone(&stop)))
+        .collect();
+    // Until every slot is held, and then some.
+    std::thread::sleep(Duration::from_secs(3));
+
+    step("the probes answer within 5 s each, for 15 s");
+    let until = Instant::now() + Duration::from_secs(15);
+    let mut probes = 0;
+    let mut failed = Vec::new();
+    while Instant::now() < until {
+        for path in ["/healthz", "/readyz"] {
+            probes += 1;
+            let asked = Instant::now();
+            match probe_within(port, path, Duration::from_secs(5)) {
+                Some(200) => {}
+                other => failed.push(format!("{path}: {other:?} after {:?}", asked.elapsed())),
+            }
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let answered: usize = clients.into_iter().map(|client| client.join().expect("client")).sum();
+    eprintln!("{probes} probes, the busy clients had {answered} answers");
+    assert!(answered > 0, "the busy clients were served");
+    assert!(
+        failed.is_empty(),
+        "{} of {probes} probes failed: {failed:?}",
+        failed.len()
+    );
 }

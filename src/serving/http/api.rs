@@ -141,22 +141,20 @@ fn same_secret(given: &[u8], secret: &[u8]) -> bool {
     given.len() == secret.len() && given.iter().zip(secret).fold(0u8, |diff, (a, b)| diff | (a ^ b)) == 0
 }
 
-/// The node's jobs, by name.
-fn jobs_by_name(exposed: &Exposed) -> Vec<Arc<Job>> {
-    let loaded = exposed.jobs.borrow().clone();
-    let mut jobs: Vec<Arc<Job>> = loaded.jobs().cloned().collect();
-    jobs.sort_by(|a, b| a.name.cmp(&b.name));
-    jobs
-}
+impl super::App {
+    /// The node's jobs of its current config, by name.
+    async fn jobs_by_name(&self, exposed: &Exposed) -> Arc<super::index::ByName> {
+        let loaded = exposed.jobs.borrow().clone();
+        self.jobs.of(loaded).await
+    }
 
-fn known_job(exposed: &Exposed, name: &str) -> Result<(), Failure> {
-    let loaded = exposed.jobs.borrow();
-    if loaded.jobs().any(|job| job.name == name) {
-        Ok(())
-    } else {
-        Err(Failure(
-            StatusCode::NOT_FOUND,
-            format!("no job {name:?} in this node's jobs.toml"),
-        ))
+    /// The job `name` of the node's config, or 404.
+    async fn job_named(&self, exposed: &Exposed, name: &str) -> Result<Arc<Job>, Failure> {
+        self.jobs_by_name(exposed).await.get(name).cloned().ok_or_else(|| {
+            Failure(
+                StatusCode::NOT_FOUND,
+                format!("no job {name:?} in this node's jobs.toml"),
+            )
+        })
     }
 }

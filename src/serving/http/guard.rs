@@ -15,6 +15,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::api::Failure;
+use super::listener::PeerAddr;
 use super::App;
 
 /// The dashboard loads its script and style from this listener and talks to its API; nothing
@@ -26,6 +27,7 @@ const ERROR_TEXT_LIMIT: usize = 4096;
 
 pub(super) async fn guard(State(app): State<Arc<App>>, request: Request, next: Next) -> Response {
     let path = request.uri().path().to_string();
+    let peer = request.extensions().get::<PeerAddr>().map(|peer| peer.0);
     let host = request
         .headers()
         .get(header::HOST)
@@ -43,6 +45,14 @@ pub(super) async fn guard(State(app): State<Arc<App>>, request: Request, next: N
         )
         .into_response()
     };
+    if response.status() == StatusCode::UNAUTHORIZED {
+        // Held only for this peer's failures: probes need no token, other peers wait for
+        // nothing.
+        let hold = app.failed_tokens.failed(peer, &path);
+        if !hold.is_zero() {
+            tokio::time::sleep(hold).await;
+        }
+    }
     // Probes keep their plain-text reasons, which load balancers log as they are.
     let probe = path == "/healthz" || path == "/readyz";
     if response.status().as_u16() >= 400 && !probe && !is_json(&response) {

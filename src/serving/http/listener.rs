@@ -3,12 +3,17 @@
 //!
 //! `axum::serve` keeps every connection a client opens for as long as the client likes; a few
 //! hundred idle ones fill the node's descriptor table and every run then fails to spawn. Here at
-//! most `cap` connections are open (one more for a moment while a slot is being freed), and a
+//! most `cap` connections are open (one more for a moment while a slot is being freed, and
+//! [`PROBE_SLOTS`] for probes), and a
 //! watchdog closes a connection whose request head takes longer than [`HEADER_TIMEOUT`] or that
 //! sits idle between requests longer than [`IDLE_TIMEOUT`]. When a client connects while every
 //! slot is taken, the connection that has waited longest for a request head is closed to make
 //! room: a client that sends its request at once (a probe, a dashboard) is served, and idle or
-//! slow clients cannot keep it in the kernel's queue.
+//! slow clients cannot keep it in the kernel's queue. When every connection is in a request
+//! (clients that pipeline reads back to back), none can be evicted: the new connection then
+//! takes one of [`PROBE_SLOTS`] slots kept beyond the cap, which answers one `/healthz`,
+//! `/readyz` or `/metrics` (anything else 503), and eviction is tried again every
+//! [`EVICT_AGAIN`] instead of the accept loop waiting for a busy client to leave.
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -17,6 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use axum::response::IntoResponse;
 use axum::Router;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -46,10 +52,13 @@ pub fn connection_cap(asked: usize, soft_limit: Option<u64>) -> usize {
     asked.min(share).max(1)
 }
 
-/// Serves `app` on `listener` with at most `cap` open connections until `stop`, then lets open
-/// requests finish for up to [`STOP_GRACE`].
+/// Serves `app` on `listener` with at most `cap` open connections (and [`PROBE_SLOTS`] more
+/// for probes) until `stop`, then lets open requests finish for up to [`STOP_GRACE`].
 pub(crate) async fn run(listener: TcpListener, app: Router, cap: usize, stop: CancellationToken) {
-    let slots = Arc::new(Semaphore::new(cap));
+    let slots = Slots {
+        full: Arc::new(Semaphore::new(cap)),
+        probes: Arc::new(Semaphore::new(PROBE_SLOTS)),
+    };
     let open = Arc::new(Open::default());
     let connections = TaskTracker::new();
     loop {
@@ -70,45 +79,104 @@ pub(crate) async fn run(listener: TcpListener, app: Router, cap: usize, stop: Ca
                 continue;
             }
         };
-        let slot = match Arc::clone(&slots).try_acquire_owned() {
-            Ok(slot) => slot,
-            Err(_) => {
-                // Every slot taken: the longest wait for a request head gives way. If every
-                // connection is in a request, the new one waits for one to end.
-                open.evict_longest_waiting();
-                let slot = tokio::select! {
-                    slot = Arc::clone(&slots).acquire_owned() => slot,
-                    _ = stop.cancelled() => break,
-                };
-                let Ok(slot) = slot else { break };
-                slot
-            }
+        let Some(slot) = slots.take(&open, &stop).await else {
+            break;
         };
-        connections.spawn(serve_connection(
-            stream,
-            app.clone(),
-            Arc::clone(&open),
-            stop.clone(),
-            slot,
-        ));
+        // Listed before its task runs: the next accept must see it to evict it, or it would
+        // take a probe slot for want of a connection to evict.
+        let activity = Arc::new(Activity::new());
+        let probes_only = matches!(slot, Slot::Probe(_));
+        let (id, evict) = open.add(Arc::clone(&activity), !probes_only);
+        let watched = Connection {
+            activity,
+            evict,
+            probes_only,
+        };
+        let open = Arc::clone(&open);
+        let (app, stop) = (app.clone(), stop.clone());
+        connections.spawn(async move {
+            let _slot = slot;
+            serve_watched(stream, app, &watched, &stop).await;
+            open.remove(id);
+        });
     }
     connections.close();
     connections.wait().await;
 }
 
+/// Connections beyond the cap kept for `/healthz`, `/readyz` and `/metrics`: clients that are
+/// always in a request (pipelined reads, back to back) can hold every slot, and none of them
+/// is ever waiting to be evicted. A connection on one of these is answered one probe and
+/// closed; any other request on it is 503.
+pub(crate) const PROBE_SLOTS: usize = 4;
+/// How often a listener with every slot taken looks again for a connection to evict.
+const EVICT_AGAIN: Duration = Duration::from_millis(50);
+
+/// The paths a probe slot serves.
+fn is_probe(path: &str) -> bool {
+    matches!(path, "/healthz" | "/readyz" | "/metrics")
+}
+
+struct Slots {
+    full: Arc<Semaphore>,
+    probes: Arc<Semaphore>,
+}
+
+/// What a connection holds: one of the `cap` slots, or one kept for probes.
+enum Slot {
+    Full(#[allow(dead_code)] OwnedSemaphorePermit),
+    Probe(#[allow(dead_code)] OwnedSemaphorePermit),
+}
+
+impl Slots {
+    /// A slot for a new connection: a free one; else, when a connection waits for a request
+    /// head, that one is evicted and its slot taken; else a probe slot. Looked at again every
+    /// [`EVICT_AGAIN`], so the accept loop never waits on clients that hold every slot.
+    /// `None` once `stop`.
+    async fn take(&self, open: &Open, stop: &CancellationToken) -> Option<Slot> {
+        loop {
+            if let Ok(slot) = Arc::clone(&self.full).try_acquire_owned() {
+                return Some(Slot::Full(slot));
+            }
+            // A connection closing for an earlier eviction frees a slot soon: closing more
+            // would cut clients for nothing, and hold their descriptors while they close.
+            let evicted = open.evicting() || open.evict_longest_waiting();
+            if !evicted {
+                if let Ok(slot) = Arc::clone(&self.probes).try_acquire_owned() {
+                    return Some(Slot::Probe(slot));
+                }
+            }
+            tokio::select! {
+                slot = Arc::clone(&self.full).acquire_owned() => return slot.ok().map(Slot::Full),
+                _ = tokio::time::sleep(EVICT_AGAIN) => {}
+                _ = stop.cancelled() => return None,
+            }
+        }
+    }
+}
+
+/// The address of the client that sent a request, in the request's extensions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PeerAddr(pub(crate) std::net::IpAddr);
+
 /// The open connections, each with what its watchdog reads and a way to close it.
 #[derive(Default)]
 struct Open {
     next_id: AtomicU64,
-    connections: Mutex<HashMap<u64, (Arc<Activity>, CancellationToken)>>,
+    /// Each connection's activity, its way to be closed, and whether closing it frees one of
+    /// the `cap` slots (a probe slot's connection does not).
+    connections: Mutex<HashMap<u64, Listed>>,
 }
 
+/// An open connection's activity, its way to be closed, and whether closing it frees a slot.
+type Listed = (Arc<Activity>, CancellationToken, bool);
+
 impl Open {
-    fn add(&self, activity: Arc<Activity>) -> (u64, CancellationToken) {
+    fn add(&self, activity: Arc<Activity>, frees_a_slot: bool) -> (u64, CancellationToken) {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let evict = CancellationToken::new();
         if let Ok(mut connections) = self.connections.lock() {
-            connections.insert(id, (activity, evict.clone()));
+            connections.insert(id, (activity, evict.clone(), frees_a_slot));
         }
         (id, evict)
     }
@@ -119,19 +187,32 @@ impl Open {
         }
     }
 
+    /// Whether a connection evicted for its slot has not closed yet.
+    fn evicting(&self) -> bool {
+        self.connections.lock().is_ok_and(|connections| {
+            connections
+                .values()
+                .any(|(_, evict, frees_a_slot)| *frees_a_slot && evict.is_cancelled())
+        })
+    }
+
     /// Closes the connection not in a request that has waited longest for its next request
-    /// head, if there is one.
-    fn evict_longest_waiting(&self) {
+    /// head, if there is one; whether there was.
+    fn evict_longest_waiting(&self) -> bool {
         let Ok(connections) = self.connections.lock() else {
-            return;
+            return false;
         };
         let longest = connections
             .values()
-            .filter(|(activity, evict)| !evict.is_cancelled() && !activity.in_request.load(Ordering::Relaxed))
-            .max_by_key(|(activity, _)| activity.waited());
-        if let Some((_, evict)) = longest {
+            .filter(|(activity, evict, frees_a_slot)| {
+                *frees_a_slot && !evict.is_cancelled() && !activity.in_request.load(Ordering::Relaxed)
+            })
+            .max_by_key(|(activity, _, _)| activity.waited());
+        if let Some((_, evict, _)) = longest {
             evict.cancel();
+            return true;
         }
+        false
     }
 }
 
@@ -221,38 +302,46 @@ fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
-async fn serve_connection(
-    stream: TcpStream,
-    app: Router,
-    open: Arc<Open>,
-    stop: CancellationToken,
-    _slot: OwnedSemaphorePermit,
-) {
-    let activity = Arc::new(Activity::new());
-    let (id, evict) = open.add(Arc::clone(&activity));
-    serve_watched(stream, app, &activity, &evict, &stop).await;
-    open.remove(id);
+/// What the accept loop hands a connection's task.
+struct Connection {
+    activity: Arc<Activity>,
+    evict: CancellationToken,
+    /// On a probe slot: one request, and only a probe's.
+    probes_only: bool,
 }
 
-async fn serve_watched(
-    stream: TcpStream,
-    app: Router,
-    activity: &Arc<Activity>,
-    evict: &CancellationToken,
-    stop: &CancellationToken,
-) {
+async fn serve_watched(stream: TcpStream, app: Router, connection: &Connection, stop: &CancellationToken) {
+    let Connection {
+        activity,
+        evict,
+        probes_only,
+    } = connection;
+    let probes_only = *probes_only;
+    // The guard slows a peer that keeps sending wrong tokens: it needs to know who it is.
+    let peer = stream.peer_addr().ok().map(|address| PeerAddr(address.ip()));
     let io = TokioIo::new(Watched {
         stream,
         activity: Arc::clone(activity),
     });
     let service = {
         let activity = Arc::clone(activity);
-        hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
+        hyper::service::service_fn(move |mut request: hyper::Request<hyper::body::Incoming>| {
+            if let Some(peer) = peer {
+                request.extensions_mut().insert(peer);
+            }
             let mut app = app.clone();
             let activity = Arc::clone(&activity);
             activity.request_began();
             async move {
-                let response = app.call(request).await;
+                let response = if probes_only && !is_probe(request.uri().path()) {
+                    Ok(super::api::Failure::new(
+                        axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                        "every connection slot is taken; this one serves /healthz, /readyz and /metrics only: try again",
+                    )
+                    .into_response())
+                } else {
+                    app.call(request).await
+                };
                 activity.request_ended();
                 response
             }
@@ -262,6 +351,8 @@ async fn serve_watched(
     // The watchdog below keeps the time limits; hyper's own header timeout would also close
     // kept-alive connections after its 10 s.
     builder.header_read_timeout(None).max_buf_size(64 * 1024);
+    // A probe slot serves one request: a client cannot keep it with requests back to back.
+    builder.keep_alive(!probes_only);
     let connection = builder.serve_connection(io, service);
     tokio::pin!(connection);
     let mut watch = tokio::time::interval(WATCH_EVERY);
@@ -389,15 +480,21 @@ mod tests {
         };
         let (busy, newest, oldest) = (at(30), at(1), at(5));
         busy.request_began();
-        let (_, busy_evict) = open.add(busy);
-        let (_, newest_evict) = open.add(newest);
-        let (oldest_id, oldest_evict) = open.add(oldest);
-        open.evict_longest_waiting();
+        let (_, busy_evict) = open.add(busy, true);
+        let (_, newest_evict) = open.add(newest, true);
+        let (oldest_id, oldest_evict) = open.add(oldest, true);
+        let (_, probe_evict) = open.add(at(60), false);
+        assert!(open.evict_longest_waiting());
         assert!(oldest_evict.is_cancelled());
         assert!(!newest_evict.is_cancelled() && !busy_evict.is_cancelled());
         open.remove(oldest_id);
-        open.evict_longest_waiting();
+        assert!(open.evict_longest_waiting());
         assert!(newest_evict.is_cancelled());
         assert!(!busy_evict.is_cancelled(), "a connection in a request is never evicted");
+        assert!(!open.evict_longest_waiting());
+        assert!(
+            !probe_evict.is_cancelled(),
+            "a probe slot's connection frees no slot: never evicted for one"
+        );
     }
 }

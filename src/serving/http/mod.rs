@@ -18,7 +18,9 @@
 
 mod api;
 mod exposure;
+mod failed_tokens;
 mod guard;
+mod index;
 mod listener;
 mod reads;
 
@@ -74,6 +76,10 @@ pub(crate) struct App {
     /// The address the listener is bound to, a `Host` every request may name.
     listen: SocketAddr,
     reads: reads::Reads,
+    /// The jobs by name, built once per config load.
+    jobs: index::JobIndex,
+    /// Who sent wrong tokens lately, to count, log and slow them.
+    failed_tokens: failed_tokens::FailedTokens,
 }
 
 impl Deref for App {
@@ -100,6 +106,8 @@ pub async fn serve(listener: TcpListener, served: Served, stop: CancellationToke
         served,
         listen,
         reads: reads::Reads::default(),
+        jobs: index::JobIndex::default(),
+        failed_tokens: failed_tokens::FailedTokens::new(),
     });
     listener::run(listener, router(app), cap, stop).await;
 }
@@ -233,6 +241,8 @@ mod tests {
             served,
             listen: "127.0.0.1:9464".parse().unwrap(),
             reads: reads::Reads::default(),
+            jobs: index::JobIndex::default(),
+            failed_tokens: failed_tokens::FailedTokens::new(),
         }))
     }
 
@@ -246,6 +256,69 @@ mod tests {
             .await
             .unwrap()
             .status()
+    }
+
+    async fn status_from(router: &mut Router, peer: [u8; 4], path: &str, token: Option<&str>) -> StatusCode {
+        let mut request = Request::get(path).header(header::HOST, "127.0.0.1:9464");
+        if let Some(token) = token {
+            request = request.header(header::AUTHORIZATION, format!("Bearer {token}"));
+        }
+        let mut request = request.body(Body::empty()).unwrap();
+        request
+            .extensions_mut()
+            .insert(listener::PeerAddr(std::net::IpAddr::from(peer)));
+        router.call(request).await.unwrap().status()
+    }
+
+    /// Wrong tokens are counted, and a peer that keeps sending them waits longer for each
+    /// answer; its probes and other peers do not.
+    #[tokio::test(start_paused = true)]
+    async fn wrong_tokens_are_counted_and_slow_only_their_peer() {
+        let mut guarded = app(Some("the read token, long enough"));
+        let counted = || {
+            let page = crate::metrics::get().render();
+            page.lines()
+                .find_map(|line| line.strip_prefix("shardcron_http_unauthorized_total "))
+                .and_then(|value| value.trim().parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        let before = counted();
+        let guesser = [192, 0, 2, 7];
+        let mut last = std::time::Duration::ZERO;
+        for _ in 0..9 {
+            let started = tokio::time::Instant::now();
+            assert_eq!(
+                status_from(&mut guarded, guesser, "/api/v1/status", Some("a guess")).await,
+                StatusCode::UNAUTHORIZED
+            );
+            last = started.elapsed();
+        }
+        assert!(counted() >= before + 9, "{} then {}", before, counted());
+        assert!(
+            last >= std::time::Duration::from_millis(800),
+            "the 9th guess waited {last:?}"
+        );
+        let started = tokio::time::Instant::now();
+        assert_eq!(
+            status_from(&mut guarded, guesser, "/healthz", None).await,
+            StatusCode::OK
+        );
+        assert_eq!(
+            status_from(
+                &mut guarded,
+                [192, 0, 2, 8],
+                "/api/v1/status",
+                Some("the read token, long enough")
+            )
+            .await,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "another peer with the right token: past the check"
+        );
+        assert!(
+            started.elapsed() < std::time::Duration::from_millis(50),
+            "{:?}",
+            started.elapsed()
+        );
     }
 
     #[tokio::test]

@@ -4,7 +4,8 @@
 //! client may ask for them, and dashboards poll: unbounded, a few dozen at once took a node
 //! from 158 MB to 709 MB resident. So they take one of [`PERMITS`] permits, and a status answer
 //! is kept for [`STATUS_FRESH_FOR`]: every caller in that second gets the same bytes, computed
-//! once while the others wait for it.
+//! once while the others wait for it. At most [`WAITERS`] reads wait for a permit; the rest
+//! are answered 503 at once.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -20,14 +21,26 @@ use super::api::Failure;
 pub(super) const PERMITS: usize = 4;
 /// How long a read waits for a permit before it is answered 503.
 const PERMIT_WAIT: Duration = Duration::from_secs(10);
+/// At most this many reads wait for a permit; more are answered 503 at once. Unbounded,
+/// every connection a client opens could sit in a read for [`PERMIT_WAIT`], and clients that
+/// pipeline reads would hold every connection slot.
+pub(super) const WAITERS: usize = 16;
 /// How long a status answer is served again.
 pub(super) const STATUS_FRESH_FOR: Duration = Duration::from_secs(1);
 
 pub(super) struct Reads {
     permits: Semaphore,
+    /// A place among the reads that run or wait: [`PERMITS`] + [`WAITERS`].
+    places: Semaphore,
     /// The status answer with jobs, and the one without them (`?jobs=false`).
     status: [Arc<Mutex<Cached>>; 2],
 }
+
+/// A heavy read's permit, and its place among the reads that run or wait.
+pub(super) struct Permit<'a>(
+    #[allow(dead_code)] SemaphorePermit<'a>,
+    #[allow(dead_code)] SemaphorePermit<'a>,
+);
 
 /// A status answer and when it was read.
 type Cached = Option<(Instant, Bytes)>;
@@ -36,20 +49,26 @@ impl Default for Reads {
     fn default() -> Self {
         Reads {
             permits: Semaphore::new(PERMITS),
+            places: Semaphore::new(PERMITS + WAITERS),
             status: [Arc::default(), Arc::default()],
         }
     }
 }
 
 impl Reads {
-    /// A permit for one heavy read, or 503 if none came free in time.
-    pub(super) async fn permit(&self) -> Result<SemaphorePermit<'_>, Failure> {
-        match tokio::time::timeout(PERMIT_WAIT, self.permits.acquire()).await {
-            Ok(Ok(permit)) => Ok(permit),
-            _ => Err(Failure::new(
+    /// A permit for one heavy read, or 503 if none came free in time, or at once when
+    /// [`WAITERS`] reads wait already.
+    pub(super) async fn permit(&self) -> Result<Permit<'_>, Failure> {
+        let busy = || {
+            Failure::new(
                 StatusCode::SERVICE_UNAVAILABLE,
-                format!("too many status and plan reads at once (at most {PERMITS}); try again"),
-            )),
+                format!("too many reads at once (at most {PERMITS}, and {WAITERS} waiting); try again"),
+            )
+        };
+        let place = self.places.try_acquire().map_err(|_| busy())?;
+        match tokio::time::timeout(PERMIT_WAIT, self.permits.acquire()).await {
+            Ok(Ok(permit)) => Ok(Permit(place, permit)),
+            _ => Err(busy()),
         }
     }
 
@@ -115,6 +134,30 @@ mod tests {
             assert_eq!(caller.await.unwrap(), Ok(Bytes::from_static(b"{}")));
         }
         assert_eq!(computed.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn reads_past_the_waiters_are_refused_at_once() {
+        let reads = Arc::new(Reads::default());
+        let mut held = Vec::new();
+        for _ in 0..PERMITS {
+            held.push(reads.permit().await.map_err(|_| ()).expect("a free permit"));
+        }
+        let mut waiting = Vec::new();
+        for _ in 0..WAITERS {
+            let reads = Arc::clone(&reads);
+            waiting.push(tokio::spawn(async move { reads.permit().await.is_ok() }));
+        }
+        while reads.places.available_permits() > 0 {
+            tokio::task::yield_now().await;
+        }
+        let started = Instant::now();
+        assert!(reads.permit().await.is_err(), "one read too many");
+        assert!(started.elapsed() < Duration::from_secs(1), "refused at once");
+        drop(held);
+        for waiter in waiting {
+            assert!(waiter.await.unwrap(), "the waiters get their permits");
+        }
     }
 
     #[tokio::test(start_paused = true)]

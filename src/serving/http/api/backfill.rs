@@ -5,14 +5,14 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::Json;
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{bad_request, etcd_failed, jobs_by_name, no_wildcard, Answer, Failure};
+use super::{bad_request, etcd_failed, no_wildcard, Answer, Failure};
 use crate::coord::backfills::{self, Asked};
 use crate::rules::backfill::{self, Ask, Backfill, DEFAULT_MAX};
 use crate::rules::plan::PlannedFire;
@@ -46,12 +46,7 @@ pub(in crate::serving::http) async fn ask(
 ) -> Answer {
     no_wildcard(&name)?;
     let (exposed, asked): (_, BackfillBody) = served.write_to_job(&headers, &name, body).await?;
-    let Some(job) = jobs_by_name(exposed).into_iter().find(|job| job.name == name) else {
-        return Err(Failure(
-            StatusCode::NOT_FOUND,
-            format!("no job {name:?} in this node's jobs.toml"),
-        ));
-    };
+    let job = served.job_named(exposed, &name).await?;
     if job.fan_out == FanOut::All {
         return Err(bad_request(format!(
             "{name} has fan_out = \"all\": backfill runs a job's ticks on one node, and does not run fanned-out jobs"
@@ -66,13 +61,32 @@ pub(in crate::serving::http) async fn ask(
         max: asked.max.unwrap_or(DEFAULT_MAX),
         parallel: asked.parallel.unwrap_or(1),
     };
-    let now = Utc::now();
-    let fires = backfill::ticks(&job, &ask, now).map_err(|refused| bad_request(refused.to_string()))?;
-    if asked.dry_run {
-        let ticks: Vec<PlannedFire> = fires.iter().map(PlannedFire::from).collect();
-        return Ok(Json(json!({ "job": name, "ticks": ticks })).into_response());
+    if from < DateTime::<Utc>::UNIX_EPOCH {
+        return Err(bad_request(format!(
+            "\"from\" is {from}, before 1970: no tick of a schedule is that old"
+        )));
     }
-    let record = Backfill::new(backfill::new_id(), &ask, &fires, now);
+    let now = Utc::now();
+    // Up to 100,000 ticks listed (and for a dry run written out): not on a runtime thread
+    // that fires ticks.
+    let dry_run = asked.dry_run;
+    let listed = tokio::task::spawn_blocking(move || -> Result<Listed, Failure> {
+        let fires = backfill::ticks(&job, &ask, now).map_err(|refused| bad_request(refused.to_string()))?;
+        if dry_run {
+            let body = dry_run_body(&job.name, &fires)
+                .map_err(|err| Failure(StatusCode::INTERNAL_SERVER_ERROR, err.to_string()))?;
+            return Ok(Listed::DryRun(body));
+        }
+        Ok(Listed::Record(Backfill::new(backfill::new_id(), &ask, &fires, now)))
+    })
+    .await
+    .map_err(|err| Failure(StatusCode::INTERNAL_SERVER_ERROR, err.to_string()))??;
+    let record = match listed {
+        Listed::DryRun(body) => {
+            return Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response());
+        }
+        Listed::Record(record) => record,
+    };
     let written = backfills::ask(&exposed.client, &served.keys(), &name, &record)
         .await
         .map_err(etcd_failed)?;
@@ -85,6 +99,28 @@ pub(in crate::serving::http) async fn ask(
     }
     tracing::info!(job = %name, backfill = %record.id, ticks = record.total, from = %from, to = %to, "backfill asked for through the API");
     Ok((StatusCode::ACCEPTED, Json(shown(&name, &record))).into_response())
+}
+
+/// What a backfill asked for lists: a dry run's answer, or the record to write.
+enum Listed {
+    DryRun(Vec<u8>),
+    Record(Backfill),
+}
+
+/// `{"job": ..., "ticks": [...]}` written tick by tick into one buffer, as the plan's answer.
+fn dry_run_body(job: &str, fires: &[crate::rules::plan::Fire]) -> Result<Vec<u8>, serde_json::Error> {
+    let mut body = Vec::with_capacity(32 + fires.len() * 170);
+    body.extend_from_slice(b"{\"job\":");
+    serde_json::to_writer(&mut body, job)?;
+    body.extend_from_slice(b",\"ticks\":[");
+    for (index, fire) in fires.iter().enumerate() {
+        if index > 0 {
+            body.push(b',');
+        }
+        serde_json::to_writer(&mut body, &PlannedFire::from(fire))?;
+    }
+    body.extend_from_slice(b"]}");
+    Ok(body)
 }
 
 /// `POST /api/v1/jobs/{name}/backfill/cancel`: no tick of the job's backfill is claimed after

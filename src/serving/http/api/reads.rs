@@ -13,9 +13,8 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{bad_request, etcd_failed, jobs_by_name, known_job, no_wildcard, Answer, Failure};
+use super::{bad_request, etcd_failed, no_wildcard, Answer, Failure};
 use crate::rules::config::Job;
-use crate::rules::record::RunRecord;
 use crate::serving::http::App;
 
 #[derive(Deserialize)]
@@ -37,7 +36,11 @@ pub(in crate::serving::http) async fn status(
     let body = app
         .reads
         .status(with_jobs, async {
-            let jobs = if with_jobs { jobs_by_name(exposed) } else { Vec::new() };
+            let jobs = if with_jobs {
+                app.jobs_by_name(exposed).await.all().to_vec()
+            } else {
+                Vec::new()
+            };
             let (digest, elections, groups) = {
                 let loaded = exposed.jobs.borrow();
                 (
@@ -112,17 +115,18 @@ pub(in crate::serving::http) async fn jobs(
     let pauses = crate::coord::pauses::in_force(&exposed.client, &app.keys(), now)
         .await
         .map_err(etcd_failed)?;
-    let all = jobs_by_name(exposed);
-    let total = all.len();
+    let all = app.jobs_by_name(exposed).await;
+    let total = all.all().len();
     let pause_all = pauses.contains_key(crate::coord::pauses::EVERY_JOB);
     let paused_names: std::collections::HashSet<String> = pauses.keys().cloned().collect();
     let (matched, paused, shown) = tokio::task::spawn_blocking(move || {
+        let all = all.all();
         let paused = if pause_all {
             all.len()
         } else {
             all.iter().filter(|job| paused_names.contains(&job.name)).count()
         };
-        let matching: Vec<Arc<Job>> = all.into_iter().filter(|job| job_matches(job, &filter)).collect();
+        let matching: Vec<Arc<Job>> = all.iter().filter(|job| job_matches(job, &filter)).cloned().collect();
         let matched = matching.len();
         let shown: Vec<Arc<Job>> = matching
             .into_iter()
@@ -167,12 +171,7 @@ pub(in crate::serving::http) async fn job(
     app.authorize_read(&headers)?;
     no_wildcard(&name)?;
     let exposed = app.exposed()?;
-    let Some(job) = jobs_by_name(exposed).into_iter().find(|job| job.name == name) else {
-        return Err(Failure(
-            StatusCode::NOT_FOUND,
-            format!("no job {name:?} in this node's jobs.toml"),
-        ));
-    };
+    let job = app.job_named(exposed, &name).await?;
     let _permit = app.reads.permit().await?;
     let now = Utc::now();
     let pauses = crate::coord::pauses::in_force(&exposed.client, &app.keys(), now)
@@ -219,8 +218,11 @@ pub(in crate::serving::http) struct HistoryQuery {
     output: Option<bool>,
 }
 
+/// The most runs a history answer with output lists: each may keep 128 KiB.
+const HISTORY_WITH_OUTPUT: usize = 50;
+
 /// `GET /api/v1/jobs/{name}/history?count=N[&output=true]`: the job's newest runs, newest
-/// first.
+/// first, behind a read permit; at most [`HISTORY_WITH_OUTPUT`] with their output.
 pub(in crate::serving::http) async fn history(
     State(served): State<Arc<App>>,
     Path(name): Path<String>,
@@ -239,24 +241,25 @@ pub(in crate::serving::http) async fn history(
             "this cluster keeps no history ([cluster] history = 0)".to_string(),
         ));
     }
-    let count = query.count.unwrap_or(20).min(served.cluster.history as usize);
-    let fans_out = exposed.jobs.borrow().fanned_out.iter().any(|job| job.name == name);
-    let records = if fans_out {
-        crate::coord::history::read_each(&exposed.client, &served.keys(), &name, count).await
+    let with_output = query.output == Some(true);
+    // Without output an entry is a few hundred bytes; with it up to 768 KiB in etcd.
+    let most = if with_output {
+        HISTORY_WITH_OUTPUT
     } else {
-        crate::coord::history::read(&exposed.client, &served.keys(), &name, count).await
+        crate::coord::history::READ_LIMIT
+    };
+    let count = query.count.unwrap_or(20).min(served.cluster.history as usize).min(most);
+    let fans_out = exposed.jobs.borrow().fanned_out.iter().any(|job| job.name == name);
+    let _permit = served.reads.permit().await?;
+    let records = if fans_out {
+        crate::coord::history::read_each(&exposed.client, &served.keys(), &name, count, with_output).await
+    } else {
+        crate::coord::history::read(&exposed.client, &served.keys(), &name, count, with_output).await
     }
     .map_err(etcd_failed)?;
     if records.is_empty() {
-        known_job(exposed, &name)?;
+        served.job_named(exposed, &name).await?;
     }
-    let records: Vec<RunRecord> = match query.output {
-        Some(true) => records,
-        _ => records
-            .into_iter()
-            .map(|record| RunRecord { output: None, ..record })
-            .collect(),
-    };
     Ok(Json(records).into_response())
 }
 
@@ -287,7 +290,7 @@ pub(in crate::serving::http) async fn run(
             "this cluster keeps no history ([cluster] history = 0)".to_string(),
         ));
     }
-    known_job(exposed, &name)?;
+    served.job_named(exposed, &name).await?;
     let fans_out = exposed.jobs.borrow().fanned_out.iter().any(|job| job.name == name);
     let kept_as = match (fans_out, &query.node) {
         (false, _) => name.clone(),
@@ -299,6 +302,7 @@ pub(in crate::serving::http) async fn run(
             )))
         }
     };
+    let _permit = served.reads.permit().await?;
     let record = crate::coord::history::read_run(&exposed.client, &served.keys(), &kept_as, tick)
         .await
         .map_err(etcd_failed)?;
@@ -348,13 +352,14 @@ pub(in crate::serving::http) async fn plan(
         .and_then(|length| from.checked_add_signed(length))
         .ok_or_else(|| bad_request("the window is too long"))?;
     if let Some(job) = &query.job {
-        known_job(exposed, job)?;
+        app.job_named(exposed, job).await?;
     }
     let limit = query.limit.unwrap_or(PLAN_LIMIT).min(PLAN_LIMIT);
     let _permit = app.reads.permit().await?;
-    let jobs = jobs_by_name(exposed);
+    let jobs = app.jobs_by_name(exposed).await;
     let body = tokio::task::spawn_blocking(move || {
         let jobs: Vec<&Job> = jobs
+            .all()
             .iter()
             .map(Arc::as_ref)
             .filter(|job| query.job.as_ref().is_none_or(|wanted| *wanted == job.name))

@@ -13,11 +13,11 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{bad_request, etcd_failed, known_job, no_wildcard, Answer, Failure};
+use super::{bad_request, etcd_failed, no_wildcard, Answer, Failure};
+use crate::serving::http::App;
 use crate::serving::http::Exposed;
-use crate::serving::http::{App, Served};
 
-impl Served {
+impl App {
     /// What a write to job `name` needs first: the token, a connected node, the job, and the
     /// request's body, read only once the token passed.
     pub(super) async fn write_to_job<T: serde::de::DeserializeOwned + Default>(
@@ -28,7 +28,7 @@ impl Served {
     ) -> Result<(&Exposed, T), Failure> {
         self.authorize(headers)?;
         let exposed = self.exposed()?;
-        known_job(exposed, name)?;
+        self.job_named(exposed, name).await?;
         let bytes = read_body(body).await?;
         Ok((exposed, parse_body(&bytes)?))
     }
@@ -233,7 +233,7 @@ pub(in crate::serving::http) async fn resume(
     .await
     .map_err(etcd_failed)?;
     if ended.is_empty() {
-        known_job(exposed, &name)?;
+        served.job_named(exposed, &name).await?;
     } else {
         tracing::info!(job = %name, "resumed through the API");
     }
