@@ -128,7 +128,7 @@ impl GoneNodes {
         absent_since: &mut BTreeMap<String, tokio::time::Instant>,
     ) -> Result<(), CoordError> {
         let client = self.session.client();
-        let instances = self.instances(&client).await?;
+        let instances = instances(&client, &self.keys).await?;
         let now_instant = tokio::time::Instant::now();
         let gone: BTreeSet<&str> = instances
             .iter()
@@ -145,113 +145,113 @@ impl GoneNodes {
             if absent_for < self.retention.min(GRACE) {
                 continue;
             }
-            let (newest, claim_revision) = self.newest(&client, instance).await?;
+            let (newest, claim_revision) = newest_stamp(&client, &self.keys, instance).await?;
             if !forgettable(false, absent_for, newest, crate::clock::now(), self.retention) {
                 continue;
             }
-            if self.remove(&client, instance, node, claim_revision).await? {
+            if remove(&client, &self.keys, instance, node, claim_revision).await? {
                 tracing::info!(instance = %instance, node = %node, newest = ?newest, "removed the records of a node gone longer than gone_node_retention");
             }
         }
         Ok(())
     }
+}
 
-    /// Every instance (`<job>@<node>`) with a record under `/jobs/`, with its node: the keys
-    /// alone, in pages.
-    async fn instances(&self, client: &etcd_client::Client) -> Result<BTreeSet<(String, String)>, CoordError> {
-        let prefix = self.keys.jobs_prefix();
-        let mut end = prefix.as_bytes().to_vec();
-        if let Some(last) = end.last_mut() {
-            *last += 1;
-        }
-        let mut from = prefix.as_bytes().to_vec();
-        let mut found = BTreeSet::new();
-        loop {
-            let options = GetOptions::new()
-                .with_range(end.clone())
-                .with_limit(etcd::PAGE)
-                .with_keys_only();
-            let read = etcd::call(client.clone().get(from.clone(), Some(options))).await?;
-            for kv in read.kvs() {
-                let Ok(key) = std::str::from_utf8(kv.key()) else {
-                    continue;
-                };
-                let Some((instance, _record)) = key.strip_prefix(&prefix).and_then(|rest| rest.rsplit_once('/')) else {
-                    continue;
-                };
-                if let Some((_job, node)) = instance.split_once('@') {
-                    if !node.is_empty() {
-                        found.insert((instance.to_string(), node.to_string()));
-                    }
-                }
-            }
-            match read.kvs().last() {
-                Some(last) if read.more() => {
-                    from = last.key().to_vec();
-                    from.push(0);
-                }
-                _ => return Ok(found),
-            }
-        }
+/// Every instance (`<job>@<node>`) with a record under `/jobs/`, with its node: the keys
+/// alone, in pages.
+async fn instances(client: &etcd_client::Client, keys: &Keys) -> Result<BTreeSet<(String, String)>, CoordError> {
+    let prefix = keys.jobs_prefix();
+    let mut end = prefix.as_bytes().to_vec();
+    if let Some(last) = end.last_mut() {
+        *last += 1;
     }
-
-    /// The newest stamp of `instance`'s records (its claimed tick, its last run's end) and the
-    /// revision its claim record was last written at (0: none).
-    async fn newest(
-        &self,
-        client: &etcd_client::Client,
-        instance: &str,
-    ) -> Result<(Option<DateTime<Utc>>, i64), CoordError> {
-        let gets = [
-            TxnOp::get(self.keys.job_last(instance), None),
-            TxnOp::get(self.keys.job_result(instance), None),
-            TxnOp::get(self.keys.job_success(instance), None),
-        ];
-        let response = etcd::call(client.clone().txn(Txn::new().and_then(gets))).await?;
-        let mut newest: Option<DateTime<Utc>> = None;
-        let mut claim_revision = 0;
-        for (index, answer) in response.op_responses().into_iter().enumerate() {
-            let etcd_client::TxnOpResponse::Get(read) = answer else {
+    let mut from = prefix.as_bytes().to_vec();
+    let mut found = BTreeSet::new();
+    loop {
+        let options = GetOptions::new()
+            .with_range(end.clone())
+            .with_limit(etcd::PAGE)
+            .with_keys_only();
+        let read = etcd::call(client.clone().get(from.clone(), Some(options))).await?;
+        for kv in read.kvs() {
+            let Ok(key) = std::str::from_utf8(kv.key()) else {
                 continue;
             };
-            let Some(kv) = read.kvs().first() else { continue };
-            let stamp = if index == 0 {
-                claim_revision = kv.mod_revision();
-                serde_json::from_slice::<Claim>(kv.value())
-                    .ok()
-                    .map(|claim| claim.scheduled_at)
-            } else {
-                serde_json::from_slice::<RunRecord>(kv.value())
-                    .ok()
-                    .map(|record| record.finished_at.max(record.scheduled_at))
+            let Some((instance, _record)) = key.strip_prefix(&prefix).and_then(|rest| rest.rsplit_once('/')) else {
+                continue;
             };
-            newest = newest.max(stamp);
+            if let Some((_job, node)) = instance.split_once('@') {
+                if !node.is_empty() {
+                    found.insert((instance.to_string(), node.to_string()));
+                }
+            }
         }
-        Ok((newest, claim_revision))
+        match read.kvs().last() {
+            Some(last) if read.more() => {
+                from = last.key().to_vec();
+                from.push(0);
+            }
+            _ => return Ok(found),
+        }
     }
+}
 
-    /// Removes every record of `instance` in one transaction, if `node` is still not registered
-    /// and its claim record unchanged. Whether it did.
-    async fn remove(
-        &self,
-        client: &etcd_client::Client,
-        instance: &str,
-        node: &str,
-        claim_revision: i64,
-    ) -> Result<bool, CoordError> {
-        let prefix = |prefix: String| TxnOp::delete(prefix, Some(DeleteOptions::new().with_prefix()));
-        let txn = Txn::new()
-            .when([
-                Compare::version(self.keys.node(node), CompareOp::Equal, 0),
-                Compare::mod_revision(self.keys.job_last(instance), CompareOp::Equal, claim_revision),
-            ])
-            .and_then([
-                prefix(self.keys.job_records_prefix(instance)),
-                prefix(self.keys.job_runs_prefix(instance)),
-            ]);
-        let response = etcd::call(client.clone().txn(txn)).await?;
-        Ok(response.succeeded())
+/// The newest stamp of `instance`'s records (its claimed tick, its last run's end) and the
+/// revision its claim record was last written at (0: none).
+async fn newest_stamp(
+    client: &etcd_client::Client,
+    keys: &Keys,
+    instance: &str,
+) -> Result<(Option<DateTime<Utc>>, i64), CoordError> {
+    let gets = [
+        TxnOp::get(keys.job_last(instance), None),
+        TxnOp::get(keys.job_result(instance), None),
+        TxnOp::get(keys.job_success(instance), None),
+    ];
+    let response = etcd::call(client.clone().txn(Txn::new().and_then(gets))).await?;
+    let mut newest: Option<DateTime<Utc>> = None;
+    let mut claim_revision = 0;
+    for (index, answer) in response.op_responses().into_iter().enumerate() {
+        let etcd_client::TxnOpResponse::Get(read) = answer else {
+            continue;
+        };
+        let Some(kv) = read.kvs().first() else { continue };
+        let stamp = if index == 0 {
+            claim_revision = kv.mod_revision();
+            serde_json::from_slice::<Claim>(kv.value())
+                .ok()
+                .map(|claim| claim.scheduled_at)
+        } else {
+            serde_json::from_slice::<RunRecord>(kv.value())
+                .ok()
+                .map(|record| record.finished_at.max(record.scheduled_at))
+        };
+        newest = newest.max(stamp);
     }
+    Ok((newest, claim_revision))
+}
+
+/// Removes every record of `instance` in one transaction, if `node` is still not registered
+/// and its claim record unchanged. Whether it did.
+async fn remove(
+    client: &etcd_client::Client,
+    keys: &Keys,
+    instance: &str,
+    node: &str,
+    claim_revision: i64,
+) -> Result<bool, CoordError> {
+    let prefix = |prefix: String| TxnOp::delete(prefix, Some(DeleteOptions::new().with_prefix()));
+    let txn = Txn::new()
+        .when([
+            Compare::version(keys.node(node), CompareOp::Equal, 0),
+            Compare::mod_revision(keys.job_last(instance), CompareOp::Equal, claim_revision),
+        ])
+        .and_then([
+            prefix(keys.job_records_prefix(instance)),
+            prefix(keys.job_runs_prefix(instance)),
+        ]);
+    let response = etcd::call(client.clone().txn(txn)).await?;
+    Ok(response.succeeded())
 }
 
 #[cfg(test)]
@@ -348,5 +348,68 @@ mod tests {
         assert_eq!(look_every(Duration::from_secs(2)), Duration::from_secs(1));
         assert_eq!(look_every(Duration::from_secs(20)), Duration::from_secs(5));
         assert_eq!(look_every(Duration::from_secs(86_400)), Duration::from_secs(600));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_gone_nodes_instances_go_whole_and_nothing_else_does() {
+        let etcd = crate::etcd_server::EtcdServer::start(&crate::etcd_server::test_etcd_bin()).expect("etcd");
+        let client = etcd_client::Client::connect([etcd.client_url()], None)
+            .await
+            .expect("client");
+        let keys = Keys::new("gone");
+        let claim = serde_json::to_vec(&Claim {
+            scheduled_at: DateTime::<Utc>::from_timestamp(1_800_000_000, 0).unwrap(),
+            ..Default::default()
+        })
+        .unwrap();
+        let put = |key: String, value: Vec<u8>| {
+            let client = client.clone();
+            async move { client.clone().put(key, value, None).await.unwrap() }
+        };
+        // x's instance, y's (a node whose id begins like x's), and a plain job named alike.
+        for name in ["rotate@x", "rotate@xy", "rotate"] {
+            put(keys.job_last(name), claim.clone()).await;
+            put(format!("{}1800000000", keys.job_runs_prefix(name)), b"{}".to_vec()).await;
+        }
+        put(keys.node("x"), b"{}".to_vec()).await;
+        let found = instances(&client, &keys).await.unwrap();
+        let expected: BTreeSet<(String, String)> = [("rotate@x", "x"), ("rotate@xy", "xy")]
+            .map(|(instance, node)| (instance.to_string(), node.to_string()))
+            .into();
+        assert_eq!(found, expected);
+        let (newest, revision) = newest_stamp(&client, &keys, "rotate@x").await.unwrap();
+        assert_eq!(newest, DateTime::<Utc>::from_timestamp(1_800_000_000, 0));
+        assert!(
+            !remove(&client, &keys, "rotate@x", "x", revision).await.unwrap(),
+            "x is registered again"
+        );
+        client.clone().delete(keys.node("x"), None).await.unwrap();
+        assert!(
+            !remove(&client, &keys, "rotate@x", "x", revision - 1).await.unwrap(),
+            "its claim changed since the read"
+        );
+        assert!(remove(&client, &keys, "rotate@x", "x", revision).await.unwrap());
+        let left = client
+            .clone()
+            .get(
+                b"/shardcron/gone/".to_vec(),
+                Some(GetOptions::new().with_prefix().with_keys_only()),
+            )
+            .await
+            .unwrap();
+        let left: Vec<String> = left
+            .kvs()
+            .iter()
+            .map(|kv| String::from_utf8_lossy(kv.key()).into_owned())
+            .collect();
+        assert_eq!(
+            left,
+            [
+                "/shardcron/gone/jobs/rotate/last",
+                "/shardcron/gone/jobs/rotate@xy/last",
+                "/shardcron/gone/runs/rotate/1800000000",
+                "/shardcron/gone/runs/rotate@xy/1800000000",
+            ]
+        );
     }
 }
