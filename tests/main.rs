@@ -16,6 +16,7 @@ mod support;
 mod scenarios {
     mod backfill;
     mod bad_commands;
+    mod census;
     mod chaos;
     mod cli;
     mod control;

@@ -94,7 +94,7 @@ impl Sessions {
                 &session,
                 &prepared.view,
                 prepared.mirrored,
-                self.etcd.compaction,
+                &self.etcd,
                 prepared.candidacies,
             );
             loop {

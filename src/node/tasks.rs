@@ -104,7 +104,8 @@ pub(super) struct Mirrored {
 
 /// A session's tasks once it entered the elections: the mirrors of pauses, run requests and
 /// concurrency groups,
-/// the marks of `run_on` sets no node has, compaction if `[etcd] compaction` asks for it, and a
+/// the marks of `run_on` sets no node has, the removal of gone nodes' records, compaction if
+/// `[etcd] compaction` asks for it, and a
 /// task per shard it stands in.
 pub(super) fn lead(
     tasks: &mut JoinSet<()>,
@@ -112,7 +113,7 @@ pub(super) fn lead(
     session: &Session,
     view: &watch::Receiver<FleetView>,
     mirrored: Mirrored,
-    compaction: Option<std::time::Duration>,
+    etcd: &Etcd,
     candidacies: Vec<Leadership>,
 ) {
     tasks.spawn(mirror::keep(
@@ -152,7 +153,15 @@ pub(super) fn lead(
         node.jobs.clone(),
         view.clone(),
     ));
-    if let Some(every) = compaction {
+    let gone_nodes = crate::coord::gone_nodes::GoneNodes::new(
+        session.clone(),
+        node.keys.clone(),
+        node.node_id.clone(),
+        etcd.gone_node_retention,
+        view.clone(),
+    );
+    tasks.spawn(gone_nodes.run(session.ended().clone()));
+    if let Some(every) = etcd.compaction {
         tasks.spawn(crate::coord::etcd_space::compact(
             session.clone(),
             node.keys.clone(),

@@ -99,6 +99,10 @@ pub struct Etcd {
     /// How old the history is that one node compacts etcd's history to; `None` (`"off"`) for
     /// an etcd that compacts itself.
     pub compaction: Option<Duration>,
+    /// How long the records a node leaves (its instances of `fan_out = "all"` jobs) outlive its
+    /// leaving the fleet: node ids change at every deploy in some fleets, and without a bound
+    /// each would leave its records for good.
+    pub gone_node_retention: Duration,
 }
 
 impl Etcd {
@@ -124,6 +128,12 @@ pub const DEFAULT_COMPACTION: Duration = Duration::from_secs(5 * 60);
 /// The shortest `[etcd] compaction`: a watch of ours that restarts reads its prefix and then
 /// watches from that read's revision, and that revision must outlive the few calls between.
 pub const MIN_COMPACTION: Duration = Duration::from_secs(10);
+/// Default for `[etcd] gone_node_retention`: a day, long enough to read a gone node's last runs.
+pub const DEFAULT_GONE_NODE_RETENTION: Duration = Duration::from_secs(86_400);
+/// The shortest `[etcd] gone_node_retention`: longer than a node takes to restart.
+pub const MIN_GONE_NODE_RETENTION: Duration = Duration::from_secs(10);
+/// The longest `[etcd] gone_node_retention`.
+pub const MAX_GONE_NODE_RETENTION: Duration = Duration::from_secs(30 * 86_400);
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct EtcdTls {

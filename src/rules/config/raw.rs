@@ -101,6 +101,7 @@ pub(super) struct RawEtcd {
     pub(super) password_file: Option<Spanned<PathBuf>>,
     pub(super) tls: Option<RawTls>,
     pub(super) compaction: Option<Spanned<String>>,
+    pub(super) gone_node_retention: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]

@@ -84,6 +84,17 @@ env = { LOG_LEVEL = "info" }"#,
 }
 
 #[test]
+fn gone_node_retention_defaults_to_a_day() {
+    let retention = |lines: &str| parse_str(&with_etcd(lines)).unwrap().etcd.gone_node_retention;
+    assert_eq!(retention(""), Duration::from_secs(86_400));
+    assert_eq!(retention("gone_node_retention = \"10s\""), Duration::from_secs(10));
+    assert_eq!(
+        retention("gone_node_retention = \"30d\""),
+        Duration::from_secs(30 * 86_400)
+    );
+}
+
+#[test]
 fn etcd_compaction_defaults_to_five_minutes_and_can_be_off() {
     let compaction = |lines: &str| parse_str(&with_etcd(lines)).unwrap().etcd.compaction;
     assert_eq!(compaction(""), Some(Duration::from_secs(300)));

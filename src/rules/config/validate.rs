@@ -211,6 +211,7 @@ pub(super) fn validate_etcd(source: &Source, raw: Option<Spanned<RawEtcd>>) -> R
         None => None,
     };
     let compaction = validate_compaction(source, raw.compaction.as_ref())?;
+    let gone_node_retention = validate_gone_node_retention(source, raw.gone_node_retention.as_ref())?;
     Ok(Etcd {
         endpoints: endpoints.into_inner(),
         username: raw.username.map(Spanned::into_inner),
@@ -218,7 +219,31 @@ pub(super) fn validate_etcd(source: &Source, raw: Option<Spanned<RawEtcd>>) -> R
         password_file: raw.password_file.map(Spanned::into_inner),
         tls,
         compaction,
+        gone_node_retention,
     })
+}
+
+/// `[etcd] gone_node_retention`: a duration within [`MIN_GONE_NODE_RETENTION`] and
+/// [`MAX_GONE_NODE_RETENTION`].
+fn validate_gone_node_retention(source: &Source, value: Option<&Spanned<String>>) -> Result<Duration, ConfigError> {
+    let Some(value) = value else {
+        return Ok(DEFAULT_GONE_NODE_RETENTION);
+    };
+    const FIELD: &str = "etcd.gone_node_retention";
+    let retention = parse_duration(source, value, None, FIELD, MAX_GONE_NODE_RETENTION)?;
+    if retention < MIN_GONE_NODE_RETENTION {
+        return Err(source.error(
+            Some(value.span()),
+            None,
+            Some(FIELD),
+            format!(
+                "gone_node_retention must be at least {}, found {:?}",
+                humantime::format_duration(MIN_GONE_NODE_RETENTION),
+                value.get_ref()
+            ),
+        ));
+    }
+    Ok(retention)
 }
 
 /// A password comes one way, and only with a username to go with it.

@@ -415,6 +415,27 @@ fn etcd_errors() {
             Some("compaction"),
             "invalid type",
         ),
+        (
+            with_etcd("gone_node_retention = \"5s\""),
+            Some(9),
+            None,
+            Some("etcd.gone_node_retention"),
+            "gone_node_retention must be at least 10s",
+        ),
+        (
+            with_etcd("gone_node_retention = \"31d\""),
+            Some(9),
+            None,
+            Some("etcd.gone_node_retention"),
+            "longer than the longest allowed, 30days",
+        ),
+        (
+            with_etcd("gone_node_retention = \"soon\""),
+            Some(9),
+            None,
+            Some("etcd.gone_node_retention"),
+            "invalid duration",
+        ),
     ]);
 }
 
