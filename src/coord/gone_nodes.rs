@@ -13,8 +13,9 @@
 //! read: a node that comes back under the same id between the read and the removal keeps its
 //! records.
 //!
-//! The notification records of instances (`/notify/<job>@<node>`) are not removed here: the
-//! events they may still hold are another node's to adopt and send.
+//! The instance's notification record (`/notify/<job>@<node>`) goes in the same transaction:
+//! only an instance's own node sends its events (no leader adopts them), so what it still holds
+//! would never be sent.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -249,6 +250,7 @@ async fn remove(
         .and_then([
             prefix(keys.job_records_prefix(instance)),
             prefix(keys.job_runs_prefix(instance)),
+            TxnOp::delete(keys.notify(instance), None),
         ]);
     let response = etcd::call(client.clone().txn(txn)).await?;
     Ok(response.succeeded())

@@ -3,7 +3,7 @@
 //! adopting, never overwrite each other.
 
 use chrono::{DateTime, Utc};
-use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnOpResponse};
 
 use crate::coord::etcd::{self, CoordError};
 use crate::coord::keys::Keys;
@@ -89,8 +89,6 @@ pub(crate) async fn account(
 /// Records read in one transaction: a record is at most [`notify::MAX_RECORD_BYTES`], and an
 /// answer must stay under the client's 4 MiB decode limit.
 const READS_PER_TXN: usize = 3;
-/// Keys listed in one call when looking for the records of fanned-out instances.
-const KEYS_PER_PAGE: i64 = 2000;
 
 /// The records of `jobs` that hold undelivered events, by job. Each is read by its key, so
 /// records this node has no business with (other nodes' instances of fanned-out jobs,
@@ -115,62 +113,6 @@ pub(crate) async fn with_pending(
         }
     }
     Ok(records)
-}
-
-/// The records of fanned-out instances (`<job>@<node>`) etcd holds, by name, with the revision
-/// each was last written at; keys only.
-pub(crate) async fn instance_records(
-    client: &etcd_client::Client,
-    keys: &Keys,
-) -> Result<Vec<(String, i64)>, CoordError> {
-    let prefix = keys.notify_prefix();
-    let mut end = prefix.as_bytes().to_vec();
-    if let Some(last) = end.last_mut() {
-        *last += 1;
-    }
-    let mut from = prefix.as_bytes().to_vec();
-    let mut found = Vec::new();
-    loop {
-        let options = GetOptions::new()
-            .with_range(end.clone())
-            .with_keys_only()
-            .with_limit(KEYS_PER_PAGE);
-        let page = etcd::call(client.clone().get(from.clone(), Some(options))).await?;
-        for kv in page.kvs() {
-            let Some(name) = std::str::from_utf8(kv.key())
-                .ok()
-                .and_then(|key| key.strip_prefix(&prefix))
-            else {
-                continue;
-            };
-            if name.contains('@') {
-                found.push((name.to_string(), kv.mod_revision()));
-            }
-        }
-        match (page.more(), page.kvs().last()) {
-            (true, Some(last)) => {
-                from = last.key().to_vec();
-                // The next key after the last one read.
-                from.push(0);
-            }
-            _ => return Ok(found),
-        }
-    }
-}
-
-/// Removes the record `name` unless it was written after `revision` (its node came back and
-/// told something meanwhile); whether it was removed.
-pub(crate) async fn remove(
-    client: &etcd_client::Client,
-    keys: &Keys,
-    name: &str,
-    revision: i64,
-) -> Result<bool, CoordError> {
-    let key = keys.notify(name);
-    let txn = Txn::new()
-        .when([Compare::mod_revision(key.as_str(), CompareOp::Equal, revision)])
-        .and_then([TxnOp::delete(key.as_str(), None)]);
-    Ok(etcd::call(client.clone().txn(txn)).await?.succeeded())
 }
 
 /// Every job's record, by job: what `status` shows of the last notification.
@@ -277,7 +219,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn the_sweep_reads_only_the_named_records_and_a_departed_instance_record_is_removed_unless_rewritten() {
+    async fn the_sweep_reads_only_the_named_records() {
         let etcd = crate::etcd_server::EtcdServer::start(&crate::etcd_server::test_etcd_bin()).expect("etcd");
         let client = etcd_client::Client::connect([etcd.client_url()], None)
             .await
@@ -306,27 +248,5 @@ mod tests {
             ["nightly", "sweep@a"],
             "never another node's instance, nor one without events"
         );
-
-        let listed = instance_records(&client, &keys).await.unwrap();
-        let names: Vec<&str> = listed.iter().map(|(name, _)| name.as_str()).collect();
-        assert_eq!(names, ["sweep@a", "sweep@gone"]);
-        let (_, listed_at) = listed[1];
-        // Its node came back and told something after the listing: kept.
-        let rewritten = serde_json::to_vec(&with_one("gone")).unwrap();
-        client
-            .clone()
-            .put(keys.notify("sweep@gone"), rewritten, None)
-            .await
-            .unwrap();
-        assert!(!remove(&client, &keys, "sweep@gone", listed_at).await.unwrap());
-        let (_, now_at) = instance_records(&client, &keys).await.unwrap()[1];
-        assert!(remove(&client, &keys, "sweep@gone", now_at).await.unwrap());
-        let left: Vec<String> = instance_records(&client, &keys)
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|(name, _)| name)
-            .collect();
-        assert_eq!(left, ["sweep@a"]);
     }
 }

@@ -3,7 +3,7 @@
 //! the registration and drift warnings, the mirrors of pauses and run requests, compaction, and
 //! a task per shard). Each ends with the token it is given.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use tokio::sync::watch;
@@ -21,7 +21,6 @@ use crate::leader;
 use crate::readiness::Stage;
 use crate::rules::backfill::InFlight;
 use crate::rules::config::{Delivery, Etcd};
-use crate::rules::notify;
 use crate::rules::record::Member;
 
 /// The node's tasks that outlive sessions; they end with the process or its shutdown.
@@ -218,22 +217,18 @@ async fn give_back_unheld_backfills(node: Arc<NodeContext>, session: Session) {
 /// (never other nodes' instances of fanned-out jobs), so it looks when the session starts,
 /// every few seconds for a while after a node left the fleet (its shards move to their new
 /// leaders meanwhile), and otherwise once a minute (a write that failed), only while some job
-/// has `notify`. While the node leads shard 0 it also removes, once an hour, the records of
-/// fanned-out instances whose node has been gone for [`notify::INSTANCE_RETENTION`].
+/// has `notify`. The records of fanned-out instances whose node is gone go with the node's
+/// other records ([`crate::coord::gone_nodes`]).
 async fn send_unsent_notifications(node: Arc<NodeContext>, session: Session, mut view: watch::Receiver<FleetView>) {
     use std::time::Duration;
     const SOON: Duration = Duration::from_secs(3);
     const WHILE_MOVING: Duration = Duration::from_secs(30);
     const SELDOM: Duration = Duration::from_secs(60);
-    const PRUNE_EVERY: Duration = Duration::from_secs(60 * 60);
     let me = node.node_id.as_str();
     let mut members: BTreeSet<String> = view.borrow().members.keys().cloned().collect();
     // Looks every `SOON` until this instant.
     let mut eager_until = tokio::time::Instant::now() + WHILE_MOVING;
     let mut first = true;
-    let started = tokio::time::Instant::now();
-    let mut next_prune = started;
-    let mut gone_since = BTreeMap::new();
     loop {
         if !std::mem::take(&mut first) {
             let pause = match tokio::time::Instant::now() < eager_until {
@@ -258,20 +253,6 @@ async fn send_unsent_notifications(node: Arc<NodeContext>, session: Session, mut
                     }
                     _ = session.ended().cancelled() => return,
                 }
-            }
-        }
-        if tokio::time::Instant::now() >= next_prune {
-            next_prune = tokio::time::Instant::now() + PRUNE_EVERY;
-            let leads_first = view
-                .borrow()
-                .leaders
-                .first()
-                .and_then(Option::as_ref)
-                .is_some_and(|(leader, _)| leader == me);
-            match leads_first {
-                true => prune_departed_instances(&node, &view, &mut gone_since, started.elapsed()).await,
-                // Another node counts: this one starts again from nothing if it leads later.
-                false => gone_since.clear(),
             }
         }
         let notify_jobs: std::collections::HashMap<String, Arc<crate::rules::config::Job>> = node
@@ -332,48 +313,6 @@ async fn send_unsent_notifications(node: Arc<NodeContext>, session: Session, mut
                         tracing::warn!(job = %name, node = owner, error = %err, "cannot take over a gone node's notifications; trying again shortly")
                     }
                 }
-            }
-        }
-    }
-}
-
-/// Removes the notification records of fanned-out instances whose node has been out of the
-/// fleet for [`notify::INSTANCE_RETENTION`] by this node's looks (`gone_since`), unless their
-/// node wrote to them since they were listed.
-async fn prune_departed_instances(
-    node: &NodeContext,
-    view: &watch::Receiver<FleetView>,
-    gone_since: &mut BTreeMap<String, std::time::Duration>,
-    now: std::time::Duration,
-) {
-    let (client, keys) = node.notifications.etcd();
-    let listed = match crate::coord::notifications::instance_records(client, keys).await {
-        Ok(listed) => listed,
-        Err(err) => {
-            tracing::debug!(error = %err, "cannot list the notification records of fanned-out instances; trying again in an hour");
-            return;
-        }
-    };
-    let names: Vec<String> = listed.iter().map(|(name, _)| name.clone()).collect();
-    let members = Arc::clone(&view.borrow().members);
-    let due = notify::departed_instances(
-        gone_since,
-        &names,
-        |member| members.contains_key(member),
-        now,
-        notify::INSTANCE_RETENTION,
-    );
-    let revisions: std::collections::HashMap<String, i64> = listed.into_iter().collect();
-    for name in due {
-        let Some(revision) = revisions.get(&name) else { continue };
-        match crate::coord::notifications::remove(client, keys, &name, *revision).await {
-            Ok(true) => {
-                gone_since.remove(&name);
-                tracing::info!(record = %name, retention = ?notify::INSTANCE_RETENTION, "removed the notification record of a fanned-out instance whose node left the fleet");
-            }
-            Ok(false) => {}
-            Err(err) => {
-                tracing::debug!(record = %name, error = %err, "cannot remove a departed instance's notification record; trying again in an hour")
             }
         }
     }

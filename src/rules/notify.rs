@@ -386,38 +386,6 @@ pub fn trim(record: &mut Record) -> usize {
     dropped
 }
 
-/// How long the notification record of a fanned-out job's instance (`<job>@<node>`) is kept
-/// once its node left the fleet: a node that comes back within it finds its record (whether
-/// its instance was failing, and its undelivered events) as it left it.
-pub const INSTANCE_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
-
-/// Which records of fanned-out instances (`<job>@<node>`, by `names`) are due for removal: those
-/// whose node (`is_member` says whether it is in the fleet) has been out of it for `retention`
-/// by the looks so far. `gone_since` is kept by the caller between looks: when each record was
-/// first seen with its node gone, on any monotonic clock `now` reads. A record whose node is
-/// back, or that is gone from etcd, is forgotten.
-pub fn departed_instances(
-    gone_since: &mut std::collections::BTreeMap<String, Duration>,
-    names: &[String],
-    is_member: impl Fn(&str) -> bool,
-    now: Duration,
-    retention: Duration,
-) -> Vec<String> {
-    let departed: BTreeSet<&String> = names
-        .iter()
-        .filter(|name| name.rsplit_once('@').is_some_and(|(_, node)| !is_member(node)))
-        .collect();
-    gone_since.retain(|name, _| departed.contains(name));
-    departed
-        .into_iter()
-        .filter(|name| {
-            let since = *gone_since.entry((*name).clone()).or_insert(now);
-            now.saturating_sub(since) >= retention
-        })
-        .cloned()
-        .collect()
-}
-
 /// The JSON body of a notification.
 #[derive(Debug, Serialize)]
 pub struct Body<'a> {
@@ -659,40 +627,6 @@ mod tests {
         assert_eq!(newest.stdout, binary, "the newest event keeps its whole tail");
         let oldest = record.pending[0].run.output.as_ref().unwrap();
         assert!(oldest.stdout.len() <= SHORT_OUTPUT && oldest.stdout.len() < binary.len());
-    }
-
-    #[test]
-    fn an_instance_record_is_removed_once_its_node_was_gone_for_the_retention() {
-        let hour = Duration::from_secs(3600);
-        let names: Vec<String> = ["nightly", "sweep@a", "sweep@b", "sweep@c"].map(String::from).to_vec();
-        let mut gone = std::collections::BTreeMap::new();
-        let mut members = BTreeSet::from(["a"]);
-        // (hours since the first look, members, due for removal)
-        let looks: [(u64, &[&str], &[&str]); 5] = [
-            (0, &["a"], &[]),
-            (23, &["a"], &[]),
-            (24, &["a", "c"], &["sweep@b"]),
-            (30, &["a"], &["sweep@b"]),
-            (54, &["a"], &["sweep@b", "sweep@c"]),
-        ];
-        for (hours, now_members, due) in looks {
-            members = now_members.iter().copied().collect();
-            let removed = departed_instances(
-                &mut gone,
-                &names,
-                |node| members.contains(node),
-                hour * hours as u32,
-                INSTANCE_RETENTION,
-            );
-            assert_eq!(
-                removed,
-                due.iter().map(|n| n.to_string()).collect::<Vec<_>>(),
-                "at {hours} h"
-            );
-        }
-        assert!(!members.contains("b"));
-        departed_instances(&mut gone, &names[..1], |_| true, hour * 60, INSTANCE_RETENTION);
-        assert!(gone.is_empty(), "records gone from etcd are forgotten");
     }
 
     #[test]
