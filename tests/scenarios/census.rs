@@ -144,6 +144,9 @@ impl Keys {
     }
 }
 
+/// Whether a key's segments after a name have a shape (a run's entry, its output, ...).
+type KeyShape = fn(&[&str]) -> bool;
+
 /// The prefix a key is counted under, as docs/operating.md names it: a name (job, node, group,
 /// request) becomes its placeholder; a job's instance (`<job>@<node>`) is told apart.
 fn prefix_of(key: &str) -> String {
@@ -317,8 +320,8 @@ fn every_prefix_is_gone_or_bounded_after_a_fleet_whose_node_ids_changed_stops() 
     let rows = census(&listed);
     let unknown: Vec<&String> = rows.keys().filter(|prefix| prefix.starts_with("UNKNOWN")).collect();
     assert!(unknown.is_empty(), "keys under no documented prefix: {unknown:?}");
-    // Per name under `prefix`, the keys whose rest after the name is `shape` (None: any).
-    let per_name_shaped = |prefix: &str, shape: fn(&[&str]) -> bool| -> BTreeMap<String, usize> {
+    // Per name under `prefix`, the keys whose rest after the name has `shape`.
+    let per_name_shaped = |prefix: &str, shape: KeyShape| -> BTreeMap<String, usize> {
         let mut counts = BTreeMap::new();
         for (key, _) in &listed {
             let Some(rest) = key.strip_prefix(prefix) else { continue };
@@ -334,7 +337,7 @@ fn every_prefix_is_gone_or_bounded_after_a_fleet_whose_node_ids_changed_stops() 
     let of_a_configured_job = |name: &str| configured.contains(name.split('@').next().unwrap_or(name));
     // A job's live runs, its backfill runs (a bound of their own) and the outputs kept beside
     // either: each at most `history`.
-    let shapes: [(&str, fn(&[&str]) -> bool); 3] = [
+    let shapes: [(&str, KeyShape); 3] = [
         ("runs", |rest| rest.len() == 1),
         ("backfill runs", |rest| rest.first() == Some(&"+backfill")),
         ("outputs", |rest| rest.last() == Some(&"output")),
