@@ -486,7 +486,13 @@ pub fn http_request(port: u16, method: &str, path: &str, headers: &[(&str, &str)
 pub fn http_exchange(port: u16, request: &[u8], limit: Duration) -> Option<HttpResponse> {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connect to the HTTP listener");
     stream.set_read_timeout(Some(limit)).expect("timeout");
-    stream.write_all(request).expect("send");
+    // A reset before the request went out is no answer either.
+    if let Err(err) = stream.write_all(request) {
+        match err.kind() {
+            std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe => return None,
+            _ => panic!("send: {err}"),
+        }
+    }
     // Read by Content-Length where there is one: a server may keep the connection open
     // (chromedriver does) whatever the request asked.
     let mut received = Vec::new();
@@ -510,10 +516,15 @@ pub fn http_exchange(port: u16, request: &[u8], limit: Duration) -> Option<HttpR
         }
         let read = match stream.read(&mut buffer) {
             Ok(read) => read,
+            // A node shedding connections it has no room for (a full accept queue, its
+            // descriptor limit) resets them: no answer, as a timeout is.
             Err(err)
                 if matches!(
                     err.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    std::io::ErrorKind::WouldBlock
+                        | std::io::ErrorKind::TimedOut
+                        | std::io::ErrorKind::ConnectionReset
+                        | std::io::ErrorKind::ConnectionAborted
                 ) =>
             {
                 return None
