@@ -417,6 +417,12 @@ impl Starts {
         self.until(|state| !state.unrecorded.is_empty()).await;
     }
 
+    /// `tick` of `job`, owed and due, was adopted from an earlier leader that may have started
+    /// it ([`Owed::adopted_maybe_started`]).
+    pub(crate) fn adopted_maybe_started(&self, job: &str, tick: DateTime<Utc>) {
+        self.lock().owed.adopted_maybe_started(job, tick);
+    }
+
     /// `tick` of `job`, owed, may have started under an earlier leader.
     pub(crate) fn redeliver(&self, job: &str, tick: DateTime<Utc>) {
         self.lock().owed.redeliver(job, tick);

@@ -229,6 +229,9 @@ impl Term {
             for tick in not_due.iter().filter(|tick| !never_started.contains(tick)) {
                 self.starts.redeliver(&job.name, *tick);
             }
+            for tick in adopted.iter().filter(|tick| !never_started.contains(tick)) {
+                self.starts.adopted_maybe_started(&job.name, *tick);
+            }
             if won.fresh.is_empty() && adopted.is_empty() {
                 continue;
             }

@@ -15,6 +15,9 @@ pub(crate) struct Owed {
     /// Owed ticks adopted from an earlier leader that may have started them: they run as
     /// redeliveries when they fire.
     redeliveries: BTreeMap<String, BTreeSet<DateTime<Utc>>>,
+    /// Per job, adopted ticks an earlier leader may have started, due or not: while one is
+    /// still owed or starting, a last write may not mark the job's ticks released.
+    maybe_started: BTreeMap<String, BTreeSet<DateTime<Utc>>>,
 }
 
 impl Owed {
@@ -41,12 +44,8 @@ impl Owed {
 
     /// The command of `tick` was spawned (or failed to be): no longer pending once written.
     pub(crate) fn started(&mut self, job: &str, tick: DateTime<Utc>) {
-        if let Some(ticks) = self.starting.get_mut(job) {
-            ticks.remove(&tick);
-            if ticks.is_empty() {
-                self.starting.remove(job);
-            }
-        }
+        remove(&mut self.starting, job, tick);
+        remove(&mut self.maybe_started, job, tick);
     }
 
     /// Leave to start `tick` went unused: it is owed again, with its `fence`.
@@ -57,6 +56,7 @@ impl Owed {
 
     /// `tick` of `job` is settled without a run (skipped, replaced): whether it was owed.
     pub(crate) fn settle(&mut self, job: &str, tick: DateTime<Utc>) -> bool {
+        remove(&mut self.maybe_started, job, tick);
         self.owed
             .get_mut(job)
             .is_some_and(|ticks| ticks.remove(&tick).is_some())
@@ -128,11 +128,27 @@ impl Owed {
     /// successor must run as a redelivery.
     pub(crate) fn releasable(&self, job: &str) -> bool {
         self.redeliveries.get(job).is_none_or(BTreeSet::is_empty)
+            && self.maybe_started.get(job).is_none_or(|ticks| {
+                ticks.iter().all(|tick| {
+                    !self.owed.get(job).is_some_and(|owed| owed.contains_key(tick))
+                        && !self.starting.get(job).is_some_and(|starting| starting.contains(tick))
+                })
+            })
     }
 
-    /// `tick` of `job`, owed, may have started under an earlier leader.
+    /// `tick` of `job`, owed and not due yet, may have started under an earlier leader: it
+    /// fires as a redelivery.
     pub(crate) fn redeliver(&mut self, job: &str, tick: DateTime<Utc>) {
         self.redeliveries.entry(job.to_string()).or_default().insert(tick);
+        self.adopted_maybe_started(job, tick);
+    }
+
+    /// `tick` of `job`, owed, was adopted from an earlier leader that may have started it: a
+    /// due one starts at once as a redelivery, but may wait (for a group slot, for runs on
+    /// other nodes) past the end of this leadership, whose last write must then leave it for
+    /// the successor to run as a redelivery too, not mark it never started.
+    pub(crate) fn adopted_maybe_started(&mut self, job: &str, tick: DateTime<Utc>) {
+        self.maybe_started.entry(job.to_string()).or_default().insert(tick);
     }
 
     /// Whether `tick` of `job` fires as a redelivery; asked once, when it fires.
@@ -145,5 +161,46 @@ impl Owed {
             self.redeliveries.remove(job);
         }
         taken
+    }
+}
+
+/// Takes `tick` out of `job`'s set in `sets`, and the job once its set is empty.
+fn remove(sets: &mut BTreeMap<String, BTreeSet<DateTime<Utc>>>, job: &str, tick: DateTime<Utc>) {
+    if let Some(ticks) = sets.get_mut(job) {
+        ticks.remove(&tick);
+        if ticks.is_empty() {
+            sets.remove(job);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::{DateTime, Utc};
+
+    use super::Owed;
+
+    fn at(second: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(1_800_000_000 + second, 0).unwrap_or_default()
+    }
+
+    #[test]
+    fn ticks_an_earlier_leader_may_have_started_are_never_released_while_owed() {
+        let mut owed = Owed::default();
+        owed.owe("job", [at(1), at(2)], 10);
+        assert!(owed.releasable("job"));
+        // A due adopted tick waits (for a group slot, for runs elsewhere) before it starts.
+        owed.adopted_maybe_started("job", at(1));
+        assert!(
+            !owed.releasable("job"),
+            "owed: the successor must run it as a redelivery"
+        );
+        assert_eq!(owed.begin("job", at(1)), Some(10));
+        assert!(!owed.releasable("job"), "starting: still listed pending");
+        owed.started("job", at(1));
+        assert!(owed.releasable("job"), "started: no longer listed");
+        owed.adopted_maybe_started("job", at(2));
+        assert!(owed.settle("job", at(2)));
+        assert!(owed.releasable("job"), "settled without a run");
     }
 }
