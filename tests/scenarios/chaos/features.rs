@@ -187,6 +187,8 @@ pub struct Features {
     pub limit: u32,
     pub timeline: Timeline,
     backfills_asked: u32,
+    /// When the run began, seconds since the epoch: the backfills' ranges count back from it.
+    began: i64,
     paused_since: Option<f64>,
 }
 
@@ -205,6 +207,7 @@ impl Features {
             limit: 3,
             timeline: Timeline::default(),
             backfills_asked: 0,
+            began: Utc::now().timestamp(),
             paused_since: None,
         }
     }
@@ -276,10 +279,12 @@ impl Features {
             return None;
         }
         self.backfills_asked += 1;
-        let back = i64::from(self.backfills_asked) * 200;
+        // Each backfill a range of its own: a minute that starts 100 s before the last one's,
+        // counted back from an hour before the run began.
+        let back = i64::from(self.backfills_asked) * 100;
         let mut asked = Vec::new();
         for (job, step, count) in [("skip0", 4, 4), ("told", 1, 12)] {
-            let from_secs = (Utc::now().timestamp() - 3600 - back) / 60 * 60;
+            let from_secs = (self.began - 3600 - back) / 60 * 60;
             let from = DateTime::<Utc>::from_timestamp(from_secs, 0).expect("a second");
             let ticks: Vec<DateTime<Utc>> = (0..count)
                 .map(|at| from + chrono::Duration::seconds(step * at))
