@@ -18,8 +18,8 @@ use crate::backoff::{sleep_or_cancel, Backoff};
 use crate::coord::etcd::{self, CoordError};
 use crate::coord::history;
 use crate::coord::keys::{Ask, Keys};
-use crate::rules::protocol::elsewhere::{Answer, Shown};
-use crate::rules::record::{Going, RunRecord, Trigger};
+use crate::rules::protocol::elsewhere::{self, Answer, ClaimedTick, Shown};
+use crate::rules::record::{Claim, Going, RunRecord, Trigger};
 
 /// What an ask for an answer holds until the node answers.
 const QUESTION: &str = "?";
@@ -46,16 +46,17 @@ pub(crate) async fn look(client: &Client, keys: &Keys, job: &str, going: &Going)
         })
         .collect();
     let [entry, manual, backfilled, result, answer] = <[Option<Vec<u8>>; 5]>::try_from(values).ok()?;
-    // Its own history entry, or the job's result if its node wrote it: either says it ended.
-    let ended_fence = [entry, manual, backfilled, result]
+    // Its own history entry, or the job's result if it is that run's: the same node, tick and
+    // fence. Not any record of its node with a fence as high: a later run of that node that
+    // never started (a manual run recorded lost), or a successor's record of a tick this node
+    // claimed and never started, says nothing of this run.
+    let end_recorded = [entry, manual, backfilled, result]
         .into_iter()
         .flatten()
         .filter_map(|value| serde_json::from_slice::<RunRecord>(&value).ok())
-        .filter(|record| record.node == going.node)
-        .map(|record| record.fence)
-        .max();
+        .any(|record| record.node == going.node && record.fence == going.fence && record.scheduled_at == going.tick);
     let answer = answer.as_deref().and_then(Answer::parse);
-    let known_ended = ended_fence.is_some_and(|fence| fence >= going.fence) || answer == Some(Answer::Ended);
+    let known_ended = end_recorded || answer == Some(Answer::Ended);
     // Its lease is read only while the records leave the run's end open: one round trip, not two.
     let lease_held = known_ended
         || etcd::call(client.clone().lease_time_to_live(going.lease, None))
@@ -64,10 +65,33 @@ pub(crate) async fn look(client: &Client, keys: &Keys, job: &str, going: &Going)
             .ttl()
             > 0;
     Some(Shown {
-        ended_fence,
+        end_recorded,
         lease_held,
         answer,
     })
+}
+
+/// What etcd shows now of a tick another leadership claimed.
+pub(crate) enum ClaimShown {
+    /// The job's record still lists it pending: its leader has not written since.
+    Pending,
+    /// Started or settled since: the runs of that tick the record lists as going.
+    Settled(Vec<Going>),
+}
+
+/// What etcd shows of `claimed`, a tick of `job` another leadership claimed; `None` when etcd
+/// does not answer or the record cannot be read.
+pub(crate) async fn look_claimed(client: &Client, keys: &Keys, job: &str, claimed: &ClaimedTick) -> Option<ClaimShown> {
+    let read = etcd::call(client.clone().get(keys.job_last(job), None)).await.ok()?;
+    let Some(kv) = read.kvs().first() else {
+        return Some(ClaimShown::Settled(Vec::new()));
+    };
+    let record: Claim = serde_json::from_slice(kv.value()).ok()?;
+    if elsewhere::still_claimed(&record, claimed) {
+        return Some(ClaimShown::Pending);
+    }
+    let runs = record.going.into_iter().filter(|run| run.tick == claimed.tick).collect();
+    Some(ClaimShown::Settled(runs))
 }
 
 /// Asks the node of `going` about that run of `job` (`ask`), on `lease` (the asker's: the ask

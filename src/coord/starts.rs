@@ -18,9 +18,11 @@ use chrono::{DateTime, Utc};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::coord::results::RIDE_WINDOW;
 use crate::coord::session::Session;
+use crate::rules::protocol::elsewhere::{self, Beside};
 use crate::rules::protocol::Owed;
-use crate::rules::record::Going;
+use crate::rules::record::{Claim, Going};
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -41,6 +43,16 @@ const REMEMBERED_PER_JOB: usize = 1024;
 /// kept: a listing of an older one that a record still carries is looked at again, no more.
 const ENDED_REMEMBERED_PER_JOB: usize = 64;
 
+/// Takes the run of `job` with `fence` out of `runs`, and the job once none is left.
+fn forget_run<T>(runs: &mut HashMap<String, BTreeMap<i64, T>>, job: &str, fence: i64) {
+    if let Some(of_job) = runs.get_mut(job) {
+        of_job.remove(&fence);
+        if of_job.is_empty() {
+            runs.remove(job);
+        }
+    }
+}
+
 /// The ticks this node started (or settled without a run) that a job record may still list as
 /// pending, whichever leadership started them. Shared by every leadership of the node.
 #[derive(Default)]
@@ -54,24 +66,69 @@ pub(crate) struct StartedHere {
     /// those runs. A set, not the highest: a lower-fenced run may still go after a higher one
     /// ended (two backfill runs at once).
     ended_elsewhere: Mutex<HashMap<String, BTreeSet<i64>>>,
+    /// By job and fence, for this node's runs going now: what the first write that listed the
+    /// run showed beside it. A run that takes no claim of the schedule waits for it.
+    landed: Mutex<HashMap<String, BTreeMap<i64, Beside>>>,
+    /// Woken when a write lists a run for the first time.
+    landing: Notify,
 }
 
 impl StartedHere {
     /// A run of `job` started on this node: its records list it as going until it ends.
-    pub(crate) fn run_going(&self, job: &str, going: Going) {
-        lock(&self.going)
-            .entry(job.to_string())
-            .or_default()
-            .insert(going.fence, going);
+    /// Returns false if it was listed already (before it started), which stays as it was.
+    pub(crate) fn run_going(&self, job: &str, going: Going) -> bool {
+        let mut runs = lock(&self.going);
+        let of_job = runs.entry(job.to_string()).or_default();
+        if of_job.contains_key(&going.fence) {
+            return false;
+        }
+        of_job.insert(going.fence, going);
+        true
     }
 
     /// The run of `job` with `fence` ended.
     pub(crate) fn run_ended(&self, job: &str, fence: i64) {
-        let mut going = lock(&self.going);
-        if let Some(runs) = going.get_mut(job) {
-            runs.remove(&fence);
-            if runs.is_empty() {
-                going.remove(job);
+        forget_run(&mut lock(&self.going), job, fence);
+        forget_run(&mut lock(&self.landed), job, fence);
+    }
+
+    /// `record` of `job` was written by the leadership `term` of `node` (this one): each run
+    /// of this node it lists for the first time is listed in etcd now, beside what it shows.
+    pub(crate) fn record_written(&self, job: &str, record: &Claim, node: &str, term: i64) {
+        let going = lock(&self.going);
+        let Some(own) = going.get(job) else {
+            return;
+        };
+        let mut landed = lock(&self.landed);
+        let mut shown: Option<Beside> = None;
+        let mut any = false;
+        for run in record.going.iter().filter(|run| run.node == node && own.contains_key(&run.fence)) {
+            let runs = landed.entry(job.to_string()).or_default();
+            if !runs.contains_key(&run.fence) {
+                let beside = shown.get_or_insert_with(|| elsewhere::beside(record, node, term));
+                runs.insert(run.fence, beside.clone());
+                any = true;
+            }
+        }
+        drop((landed, going));
+        if any {
+            self.landing.notify_waiters();
+        }
+    }
+
+    /// What the first write that listed this node's run of `job` with `fence` showed beside
+    /// it, once one has; `None` if `until` is cancelled first.
+    pub(crate) async fn landed(&self, job: &str, fence: i64, until: &CancellationToken) -> Option<Beside> {
+        loop {
+            let landing = self.landing.notified();
+            tokio::pin!(landing);
+            landing.as_mut().enable();
+            if let Some(beside) = lock(&self.landed).get(job).and_then(|runs| runs.get(&fence)) {
+                return Some(beside.clone());
+            }
+            tokio::select! {
+                _ = landing => {}
+                _ = until.cancelled() => return None,
             }
         }
     }
@@ -232,14 +289,16 @@ impl Starts {
         owed
     }
 
-    /// A run of `job` started that the job's record must list as going (one that took no
-    /// ticket: a manual or backfill run): written like a start, riding the next claim or on its
-    /// own within the ride window, so another node's leader sees it before it starts the job.
+    /// A run of `job` about to start that the job's record must list as going (one that takes
+    /// no ticket: a manual or backfill run): written like a start, but at once (riding the
+    /// next claim only if one is being made), since the run starts once it is written.
     pub(crate) fn listed(&self, job: &str) {
-        self.lock()
-            .unrecorded
-            .entry(job.to_string())
-            .or_insert_with(Instant::now);
+        // Due at once: the run waits for the write that lists it.
+        let due = Instant::now().checked_sub(RIDE_WINDOW).unwrap_or_else(Instant::now);
+        let mut state = self.lock();
+        let since = state.unrecorded.entry(job.to_string()).or_insert(due);
+        *since = (*since).min(due);
+        drop(state);
         self.started.notify_waiters();
     }
 

@@ -171,14 +171,21 @@ impl Term {
         gone
     }
 
-    /// Whether runs of `job` that its record lists going on other nodes keep its backfill
-    /// waiting: those etcd shows ended (their end recorded, or their node's lease gone) are
+    /// Whether runs of `job` that its record lists going on other nodes, or ticks other leaders
+    /// claimed, keep its backfill waiting: those etcd shows ended (their end recorded, or their node's lease gone) are
     /// marked seen ended, the rest wait. Nothing is asked of their nodes: a backfill waits.
     async fn beside_listed_runs(&self, job: &Job, record: Option<&Claim>) -> bool {
-        let mut waiting = false;
+        // Ticks another leader claimed (the other shard count's, while a change of `shards`
+        // rolls) may have started unlisted: the backfill waits for that leader's next write.
+        let mut waiting = job.overlap != Overlap::Allow
+            && record.is_some_and(|record| {
+                !elsewhere::beside(record, &self.node.node_id, self.leadership.term)
+                    .claimed
+                    .is_empty()
+            });
         for run in self.elsewhere(job, record) {
             match going::look(&self.session.client(), &self.node.keys, &job.name, &run).await {
-                Some(shown) if matches!(elsewhere::verdict(&shown, &run), Verdict::Ended) => {
+                Some(shown) if matches!(elsewhere::verdict(&shown), Verdict::Ended) => {
                     self.starts.here().ended_elsewhere(&job.name, run.fence);
                 }
                 _ => waiting = true,

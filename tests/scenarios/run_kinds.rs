@@ -64,6 +64,11 @@ fn stamped(path: &Path) -> Vec<Stamped> {
 /// Two nodes, one shard, 60 s of shutdown grace each: `long`, `overlap = "skip"`, due every
 /// `period` seconds; a scheduled run takes 0.3 s, a manual or backfill run `long_secs`.
 fn skip_job(world: &mut World, period: u32, long_secs: u32) -> (PathBuf, PathBuf) {
+    skip_job_long_when(world, period, long_secs, "manual|backfill")
+}
+
+/// As [`skip_job`], with the runs of the `case` pattern `long` taking `long_secs`.
+fn skip_job_long_when(world: &mut World, period: u32, long_secs: u32, long: &str) -> (PathBuf, PathBuf) {
     let stamps = world.runs_file().with_file_name("stamps.log");
     let mark = |what: &str| {
         format!(
@@ -72,7 +77,7 @@ fn skip_job(world: &mut World, period: u32, long_secs: u32) -> (PathBuf, PathBuf
         )
     };
     let command = format!(
-        "{}; case $CRON_TRIGGER in schedule) sleep 0.3;; *) sleep {long_secs};; esac; {}",
+        "{}; case $CRON_TRIGGER in {long}) sleep {long_secs};; *) sleep 0.3;; esac; {}",
         mark("start"),
         mark("end")
     );
@@ -183,6 +188,49 @@ fn a_manual_run_going_on_under_the_grace_keeps_the_successors_ticks_from_startin
             .filter(|run| run.node != manual.node && run.started >= manual.started)
             .map(|run| run.started - ended)
             .fold(f64::INFINITY, f64::min)
+    );
+    assert_one_at_a_time(&runs);
+}
+
+#[test]
+fn a_run_going_on_under_the_grace_is_not_taken_for_ended_by_its_nodes_later_records() {
+    let mut world = World::new();
+    // Scheduled runs of 9 s every 2 s: before its SIGTERM the node skips a tick beside its run
+    // and records a manual run skipped beside it, each with a higher fence than the run's.
+    let (config, stamps) = skip_job_long_when(&mut world, 2, 9, "schedule");
+    let first = {
+        wait_for(Duration::from_secs(30), "a scheduled run of long", || {
+            !stamped(&stamps).is_empty()
+        });
+        stamped(&stamps).remove(0)
+    };
+    std::thread::sleep(Duration::from_secs_f64((first.started + 2.5 - now_secs()).max(0.0)));
+    step("trigger long by hand beside its going run");
+    let out = shardcron(&config, &["trigger", "long"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    std::thread::sleep(Duration::from_secs_f64((first.started + 3.5 - now_secs()).max(0.0)));
+    let node = world
+        .nodes
+        .iter()
+        .position(|node| node.id == first.node)
+        .expect("its node");
+    step(&format!("SIGTERM {} 3.5 s into its run of {}", first.node, first.tick));
+    world.nodes[node].signal(libc::SIGTERM);
+    wait_for(Duration::from_secs(40), "the run ended and the successor ran a tick after it", || {
+        let runs = stamped(&stamps);
+        let ended = runs.iter().find(|run| run.fence == first.fence).and_then(|run| run.ended);
+        ended.is_some_and(|ended| {
+            runs.iter()
+                .any(|run| run.node != first.node && run.started > ended && run.ended.is_some())
+        })
+    });
+    let runs = stamped(&stamps);
+    eprintln!(
+        "{} runs in the window: {:?}",
+        runs.len(),
+        runs.iter()
+            .map(|run| (run.trigger.as_str(), run.node.as_str(), run.fence, run.started, run.ended))
+            .collect::<Vec<_>>()
     );
     assert_one_at_a_time(&runs);
 }

@@ -295,9 +295,9 @@ impl Claimer<'_> {
     /// adopted ticks are owed.
     fn won(&self, book: &mut Book, want: Want, intended: Option<Claim>, revision: i64, won: &mut Vec<Won>) {
         if let Some(written) = &intended {
-            self.starts
-                .here()
-                .written(&book.entries[want.index].job.name, &written.listed());
+            let (here, job) = (self.starts.here(), &book.entries[want.index].job.name);
+            here.written(job, &written.listed());
+            here.record_written(job, written, self.node_id, self.leadership.term);
         }
         book.holds(want.index, revision, intended);
         let entry = &book.entries[want.index];

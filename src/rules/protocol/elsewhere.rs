@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use crate::rules::record::Going;
+use crate::rules::record::{Claim, Going};
 
 /// What a run's node answers a leader asking whether the run still goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -51,10 +51,11 @@ impl Answer {
 /// What etcd shows of a listed run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Shown {
-    /// The highest fence of a record of the run's end its node wrote: its history entry, or
-    /// the job's result written by that node. Not any result: the successor's own records of
-    /// ticks it skipped beside the run have higher fences.
-    pub(crate) ended_fence: Option<i64>,
+    /// Whether etcd holds a record of this run's end: its history entry, or the job's result
+    /// while it is this run's (its node, tick and fence). Not any later record: the
+    /// successor's records of ticks it skipped beside the run, or a run of the same node that
+    /// never started, have higher fences and say nothing of this one.
+    pub(crate) end_recorded: bool,
     /// Whether etcd still holds the lease the run is listed on.
     pub(crate) lease_held: bool,
     /// The node's answer about the run, if it has answered.
@@ -72,15 +73,62 @@ pub(crate) enum Verdict {
     Unknown,
 }
 
-/// What `shown` says of `run`.
-pub(crate) fn verdict(shown: &Shown, run: &Going) -> Verdict {
-    let recorded_end = shown.ended_fence.is_some_and(|fence| fence >= run.fence);
+/// What `shown` says of the run it shows.
+pub(crate) fn verdict(shown: &Shown) -> Verdict {
     match shown.answer {
-        _ if recorded_end || !shown.lease_held => Verdict::Ended,
+        _ if shown.end_recorded || !shown.lease_held => Verdict::Ended,
         Some(Answer::Ended) => Verdict::Ended,
         Some(Answer::Going { age }) => Verdict::WentOnFor(age),
         None => Verdict::Unknown,
     }
+}
+
+/// What a record shows beside its writer's own runs, for a run that takes no claim of the
+/// schedule (a manual or backfill run): such a run starts only once a write lists it, and
+/// then waits for what that write showed. A later write of another leader sees the listing
+/// and waits for the run instead; an earlier one did not, so what it claimed may start (or
+/// go on) beside it. Two leaders of one job at once are the two shard counts of a rolling
+/// change of `shards`, whose claims see each other's runs only through the record.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Beside {
+    /// Other nodes' runs the record lists as going.
+    pub(crate) going: Vec<Going>,
+    /// Ticks other leaderships claimed and had not started when they last wrote, nor
+    /// released: each may have started since, listed only by that leader's next write.
+    pub(crate) claimed: Vec<ClaimedTick>,
+}
+
+/// A tick another leadership claimed, as a record lists it pending.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ClaimedTick {
+    pub(crate) node: String,
+    pub(crate) term: i64,
+    pub(crate) tick: DateTime<Utc>,
+}
+
+/// What `record`, written by the leadership `term` of `node`, shows beside that node's runs.
+pub(crate) fn beside(record: &Claim, node: &str, term: i64) -> Beside {
+    let going = record.going.iter().filter(|run| run.node != node).cloned().collect();
+    let claimed = record
+        .debts()
+        .filter(|debt| !debt.released && !(debt.node == node && debt.term == term))
+        .flat_map(|debt| {
+            debt.pending.into_iter().map(move |tick| ClaimedTick {
+                node: debt.node.clone(),
+                term: debt.term,
+                tick,
+            })
+        })
+        .collect();
+    Beside { going, claimed }
+}
+
+/// Whether `record` still lists `claimed` pending: its leader has not written since it started
+/// (or settled) the tick. Once it has, that write lists the tick's run if it goes.
+pub(crate) fn still_claimed(record: &Claim, claimed: &ClaimedTick) -> bool {
+    record
+        .debts()
+        .any(|debt| debt.node == claimed.node && debt.term == claimed.term && debt.pending.contains(&claimed.tick))
 }
 
 /// Whether an on-time tick at `scheduled_at` of an `overlap = "skip"` job is skipped beside
@@ -99,8 +147,8 @@ mod tests {
 
     use chrono::DateTime;
 
-    use super::{skips_beside, verdict, Answer, Shown, Verdict};
-    use crate::rules::record::Going;
+    use super::{beside, skips_beside, still_claimed, verdict, Answer, ClaimedTick, Shown, Verdict};
+    use crate::rules::record::{Claim, Debt, Going};
 
     fn run(fence: i64) -> Going {
         let at = DateTime::from_timestamp(1_800_000_000, 0).unwrap_or_default();
@@ -139,8 +187,8 @@ mod tests {
 
     #[test]
     fn a_listed_run_is_ended_going_or_unknown() {
-        let shown = |ended_fence, lease_held, answer| Shown {
-            ended_fence,
+        let shown = |end_recorded, lease_held, answer| Shown {
+            end_recorded,
             lease_held,
             answer,
         };
@@ -148,16 +196,15 @@ mod tests {
             age: Duration::from_secs(3),
         });
         let cases = [
-            (shown(None, true, None), Verdict::Unknown),
-            (shown(Some(9), true, None), Verdict::Unknown),
-            (shown(Some(10), true, None), Verdict::Ended),
-            (shown(Some(11), true, going), Verdict::Ended),
-            (shown(None, false, going), Verdict::Ended),
-            (shown(None, true, Some(Answer::Ended)), Verdict::Ended),
-            (shown(None, true, going), Verdict::WentOnFor(Duration::from_secs(3))),
+            (shown(false, true, None), Verdict::Unknown),
+            (shown(true, true, None), Verdict::Ended),
+            (shown(true, true, going), Verdict::Ended),
+            (shown(false, false, going), Verdict::Ended),
+            (shown(false, true, Some(Answer::Ended)), Verdict::Ended),
+            (shown(false, true, going), Verdict::WentOnFor(Duration::from_secs(3))),
         ];
         for (shown, expected) in cases {
-            assert_eq!(verdict(&shown, &run(10)), expected, "{shown:?}");
+            assert_eq!(verdict(&shown), expected, "{shown:?}");
         }
     }
 
@@ -172,5 +219,49 @@ mod tests {
             Duration::from_secs(3),
             next + chrono::Duration::seconds(2)
         ));
+    }
+
+    #[test]
+    fn beside_a_writers_runs_are_other_nodes_runs_and_other_leaderships_unreleased_claims() {
+        let at = |second: i64| DateTime::from_timestamp(1_800_000_000 + second, 0).unwrap_or_default();
+        let debt = |node: &str, term: i64, ticks: &[i64], released: bool| Debt {
+            term,
+            node: node.into(),
+            shards: Some(3),
+            pool: None,
+            pending: ticks.iter().map(|second| at(*second)).collect(),
+            released,
+        };
+        let mut mine = run(20);
+        mine.node = "a".into();
+        let record = Claim {
+            scheduled_at: at(9),
+            term: 5,
+            node: "a".into(),
+            pending: vec![at(9)],
+            shards: Some(5),
+            pool: None,
+            schedule: None,
+            others: vec![debt("c", 7, &[4, 8], false), debt("b", 3, &[2], true), debt("a", 2, &[1], false)],
+            released: false,
+            going: vec![mine, run(10)],
+        };
+        let shown = beside(&record, "a", 5);
+        assert_eq!(shown.going, vec![run(10)], "the writer's own run is not beside itself");
+        let claimed: Vec<(&str, i64, i64)> = shown
+            .claimed
+            .iter()
+            .map(|claimed| (claimed.node.as_str(), claimed.term, claimed.tick.timestamp() - 1_800_000_000))
+            .collect();
+        // Not the writer's own pending tick, not a released debt's; an earlier leadership of the
+        // writer's node is another leadership.
+        assert_eq!(claimed, vec![("c", 7, 4), ("c", 7, 8), ("a", 2, 1)]);
+        assert!(still_claimed(&record, &shown.claimed[0]));
+        let started = ClaimedTick {
+            node: "c".into(),
+            term: 7,
+            tick: at(5),
+        };
+        assert!(!still_claimed(&record, &started));
     }
 }

@@ -187,7 +187,8 @@ impl Going1 {
         for run in &waiting.beside {
             let holder: usize = run.node.parse().unwrap_or_default();
             let shown = Shown {
-                ended_fence: state.result,
+                // The job's result says only whether it is this run's; a later one hides it.
+                end_recorded: state.result == Some(run.fence),
                 lease_held: state.lease[holder],
                 answer: state
                     .answers
@@ -198,7 +199,7 @@ impl Going1 {
             let since = (run.since - at(0)).num_seconds();
             let listing_age = seconds(state.time - since);
             let due = at(waiting.due);
-            let skips = match (verdict(&shown, run), self.rules) {
+            let skips = match (verdict(&shown), self.rules) {
                 (Verdict::Ended, _) => {
                     state.started_on_answer |= shown.answer == Some(Answer::Ended) && shown.lease_held;
                     let seen = state.nodes[leader].seen_ended.get_or_insert(run.fence);

@@ -11,14 +11,15 @@ use std::time::{Duration, Instant};
 use super::overlap::Skip;
 use super::Runs;
 use crate::clock;
-use crate::coord::going::{self, RunsHere};
+use crate::coord::backfills::Settle;
+use crate::coord::going::{self, ClaimShown, RunsHere};
 use crate::coord::keys::Ask;
 use crate::coord::session::Session;
 use crate::coord::starts::StartedHere;
 use crate::rules::config::Overlap;
 use crate::rules::protocol::elsewhere::{self, Verdict};
 use crate::rules::record::Going;
-use crate::running::runner::{self, Tick};
+use crate::running::runner::{self, Origin, Tick};
 
 /// How often a tick waiting for another node's run looks whether it still goes.
 const LOOK_EVERY: Duration = Duration::from_millis(500);
@@ -56,7 +57,7 @@ impl Runs {
             loop {
                 // etcd out of reach: not known, as far as this node can tell.
                 let shown = going::look(self.groups.client(), self.groups.keys(), &job.name, run).await;
-                let verdict = shown.map_or(Verdict::Unknown, |shown| elsewhere::verdict(&shown, run));
+                let verdict = shown.map_or(Verdict::Unknown, |shown| elsewhere::verdict(&shown));
                 match verdict {
                     Verdict::Ended => {
                         first.starts.here().ended_elsewhere(&job.name, run.fence);
@@ -142,13 +143,79 @@ impl Runs {
             lease: lease.lease(),
             since: clock::now(),
         };
-        tick.starts.here().run_going(&job.name, going);
+        let new = tick.starts.here().run_going(&job.name, going);
         // A scheduled run's start is written with its ticket's; a run that took none is
         // written on its own, so a handoff or a graceful stop does not hide it.
-        if tick.is_asked() {
+        if new && tick.is_asked() {
             tick.starts.listed(&job.name);
         }
         Some(lease)
+    }
+
+    /// A run that takes no claim of the schedule (manual, backfill) of a skip or replace job
+    /// starts only once a write of its leadership lists it, and after what that write showed
+    /// beside it ([`elsewhere::Beside`]): another leader's later claims see the listing and
+    /// wait for the run, its earlier ones may have started beside it unlisted. A manual run
+    /// waits for those runs as a scheduled tick does; a backfill tick goes back to its backfill
+    /// while any shows, claimed again once its leader sees them end.
+    pub(super) async fn listed_first(&self, tick: &Tick) -> Cleared {
+        let job = &tick.job;
+        if !tick.is_asked() || self.list_going(tick).is_none() {
+            return Cleared::Yes;
+        }
+        let here = tick.starts.here();
+        let leading = tick.starts.leading();
+        let Some(beside) = here.landed(&job.name, tick.fence, leading).await else {
+            self.unlist_going(tick);
+            self.not_starting(tick);
+            return Cleared::No;
+        };
+        let mut going: Vec<Going> = beside.going;
+        for claimed in &beside.claimed {
+            let mut told = false;
+            loop {
+                match going::look_claimed(self.groups.client(), self.groups.keys(), &job.name, claimed).await {
+                    Some(ClaimShown::Settled(runs)) => {
+                        going.extend(runs);
+                        break;
+                    }
+                    Some(ClaimShown::Pending) | None => {}
+                }
+                if !std::mem::replace(&mut told, true) {
+                    tracing::info!(node = %claimed.node, claimed_tick = %claimed.tick, "waiting: another leader of this job claimed a tick before this run was listed, and has not written since whether it started");
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(LOOK_EVERY) => {}
+                    _ = leading.cancelled() => {
+                        self.unlist_going(tick);
+                        self.not_starting(tick);
+                        return Cleared::No;
+                    }
+                }
+            }
+        }
+        going.retain(|run| {
+            run.node != tick.node && !here.seen_ended(&job.name, run.fence) && !tick.elsewhere.contains(run)
+        });
+        going.dedup();
+        if going.is_empty() {
+            return Cleared::Yes;
+        }
+        if let Origin::Backfill(claim) = &tick.origin {
+            tracing::info!(runs = ?going.iter().map(|run| (&run.node, run.fence)).collect::<Vec<_>>(), "not starting a backfill tick yet: the write that listed it shows runs of the job going on other nodes; it goes back to be claimed once they end");
+            self.unlist_going(tick);
+            self.settle_backfill(tick, claim, Settle::Again);
+            return Cleared::No;
+        }
+        let waiting = Tick {
+            elsewhere: going,
+            ..tick.clone()
+        };
+        let cleared = self.clear_elsewhere(std::slice::from_ref(&waiting)).await;
+        if let Cleared::No = cleared {
+            self.unlist_going(tick);
+        }
+        cleared
     }
 
     /// Whether the lease `tick`'s run would be listed on is open, waited for while the node

@@ -149,6 +149,9 @@ impl Runs {
             self.not_starting(&tick);
             return;
         }
+        if let Cleared::No = self.listed_first(&tick).await {
+            return;
+        }
         let job = &tick.job;
         if turn.waited
             && outrun(
