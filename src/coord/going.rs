@@ -90,7 +90,11 @@ pub(crate) async fn look_claimed(client: &Client, keys: &Keys, job: &str, claime
     if elsewhere::still_claimed(&record, claimed) {
         return Some(ClaimShown::Pending);
     }
-    let runs = record.going.into_iter().filter(|run| run.tick == claimed.tick).collect();
+    let runs = record
+        .going
+        .into_iter()
+        .filter(|run| run.tick == claimed.tick)
+        .collect();
     Some(ClaimShown::Settled(runs))
 }
 

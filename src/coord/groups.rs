@@ -243,6 +243,19 @@ impl Groups {
 
     /// `group`'s limit now: by the config the node runs (a reload may have changed it since the
     /// attempt began), else `otherwise`.
+    /// Whether a run may start in `slot` of `group`, held now: within `limit`, and no slot past
+    /// it held (the limit was lowered while they ran: no run starts beside them).
+    fn runs_in(&self, group: &str, slot: u32, limit: u32) -> bool {
+        within(slot, limit) && self.held_past(group, limit) == 0
+    }
+
+    /// How many slots of `group` at or past `limit` its mirror shows held.
+    fn held_past(&self, group: &str, limit: u32) -> usize {
+        self.lock()
+            .get(group)
+            .map_or(0, |view| view.slots.range(limit..).count())
+    }
+
     fn limit_of(&self, group: &str, otherwise: u32) -> u32 {
         (self.limits)(group).unwrap_or(otherwise)
     }
@@ -390,7 +403,9 @@ impl Groups {
         waiting: Option<&str>,
     ) -> Result<Taken, CoordError> {
         let (mut slot, ahead) = match self.decide(&group.name, limit, holder, place, lease.lease(), waiting.is_some()) {
-            Decision::Handed(slot) if within(slot, limit) => {
+            // Handed on below the limit while slots past it are held (the ender's limit was
+            // the old one): given back like a slot past it.
+            Decision::Handed(slot) if self.runs_in(&group.name, slot, limit) => {
                 return Ok(Taken::Slot {
                     slot,
                     place_gone: false,
@@ -428,8 +443,9 @@ impl Groups {
             };
             if response.succeeded() {
                 // A reload may have lowered the limit since the slot was chosen: a run only
-                // starts in a slot within the limit as it is once the slot is taken.
-                if !within(slot, self.limit_of(&group.name, group.limit)) {
+                // starts in a slot within the limit as it is once the slot is taken, and while
+                // no slot past it is held.
+                if !self.runs_in(&group.name, slot, self.limit_of(&group.name, group.limit)) {
                     return Ok(Taken::PastLimit(slot));
                 }
                 return Ok(Taken::Slot {
@@ -481,7 +497,7 @@ impl Groups {
             .is_some_and(|kv| kv.value() == value && kv.lease() == lease.lease());
         Ok(match mine {
             false => Taken::Nothing,
-            true if within(slot, limit) => Taken::Slot {
+            true if self.runs_in(&group.name, slot, limit) => Taken::Slot {
                 slot,
                 place_gone: false,
             },
@@ -768,9 +784,18 @@ impl Held {
     async fn hand_on(&self, key: &str, mine: Compare) -> Result<bool, CoordError> {
         let groups = &self.groups;
         let free = || Txn::new().when([mine.clone()]).and_then([TxnOp::delete(key, None)]);
-        if !within(self.slot, groups.limit_of(&self.group, self.limit)) {
+        let limit = groups.limit_of(&self.group, self.limit);
+        if !within(self.slot, limit) {
             etcd::call(groups.client.clone().txn(free())).await?;
             tracing::debug!(group = %self.group, slot = self.slot, "freed a group slot past the group's limit");
+            return Ok(true);
+        }
+        // Slots past a lowered limit still held count against the free ones below it: handed on,
+        // this one would start a run beside them past the limit. Freed, the first in line takes
+        // it once they have ended.
+        if groups.held_past(&self.group, limit) > 0 {
+            etcd::call(groups.client.clone().txn(free())).await?;
+            tracing::debug!(group = %self.group, slot = self.slot, "freed a group slot instead of handing it on: slots past the group's lowered limit are still held");
             return Ok(true);
         }
         let first = GetOptions::new().with_prefix().with_limit(1);

@@ -102,11 +102,19 @@ impl StartedHere {
         let mut landed = lock(&self.landed);
         let mut shown: Option<Beside> = None;
         let mut any = false;
-        for run in record.going.iter().filter(|run| run.node == node && own.contains_key(&run.fence)) {
-            let runs = landed.entry(job.to_string()).or_default();
-            if !runs.contains_key(&run.fence) {
-                let beside = shown.get_or_insert_with(|| elsewhere::beside(record, node, term));
-                runs.insert(run.fence, beside.clone());
+        for run in record
+            .going
+            .iter()
+            .filter(|run| run.node == node && own.contains_key(&run.fence))
+        {
+            if let std::collections::btree_map::Entry::Vacant(first) =
+                landed.entry(job.to_string()).or_default().entry(run.fence)
+            {
+                first.insert(
+                    shown
+                        .get_or_insert_with(|| elsewhere::beside(record, node, term))
+                        .clone(),
+                );
                 any = true;
             }
         }

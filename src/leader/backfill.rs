@@ -125,6 +125,7 @@ impl Term {
                         }),
                         redelivered: next.redelivered,
                         elsewhere: Vec::new(),
+                        claimed_elsewhere: Vec::new(),
                         ..self.tick(book, index, next.tick, fence, Late::OnTime)
                     }]);
                 }
@@ -177,12 +178,7 @@ impl Term {
     async fn beside_listed_runs(&self, job: &Job, record: Option<&Claim>) -> bool {
         // Ticks another leader claimed (the other shard count's, while a change of `shards`
         // rolls) may have started unlisted: the backfill waits for that leader's next write.
-        let mut waiting = job.overlap != Overlap::Allow
-            && record.is_some_and(|record| {
-                !elsewhere::beside(record, &self.node.node_id, self.leadership.term)
-                    .claimed
-                    .is_empty()
-            });
+        let mut waiting = !self.claimed_elsewhere(job, record).is_empty();
         for run in self.elsewhere(job, record) {
             match going::look(&self.session.client(), &self.node.keys, &job.name, &run).await {
                 Some(shown) if matches!(elsewhere::verdict(&shown), Verdict::Ended) => {

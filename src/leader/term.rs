@@ -20,6 +20,7 @@ use crate::coord::triggers::{self, Taken};
 use crate::coord::view::FleetView;
 use crate::rules::config::Loaded;
 use crate::rules::config::{Job, Overlap};
+use crate::rules::protocol::elsewhere::{self, ClaimedTick};
 use crate::rules::protocol::Want;
 use crate::rules::record::{Claim, Going};
 use crate::running::runner::{Origin, Tick};
@@ -182,7 +183,19 @@ impl Term {
             redelivered: late == Late::Redelivered,
             origin: Origin::Schedule,
             elsewhere: self.elsewhere(job, entry.record()),
+            claimed_elsewhere: self.claimed_elsewhere(job, entry.record()),
         }
+    }
+
+    /// The ticks of `job` other leaderships claimed as `record` lists them; none for a job
+    /// whose runs may overlap, or that runs only here.
+    pub(super) fn claimed_elsewhere(&self, job: &Job, record: Option<&Claim>) -> Vec<ClaimedTick> {
+        if job.overlap == Overlap::Allow || job.instance_of.is_some() {
+            return Vec::new();
+        }
+        record.map_or_else(Vec::new, |record| {
+            elsewhere::beside(record, &self.node.node_id, self.leadership.term).claimed
+        })
     }
 
     /// The runs of `job` going on other nodes that `record` lists and this node has not seen

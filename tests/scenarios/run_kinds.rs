@@ -216,20 +216,33 @@ fn a_run_going_on_under_the_grace_is_not_taken_for_ended_by_its_nodes_later_reco
         .expect("its node");
     step(&format!("SIGTERM {} 3.5 s into its run of {}", first.node, first.tick));
     world.nodes[node].signal(libc::SIGTERM);
-    wait_for(Duration::from_secs(40), "the run ended and the successor ran a tick after it", || {
-        let runs = stamped(&stamps);
-        let ended = runs.iter().find(|run| run.fence == first.fence).and_then(|run| run.ended);
-        ended.is_some_and(|ended| {
-            runs.iter()
-                .any(|run| run.node != first.node && run.started > ended && run.ended.is_some())
-        })
-    });
+    wait_for(
+        Duration::from_secs(40),
+        "the run ended and the successor ran a tick after it",
+        || {
+            let runs = stamped(&stamps);
+            let ended = runs
+                .iter()
+                .find(|run| run.fence == first.fence)
+                .and_then(|run| run.ended);
+            ended.is_some_and(|ended| {
+                runs.iter()
+                    .any(|run| run.node != first.node && run.started > ended && run.ended.is_some())
+            })
+        },
+    );
     let runs = stamped(&stamps);
     eprintln!(
         "{} runs in the window: {:?}",
         runs.len(),
         runs.iter()
-            .map(|run| (run.trigger.as_str(), run.node.as_str(), run.fence, run.started, run.ended))
+            .map(|run| (
+                run.trigger.as_str(),
+                run.node.as_str(),
+                run.fence,
+                run.started,
+                run.ended
+            ))
             .collect::<Vec<_>>()
     );
     assert_one_at_a_time(&runs);

@@ -180,8 +180,10 @@ impl Slots {
             return None;
         }
         state.line.remove(&place);
-        if self.rules != Rules::LimitAtTake && !within(slot, state.limit) {
-            // Taken past a limit lowered since the slot was chosen: given back at once.
+        let held_past = state.slots.range(state.limit..).next().is_some();
+        if self.rules != Rules::LimitAtTake && (!within(slot, state.limit) || held_past) {
+            // Taken past a limit lowered since the slot was chosen, or below it while slots
+            // past it are held: given back at once.
             return None;
         }
         state.slots.insert(slot, (attempt, lease));
@@ -200,9 +202,12 @@ impl Slots {
         state.attempts[attempt] = match (state.attempts[attempt], handed) {
             // As the node does on every look: a slot holding its value is its own first.
             (Attempt::Idle | Attempt::InLine, Some(slot))
-                if self.rules != Rules::LimitAtTake && !within(slot, state.limit) =>
+                if self.rules != Rules::LimitAtTake
+                    && (!within(slot, state.limit) || state.slots.range(state.limit..).next().is_some()) =>
             {
-                // Handed a slot past the limit lowered since: given back, and it waits again.
+                // Handed a slot past the limit lowered since, or below it while slots past it
+                // are held (handed on before the lowering reached the ender): given back, and
+                // it waits again.
                 state.slots.remove(&slot);
                 state.line.remove(&place);
                 Attempt::Idle
@@ -249,7 +254,9 @@ impl Slots {
                 Attempt::InLine
             }
             (Attempt::Ending(slot), _) => {
-                let past = self.rules != Rules::LimitAtTake && !within(slot, state.limit);
+                // Past the limit, or below it while slots past it are held: freed, not handed on.
+                let held_past = state.slots.range(state.limit..).any(|(other, _)| *other != slot);
+                let past = self.rules != Rules::LimitAtTake && (!within(slot, state.limit) || held_past);
                 let first = heir(&line_of(state))
                     .filter(|_| !past)
                     .and_then(|place| state.line.get(place))
@@ -468,13 +475,14 @@ impl Model for Slots {
                         matches!(now, Attempt::Running(_)) && state.nodes[model.on[*attempt]].0 == Up::Live
                     })
                     .count();
-                // While a run that went when the limit was lowered goes on, the old limit.
-                let before = state
-                    .ran_before
-                    .iter()
-                    .any(|attempt| matches!(state.attempts[*attempt], Attempt::Running(_)));
-                let limit = if before { model.limit } else { state.limit };
-                running <= limit as usize
+                // Runs that went when the limit was lowered go on past it, but no run starts
+                // beside them past it: more than the limit run only while all are theirs.
+                let only_before = state.attempts.iter().enumerate().all(|(attempt, now)| {
+                    !matches!(now, Attempt::Running(_))
+                        || state.nodes[model.on[attempt]].0 != Up::Live
+                        || state.ran_before.contains(&attempt)
+                });
+                running <= state.limit as usize || (only_before && running <= model.limit as usize)
             }),
             Property::always(NO_LEAK, |_: &Slots, state: &State| {
                 !state.attempts.iter().all(|now| now.ended())

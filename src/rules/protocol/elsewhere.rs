@@ -111,7 +111,8 @@ pub(crate) fn beside(record: &Claim, node: &str, term: i64) -> Beside {
     let going = record.going.iter().filter(|run| run.node != node).cloned().collect();
     let claimed = record
         .debts()
-        .filter(|debt| !debt.released && !(debt.node == node && debt.term == term))
+        .filter(|debt| !debt.released)
+        .filter(|debt| debt.node != node || debt.term != term)
         .flat_map(|debt| {
             debt.pending.into_iter().map(move |tick| ClaimedTick {
                 node: debt.node.clone(),
@@ -242,7 +243,11 @@ mod tests {
             shards: Some(5),
             pool: None,
             schedule: None,
-            others: vec![debt("c", 7, &[4, 8], false), debt("b", 3, &[2], true), debt("a", 2, &[1], false)],
+            others: vec![
+                debt("c", 7, &[4, 8], false),
+                debt("b", 3, &[2], true),
+                debt("a", 2, &[1], false),
+            ],
             released: false,
             going: vec![mine, run(10)],
         };
@@ -251,7 +256,13 @@ mod tests {
         let claimed: Vec<(&str, i64, i64)> = shown
             .claimed
             .iter()
-            .map(|claimed| (claimed.node.as_str(), claimed.term, claimed.tick.timestamp() - 1_800_000_000))
+            .map(|claimed| {
+                (
+                    claimed.node.as_str(),
+                    claimed.term,
+                    claimed.tick.timestamp() - 1_800_000_000,
+                )
+            })
             .collect();
         // Not the writer's own pending tick, not a released debt's; an earlier leadership of the
         // writer's node is another leadership.

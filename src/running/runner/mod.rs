@@ -26,6 +26,7 @@ use crate::backoff::Backoff;
 use crate::coord::groups::{Groups, Slot};
 use crate::coord::starts::{StartTicket, Starts};
 use crate::rules::config::{Job, MAX_RETRY_BACKOFF};
+use crate::rules::protocol::elsewhere::ClaimedTick;
 use crate::rules::record::{Going, Outcome, RunRecord, Trigger};
 use crate::secrets::ChildEnv;
 
@@ -56,6 +57,11 @@ pub struct Tick {
     /// of an `overlap = "skip"` or `"replace"` job waits for them (or skips, or has them
     /// stopped) before it starts.
     pub elsewhere: Vec<Going>,
+    /// Ticks of the job other leaderships had claimed and not written as started when the
+    /// record was written: their runs may have started unlisted (another shard count's leader,
+    /// while a change of `shards` rolls). A tick waits for their leader's next write, then for
+    /// the runs it lists, as for [`Tick::elsewhere`].
+    pub claimed_elsewhere: Vec<ClaimedTick>,
 }
 
 /// What asked for a run.

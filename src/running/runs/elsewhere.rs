@@ -49,9 +49,21 @@ impl Runs {
     pub(super) async fn clear_elsewhere(&self, ticks: &[Tick]) -> Cleared {
         let first = &ticks[0];
         let job = &first.job;
+        let Some(claimed_runs) = self.runs_of_claimed(first).await else {
+            for tick in ticks {
+                runner::span(tick).in_scope(|| self.not_starting(tick));
+            }
+            return Cleared::No;
+        };
+        let mut runs = first.elsewhere.clone();
+        for run in claimed_runs {
+            if run.node != first.node && !runs.contains(&run) && !first.starts.here().seen_ended(&job.name, run.fence) {
+                runs.push(run);
+            }
+        }
         let mut asked: Vec<&Going> = Vec::new();
         let mut cleared = Cleared::Yes;
-        'runs: for run in &first.elsewhere {
+        'runs: for run in &runs {
             let mut stop_asked = false;
             let mut going_asked: Option<Instant> = None;
             loop {
@@ -164,51 +176,25 @@ impl Runs {
             return Cleared::Yes;
         }
         let here = tick.starts.here();
-        let leading = tick.starts.leading();
-        let Some(beside) = here.landed(&job.name, tick.fence, leading).await else {
+        let Some(beside) = here.landed(&job.name, tick.fence, tick.starts.leading()).await else {
             self.unlist_going(tick);
             self.not_starting(tick);
             return Cleared::No;
         };
-        let mut going: Vec<Going> = beside.going;
-        for claimed in &beside.claimed {
-            let mut told = false;
-            loop {
-                match going::look_claimed(self.groups.client(), self.groups.keys(), &job.name, claimed).await {
-                    Some(ClaimShown::Settled(runs)) => {
-                        going.extend(runs);
-                        break;
-                    }
-                    Some(ClaimShown::Pending) | None => {}
-                }
-                if !std::mem::replace(&mut told, true) {
-                    tracing::info!(node = %claimed.node, claimed_tick = %claimed.tick, "waiting: another leader of this job claimed a tick before this run was listed, and has not written since whether it started");
-                }
-                tokio::select! {
-                    _ = tokio::time::sleep(LOOK_EVERY) => {}
-                    _ = leading.cancelled() => {
-                        self.unlist_going(tick);
-                        self.not_starting(tick);
-                        return Cleared::No;
-                    }
-                }
-            }
-        }
-        going.retain(|run| {
-            run.node != tick.node && !here.seen_ended(&job.name, run.fence) && !tick.elsewhere.contains(run)
-        });
-        going.dedup();
-        if going.is_empty() {
+        let mut going = beside.going;
+        going.retain(|run| !here.seen_ended(&job.name, run.fence) && !tick.elsewhere.contains(run));
+        if going.is_empty() && beside.claimed.is_empty() {
             return Cleared::Yes;
         }
         if let Origin::Backfill(claim) = &tick.origin {
-            tracing::info!(runs = ?going.iter().map(|run| (&run.node, run.fence)).collect::<Vec<_>>(), "not starting a backfill tick yet: the write that listed it shows runs of the job going on other nodes; it goes back to be claimed once they end");
+            tracing::info!(runs = ?going.iter().map(|run| (&run.node, run.fence)).collect::<Vec<_>>(), claimed = ?beside.claimed.iter().map(|claimed| (&claimed.node, claimed.tick)).collect::<Vec<_>>(), "not starting a backfill tick yet: the write that listed it shows runs of the job going on other nodes, or ticks other leaders claimed; it goes back to be claimed once they end");
             self.unlist_going(tick);
             self.settle_backfill(tick, claim, Settle::Again);
             return Cleared::No;
         }
         let waiting = Tick {
             elsewhere: going,
+            claimed_elsewhere: beside.claimed,
             ..tick.clone()
         };
         let cleared = self.clear_elsewhere(std::slice::from_ref(&waiting)).await;
@@ -216,6 +202,33 @@ impl Runs {
             self.unlist_going(tick);
         }
         cleared
+    }
+
+    /// The runs of the ticks `tick` found claimed by other leaderships, once each leader has
+    /// written since (the tick started or was settled): those its record lists of each tick.
+    /// `None` if the leadership ended while waiting.
+    async fn runs_of_claimed(&self, tick: &Tick) -> Option<Vec<Going>> {
+        let job = &tick.job.name;
+        let mut runs = Vec::new();
+        for claimed in &tick.claimed_elsewhere {
+            let mut told = false;
+            loop {
+                if let Some(ClaimShown::Settled(listed)) =
+                    going::look_claimed(self.groups.client(), self.groups.keys(), job, claimed).await
+                {
+                    runs.extend(listed);
+                    break;
+                }
+                if !std::mem::replace(&mut told, true) {
+                    runner::span(tick).in_scope(|| tracing::info!(node = %claimed.node, claimed_tick = %claimed.tick, "waiting: another leader of this job claimed a tick before this one, and has not written since whether it started"));
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(LOOK_EVERY) => {}
+                    _ = tick.starts.leading().cancelled() => return None,
+                }
+            }
+        }
+        Some(runs)
     }
 
     /// Whether the lease `tick`'s run would be listed on is open, waited for while the node

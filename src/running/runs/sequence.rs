@@ -47,7 +47,7 @@ impl Runs {
             self.release_turn(&job.name);
             return;
         }
-        if !ticks[0].elsewhere.is_empty() {
+        if !ticks[0].elsewhere.is_empty() || !ticks[0].claimed_elsewhere.is_empty() {
             if let Cleared::No = self.clear_elsewhere(&ticks).await {
                 self.release_turn(&job.name);
                 return;
