@@ -109,6 +109,14 @@ where
 }
 
 /// Runs an etcd call with a timeout of its own.
+/// Whether etcd no longer holds `lease`. Its answer counts whole seconds left, rounded toward
+/// zero: 0 is a lease with less than a second left, or one past its expiry that etcd has not
+/// revoked yet, so only a negative answer (not found) says it is gone.
+pub(crate) async fn lease_gone(client: &Client, lease: i64) -> Result<bool, CoordError> {
+    let answer = call(client.clone().lease_time_to_live(lease, None)).await?;
+    Ok(answer.ttl() < 0)
+}
+
 pub(crate) async fn within<T, F>(limit: Duration, future: F) -> Result<T, CoordError>
 where
     F: Future<Output = Result<T, etcd_client::Error>>,
@@ -368,6 +376,41 @@ mod tests {
 
     use super::*;
     use crate::etcd_server::EtcdServer;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lease_is_gone_once_etcd_no_longer_holds_it_not_in_its_last_second() {
+        let etcd = EtcdServer::start(&crate::etcd_server::test_etcd_bin()).expect("etcd");
+        let client = etcd_client::Client::connect([etcd.client_url()], None)
+            .await
+            .expect("client");
+        // etcd's shortest lease is 2 s (its election timeout, rounded up); in its last second
+        // etcd answers 0 seconds left.
+        let lease = client.clone().lease_grant(2, None).await.expect("grant").id();
+        let seconds_left = || async {
+            client
+                .clone()
+                .lease_time_to_live(lease, None)
+                .await
+                .expect("read")
+                .ttl()
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while seconds_left().await > 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the lease never reached its last second"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        let gone = lease_gone(&client, lease).await.expect("read");
+        // Unless it expired between the two reads (a stalled machine), etcd still held it.
+        assert!(!gone || seconds_left().await < 0, "a lease in its last second is held");
+        client.clone().lease_revoke(lease).await.expect("revoke");
+        assert!(
+            lease_gone(&client, lease).await.expect("read"),
+            "a revoked lease is gone"
+        );
+    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_paged_read_of_a_prefix_equals_one_read_of_it() {

@@ -58,12 +58,7 @@ pub(crate) async fn look(client: &Client, keys: &Keys, job: &str, going: &Going)
     let answer = answer.as_deref().and_then(Answer::parse);
     let known_ended = end_recorded || answer == Some(Answer::Ended);
     // Its lease is read only while the records leave the run's end open: one round trip, not two.
-    let lease_held = known_ended
-        || etcd::call(client.clone().lease_time_to_live(going.lease, None))
-            .await
-            .ok()?
-            .ttl()
-            > 0;
+    let lease_held = known_ended || !etcd::lease_gone(client, going.lease).await.ok()?;
     Some(Shown {
         end_recorded,
         lease_held,

@@ -162,10 +162,7 @@ impl Term {
             .filter_map(|flight| flight.lease)
             .collect();
         for lease in leases {
-            if etcd::call(self.session.client().lease_time_to_live(lease, None))
-                .await
-                .is_ok_and(|answer| answer.ttl() <= 0)
-            {
+            if etcd::lease_gone(&self.session.client(), lease).await.unwrap_or(false) {
                 gone.insert(lease);
             }
         }
