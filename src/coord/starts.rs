@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use crate::coord::results::RIDE_WINDOW;
 use crate::coord::session::Session;
 use crate::rules::protocol::elsewhere::{self, Beside};
-use crate::rules::protocol::Owed;
+use crate::rules::protocol::{Owed, MAX_GOING};
 use crate::rules::record::{Claim, Going};
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -102,13 +102,15 @@ impl StartedHere {
         let mut landed = lock(&self.landed);
         let mut shown: Option<Beside> = None;
         let mut any = false;
-        for run in record
-            .going
-            .iter()
-            .filter(|run| run.node == node && own.contains_key(&run.fence))
-        {
+        // A record lists at most `MAX_GOING` runs, the highest fences: one that had no room is
+        // as listed as it can be, and must not wait for a write that never lists it.
+        let full = record.going.len() >= MAX_GOING;
+        let listed = own
+            .keys()
+            .filter(|fence| full || record.going.iter().any(|run| run.node == node && run.fence == **fence));
+        for fence in listed {
             if let std::collections::btree_map::Entry::Vacant(first) =
-                landed.entry(job.to_string()).or_default().entry(run.fence)
+                landed.entry(job.to_string()).or_default().entry(*fence)
             {
                 first.insert(
                     shown
@@ -122,6 +124,22 @@ impl StartedHere {
         if any {
             self.landing.notify_waiters();
         }
+    }
+
+    /// `job` has no record to list this node's runs in (no leader ever claimed it): each not
+    /// listed yet is as listed, with nothing beside it.
+    pub(crate) fn no_record(&self, job: &str) {
+        let going = lock(&self.going);
+        let Some(own) = going.get(job) else {
+            return;
+        };
+        let mut landed = lock(&self.landed);
+        let runs = landed.entry(job.to_string()).or_default();
+        for fence in own.keys() {
+            runs.entry(*fence).or_default();
+        }
+        drop((landed, going));
+        self.landing.notify_waiters();
     }
 
     /// What the first write that listed this node's run of `job` with `fence` showed beside

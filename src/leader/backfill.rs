@@ -13,7 +13,7 @@ use super::term::Term;
 use super::{Backlog, Late};
 use crate::clock;
 use crate::coord::backfills::{self, Claimed, Settle};
-use crate::coord::claims::{Book, Halt};
+use crate::coord::claims::{Book, Claimer, Halt};
 use crate::coord::etcd;
 use crate::coord::going;
 use crate::rules::backfill::{self, InFlight};
@@ -29,7 +29,7 @@ const SERVE_BUDGET: Duration = Duration::from_millis(200);
 impl Term {
     /// Claims and starts the backfill ticks of this shard's jobs that may start now, within
     /// [`SERVE_BUDGET`].
-    pub(super) async fn serve_backfills(&self, book: &Book) -> Result<Backlog, Halt> {
+    pub(super) async fn serve_backfills(&self, claimer: &Claimer<'_>, book: &mut Book) -> Result<Backlog, Halt> {
         let until = Instant::now() + SERVE_BUDGET;
         let mut backlog = Backlog::Settled;
         for name in self.node.backfills.with_work(|job| book.index_of(job).is_some()) {
@@ -37,6 +37,8 @@ impl Term {
                 return Ok(Backlog::Waits);
             }
             if let Some(index) = book.index_of(&name) {
+                // What its record lists beside a backfill run is read before one is claimed.
+                claimer.read(book, [index]).await?;
                 if self.serve_backfill(book, index, until).await? == Backlog::Waits {
                     backlog = Backlog::Waits;
                 }

@@ -153,10 +153,14 @@ impl Term {
                 Event::Fleet(open) => self.on_fleet_change(book, &mut firing, &mut fleet, open).await,
                 Event::Reloaded => Err(TermEnd::JobsReloaded(std::mem::take(book))),
                 Event::Requests => self.serve_requests(claimer, book).await.map_err(TermEnd::from),
-                Event::Backfills => self.serve_backfills(book).await.map_err(TermEnd::from).map(|backlog| {
-                    firing.backfills_look =
-                        (backlog == Backlog::Waits).then(|| tokio::time::Instant::now() + BACKFILL_LOOK);
-                }),
+                Event::Backfills => self
+                    .serve_backfills(claimer, book)
+                    .await
+                    .map_err(TermEnd::from)
+                    .map(|backlog| {
+                        firing.backfills_look =
+                            (backlog == Backlog::Waits).then(|| tokio::time::Instant::now() + BACKFILL_LOOK);
+                    }),
                 Event::LateRoom => self.catch_up_more(claimer, book, &mut firing).await,
                 Event::Refill => {
                     // Only those down to half: the others' records are not rewritten at every

@@ -215,12 +215,19 @@ impl Term {
 
     /// Claims the runs asked for by hand of this shard's jobs and starts those it won. Each
     /// takes one transaction: requests are rare, and each must be answered on its own.
-    pub(super) async fn serve_requests(&self, claimer: &Claimer<'_>, book: &Book) -> Result<(), Halt> {
+    pub(super) async fn serve_requests(&self, claimer: &Claimer<'_>, book: &mut Book) -> Result<(), Halt> {
         let mut requests: VecDeque<_> = self.node.triggers.take_for(|job| book.index_of(job).is_some()).into();
         while let Some(request) = requests.pop_front() {
             let Some(index) = book.index_of(&request.job) else {
                 continue;
             };
+            // What its record lists beside the run (runs going, ticks claimed) is read before
+            // the run is claimed: a new leader reads its jobs' records as it first needs them.
+            if let Err(halt) = claimer.read(book, [index]).await {
+                requests.push_front(request);
+                self.node.triggers.put_back(requests);
+                return Err(halt);
+            }
             let job = book.job(index);
             let claimed = claimer
                 .retry(|| {

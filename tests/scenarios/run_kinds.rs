@@ -119,6 +119,21 @@ fn sigterm_a_second_into(world: &mut World, stamps: &Path, trigger: &str) -> Sta
     first
 }
 
+/// How many runs of other nodes than `run`'s started after it ended and have ended; 0 while it goes.
+fn other_nodes_runs_after(stamps: &Path, run: &Stamped) -> usize {
+    let runs = stamped(stamps);
+    let Some(ended) = runs
+        .iter()
+        .find(|each| each.fence == run.fence)
+        .and_then(|each| each.ended)
+    else {
+        return 0;
+    };
+    runs.iter()
+        .filter(|each| each.node != run.node && each.started > ended && each.ended.is_some())
+        .count()
+}
+
 /// No two runs of the job went at once: each run started after every earlier one ended.
 fn assert_one_at_a_time(runs: &[Stamped]) {
     let mut runs = runs.to_vec();
@@ -160,19 +175,7 @@ fn a_manual_run_going_on_under_the_grace_keeps_the_successors_ticks_from_startin
     wait_for(
         Duration::from_secs(40),
         "the manual run ended and the successor ran two ticks after it",
-        || {
-            let runs = stamped(&stamps);
-            let ended = runs
-                .iter()
-                .find(|run| run.fence == manual.fence)
-                .and_then(|run| run.ended);
-            ended.is_some_and(|ended| {
-                runs.iter()
-                    .filter(|run| run.node != manual.node && run.started > ended && run.ended.is_some())
-                    .count()
-                    >= 2
-            })
-        },
+        || other_nodes_runs_after(&stamps, &manual) >= 2,
     );
     let runs = stamped(&stamps);
     let ended = runs
@@ -219,17 +222,7 @@ fn a_run_going_on_under_the_grace_is_not_taken_for_ended_by_its_nodes_later_reco
     wait_for(
         Duration::from_secs(40),
         "the run ended and the successor ran a tick after it",
-        || {
-            let runs = stamped(&stamps);
-            let ended = runs
-                .iter()
-                .find(|run| run.fence == first.fence)
-                .and_then(|run| run.ended);
-            ended.is_some_and(|ended| {
-                runs.iter()
-                    .any(|run| run.node != first.node && run.started > ended && run.ended.is_some())
-            })
-        },
+        || other_nodes_runs_after(&stamps, &first) >= 1,
     );
     let runs = stamped(&stamps);
     eprintln!(

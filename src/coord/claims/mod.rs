@@ -201,8 +201,10 @@ impl Claimer<'_> {
                     }
                     riding_starts.push((job, since));
                 }
-                // A job a reload removed: its pending ticks go to whoever leads it next.
-                _ => {}
+                // A job no leader ever claimed (its asked runs read its record first), or one a
+                // reload removed (its pending ticks go to whoever leads it next): no record to
+                // list its runs in, nor anything claimed beside them.
+                _ => self.starts.here().no_record(&job),
             }
         }
     }

@@ -34,7 +34,7 @@ use std::collections::BTreeSet;
 pub use outcome::Seen;
 pub(crate) use outcome::{after_reread, Reread};
 pub(crate) use owed::Owed;
-pub(crate) use write::{going_after, next_record, Owner, Want, Won, Writer};
+pub(crate) use write::{going_after, next_record, Owner, Want, Won, Writer, MAX_GOING};
 
 /// The election families (shard counts, and pools with theirs) the fleet ran (`before`) that no
 /// live member runs now (`now`): their leaders' pending ticks have no successor in their own
