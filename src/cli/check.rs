@@ -237,6 +237,9 @@ pub fn check(args: &CheckArgs) -> Result<()> {
         count => format!(", {count} {one}s"),
     };
     let named = plural(config.blackouts.len(), "blackout") + &plural(config.notifiers.len(), "notifier");
+    for warning in config.warnings() {
+        eprintln!("{}: warning: {warning}", config.path.display());
+    }
     eprintln!(
         "{}: ok: {} jobs in {} shards{pools}{groups}{named}, cluster {:?}",
         config.path.display(),

@@ -104,6 +104,9 @@ async fn serve(config: Config, args: &NodeArgs, endpoints: Vec<String>) -> Resul
     tokio::spawn(notify::follow(readiness.clone()));
     tokio::spawn(memory::trim_until(shutdown.clone()));
     tracing::info!(endpoints = ?endpoints, config = %config.path.display(), digest = %config.digest, "connecting to etcd");
+    for warning in config.warnings() {
+        tracing::warn!(config = %config.path.display(), "{warning}");
+    }
     match descriptors::raise_limit() {
         Ok(raised) => {
             tracing::info!(before = ?raised.before, now = ?raised.now, hard = ?raised.hard, "file descriptor limit (RLIMIT_NOFILE soft) raised to the hard limit; None is unlimited")

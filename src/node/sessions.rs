@@ -238,6 +238,9 @@ fn apply_reload(config: Config, cluster: &Cluster, etcd: &Etcd, node: &NodeSpec,
         return;
     }
     tracing::info!(jobs = config.jobs.len(), digest = %config.digest, "reloaded jobs.toml: terms take the new jobs between ticks, keeping their shards");
+    for warning in config.warnings() {
+        tracing::warn!(config = %config.path.display(), "{warning}");
+    }
     loaded.send_replace(Arc::new(Loaded::new(config, node)));
 }
 

@@ -105,6 +105,42 @@ pub struct Notifier {
     pub on: BTreeSet<Event>,
 }
 
+impl Notifier {
+    /// The host this notifier sends header values read from the node's secrets (`env` or
+    /// `file`) to over plain `http://`, unless it is this machine: anyone on the way reads them.
+    pub fn secrets_in_the_clear(&self) -> Option<&str> {
+        let rest = self.url.strip_prefix("http://")?;
+        let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+        let host_port = authority.rsplit('@').next().unwrap_or_default();
+        let host = match host_port.strip_prefix('[') {
+            Some(bracketed) => bracketed.split(']').next().unwrap_or_default(),
+            None => host_port.split(':').next().unwrap_or_default(),
+        };
+        let loopback = host.eq_ignore_ascii_case("localhost")
+            || host
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|address| address.is_loopback());
+        let secret = self
+            .headers
+            .iter()
+            .any(|(_, value)| matches!(value, HeaderValue::Env(_) | HeaderValue::File(_)));
+        (secret && !loopback).then_some(host)
+    }
+
+    /// What an operator should hear about this notifier without it being an error.
+    pub fn warnings(&self) -> Vec<String> {
+        self.secrets_in_the_clear()
+            .map(|host| {
+                format!(
+                    "notifier {:?} sends header values from env or file over plain http:// to {host}: anyone on the way reads them; use https:// (a receiver with an internal CA: install that CA into the system's trust store, which nodes trust beside the public roots)",
+                    self.name
+                )
+            })
+            .into_iter()
+            .collect()
+    }
+}
+
 /// Where a header's value comes from; the value itself is never printed.
 #[derive(Clone, PartialEq, Eq)]
 pub enum HeaderValue {
@@ -658,5 +694,35 @@ mod tests {
         assert_eq!(json["dedupe_key"], "nightly/2027-01-15T08:00:09.000Z/failure");
         assert_eq!(json["event"], "failure");
         assert_eq!(json["exit"], 3);
+    }
+
+    #[test]
+    fn secret_headers_over_plain_http_to_another_host_are_warned_of() {
+        let notifier = |url: &str, value: HeaderValue| Notifier {
+            name: "ops".into(),
+            url: url.into(),
+            headers: vec![("Authorization".into(), value)],
+            on: BTreeSet::new(),
+        };
+        let env = || HeaderValue::Env("OPS_HOOK_TOKEN".into());
+        let cases = [
+            (notifier("http://hooks.internal:8080/x", env()), Some("hooks.internal")),
+            (
+                notifier("http://user@10.0.0.7/x", HeaderValue::File("/run/t".into())),
+                Some("10.0.0.7"),
+            ),
+            (notifier("https://hooks.internal/x", env()), None),
+            (notifier("http://127.0.0.1:9000/x", env()), None),
+            (notifier("http://localhost/x", env()), None),
+            (notifier("http://[::1]:9000/x", env()), None),
+            (
+                notifier("http://hooks.internal/x", HeaderValue::Text("ops".into())),
+                None,
+            ),
+        ];
+        for (notifier, host) in cases {
+            assert_eq!(notifier.secrets_in_the_clear(), host, "{}", notifier.url);
+            assert_eq!(notifier.warnings().len(), usize::from(host.is_some()));
+        }
     }
 }

@@ -53,6 +53,15 @@ pub struct Config {
 }
 
 impl Config {
+    /// What an operator should hear about this config without it being an error: `check`
+    /// prints each, a node logs each as it loads the config.
+    pub fn warnings(&self) -> Vec<String> {
+        self.notifiers
+            .values()
+            .flat_map(|notifier| notifier.warnings())
+            .collect()
+    }
+
     /// Every environment variable the config names as holding a secret: `[etcd] password_env`
     /// and each notifier header's `{ env = "NAME" }`, whether a job uses that notifier or not.
     /// None of them may reach a job.

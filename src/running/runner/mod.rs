@@ -57,10 +57,10 @@ pub struct Tick {
     /// of an `overlap = "skip"` or `"replace"` job waits for them (or skips, or has them
     /// stopped) before it starts.
     pub elsewhere: Vec<Going>,
-    /// Ticks of the job other leaderships had claimed and not written as started when the
-    /// record was written: their runs may have started unlisted (another shard count's leader,
-    /// while a change of `shards` rolls). A tick waits for their leader's next write, then for
-    /// the runs it lists, as for [`Tick::elsewhere`].
+    /// For a manual run: ticks of the job other leaderships had claimed and not written as
+    /// started when the write that listed the run was made; their runs may have started
+    /// unlisted (another shard count's leader, while a change of `shards` rolls). The run waits
+    /// for their leader's next write, then for the runs it lists, as for [`Tick::elsewhere`].
     pub claimed_elsewhere: Vec<ClaimedTick>,
 }
 
