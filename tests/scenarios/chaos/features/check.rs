@@ -288,15 +288,33 @@ fn proven_transitions(features: &Features) -> Vec<(String, Stamped)> {
 /// the same tick and event carries.
 fn notifications(features: &Features, verdict: &mut Verdict) {
     let proven = proven_transitions(features);
+    // Runs are accounted in fence order: one whose accounting lands after a later run's is not
+    // counted, and the later run carries the transition (docs/config.md). So the transition is
+    // told by an event of its kind naming the run, or a run after it (by fence) before any run
+    // that ended the other way.
+    let mut runs = stamps_of(&features.dir, "told");
+    runs.retain(|run| run.code.is_some());
+    runs.sort_by_key(|run| run.fence);
+    let carried_until = |event: &str, run: &Stamped| {
+        runs.iter()
+            .filter(|later| later.fence > run.fence)
+            .find(|later| match event {
+                "recovered" => later.code != Some(0),
+                _ => later.code == Some(0),
+            })
+            .map_or(i64::MAX, |later| later.fence)
+    };
     let told = |hits: &[receiver::Hit], event: &str, run: &Stamped| {
+        let until = carried_until(event, run);
         hits.iter().any(|hit| {
             let json = hit.json();
-            json["event"] == event
-                && json["trigger"] == run.trigger.as_str()
+            let names_it = json["trigger"] == run.trigger.as_str()
                 && json["tick"]
                     .as_str()
                     .and_then(|tick| chrono::DateTime::parse_from_rfc3339(tick).ok())
-                    .is_some_and(|tick| tick == run.tick)
+                    .is_some_and(|tick| tick == run.tick);
+            let carried = json["fence"].as_i64().is_some_and(|fence| fence > run.fence && fence < until);
+            json["event"] == event && (names_it || carried)
         })
     };
     let _ = super::wait_within(Duration::from_secs(90), || {
