@@ -7,6 +7,13 @@
 //! kinds of violation counted: a tick missing without a record, a tick run twice without a
 //! higher fence, a fence going back. Needs root, like the packet-drop scenarios.
 //!
+//! Beside them the run carries every feature (`features`): skip and replace jobs longer than
+//! their period, concurrency groups of 1 and 3, backfills, manual triggers, a pause and resume, a
+//! blackout, a notifier, a pool and a fanned-out job; and three more kinds of fault: a SIGTERM
+//! aimed at a node while a long run of it goes (20 s of shutdown grace), a SIGHUP reload that
+//! lowers a group's limit from 3 to 1 or raises it back, and the replies of a group's tick held
+//! back by the node's proxy. Its checkers are in `features::check`.
+//!
 //! ```text
 //! cargo test --test main chaos                                   # the short run (about 75 s)
 //! SHARDCRON_CHAOS_SECS=600 SHARDCRON_CHAOS_SEED=42 \
@@ -21,6 +28,11 @@ use chrono::{DateTime, Utc};
 use crate::support::netns::Netns;
 use crate::support::proxy::Proxy;
 use crate::support::*;
+
+mod features;
+
+use features::check;
+use features::Features;
 
 const TTL: u64 = 2;
 const IDS: [&str; 3] = ["a", "b", "c"];
@@ -47,7 +59,12 @@ fn latest(world: &World, id: &str) -> usize {
 }
 
 fn restart(world: &mut World, id: &str, config: &std::path::Path, net: &Netns, proxy: &Proxy) {
-    world.node(id, config).under(&net.exec()).via(proxy).start();
+    world
+        .node(id, config)
+        .under(&net.exec())
+        .via(proxy)
+        .args(&Features::node_args(id))
+        .start();
 }
 
 /// Violations of one kind the checker found: how many, and the first few.
@@ -76,6 +93,8 @@ fn a_randomized_fault_run_keeps_every_delivery_promise() {
     let run_for = Duration::from_secs(env_number("SHARDCRON_CHAOS_SECS").unwrap_or(60));
     eprintln!("chaos: seed {seed}, {run_for:?} of faults (replay: SHARDCRON_CHAOS_SEED={seed})");
     let mut dice = Dice(seed | 1);
+    // The features' own choices, from the seed too, apart from the faults'.
+    let mut coin = Dice((seed ^ 0x9e37_79b9_7f4a_7c15) | 1);
 
     // Declared before the world, so they outlive its nodes.
     let nets: Vec<Netns> = IDS.iter().map(|_| Netns::create()).collect();
@@ -84,11 +103,25 @@ fn a_randomized_fault_run_keeps_every_delivery_promise() {
     let most: Vec<String> = (0..4).map(|i| format!("once{i}")).collect();
     let mut jobs = every_second(&least, "catch_up = \"all\"");
     jobs.extend(every_second(&most, "catch_up = \"all\"\ndelivery = \"at-most-once\""));
-    // The fleet runs either shard count, and both at once while a change rolls.
-    let configs = [
-        world.write_config("three.toml", 3, TTL, &jobs),
-        world.write_config("five.toml", 5, TTL, &jobs),
-    ];
+    // Every namespace routes to the host's end of the first one's veth pair, where the
+    // notifier's receiver listens.
+    for net in &nets {
+        net.route_to_host(nets[0].root_addr);
+    }
+    let mut features = Features::new(&world, nets[0].root_addr);
+    // The fleet runs either shard count, and both at once while a change rolls; each with the
+    // features, whose group `three` a reload changes in both.
+    let write_configs = |world: &World, features: &Features| {
+        let configs = [
+            world.write_config("three.toml", 3, TTL, &jobs),
+            world.write_config("five.toml", 5, TTL, &jobs),
+        ];
+        for config in &configs {
+            features.add_to(config);
+        }
+        configs
+    };
+    let configs = write_configs(&world, &features);
     let mut runs_config = [0; IDS.len()];
     // When each node (by index) started on which config, for telling apart the leaders of the two
     // shard counts, which lead a job at once while a change rolls.
@@ -110,6 +143,9 @@ fn a_randomized_fault_run_keeps_every_delivery_promise() {
         every_job_ran_since(&world.runs(), &names, 0.0, 2)
     });
     let window_start = Utc::now();
+    if let Some(asked) = features.backfill_now_and_then(&configs[0]) {
+        step(&asked);
+    }
 
     let mut faults: BTreeMap<&str, usize> = BTreeMap::new();
     let started = Instant::now();
@@ -117,21 +153,24 @@ fn a_randomized_fault_run_keeps_every_delivery_promise() {
         let victim = dice.roll(IDS.len() as u64) as usize;
         let id = IDS[victim];
         let offset = dice.roll(151) as i64 - 50;
-        let kind = dice.roll(7);
+        let kind = dice.roll(10);
         let tick = sleep_to_tick_offset(offset);
         let node = latest(&world, id);
         let (net, proxy) = (&nets[victim], &proxies[victim]);
         let fault = match kind {
             0 => {
+                features.timeline.kills.push((id.to_string(), now_secs()));
                 world.nodes[node].signal(libc::SIGKILL);
                 std::thread::sleep(Duration::from_millis(500 + dice.roll(2000)));
                 restart(&mut world, id, &configs[runs_config[victim]], net, proxy);
                 "SIGKILL"
             }
             1 => {
+                let stopped = now_secs();
                 world.nodes[node].signal(libc::SIGSTOP);
                 std::thread::sleep(Duration::from_secs(TTL + 1));
                 world.nodes[node].signal(libc::SIGCONT);
+                features.timeline.stops.push((id.to_string(), stopped, now_secs()));
                 "SIGSTOP past the TTL"
             }
             2 => {
@@ -158,12 +197,20 @@ fn a_randomized_fault_run_keeps_every_delivery_promise() {
                 net.heal();
                 "packets dropped for 2×TTL"
             }
-            _ => {
+            6 => {
                 let kill = dice.roll(2) == 0;
+                if kill {
+                    features.timeline.kills.push((id.to_string(), now_secs()));
+                }
                 world.nodes[node].signal(if kill { libc::SIGKILL } else { libc::SIGTERM });
                 world.nodes[node].wait_exit(Duration::from_secs(10));
                 runs_config[victim] = 1 - runs_config[victim];
                 started_on.push((now_secs(), victim, runs_config[victim]));
+                let shards = [3, 5][runs_config[victim]];
+                features
+                    .timeline
+                    .shard_counts
+                    .push((now_secs(), id.to_string(), shards));
                 restart(&mut world, id, &configs[runs_config[victim]], net, proxy);
                 if kill {
                     "restarted on the other shard count after SIGKILL"
@@ -171,11 +218,69 @@ fn a_randomized_fault_run_keeps_every_delivery_promise() {
                     "restarted on the other shard count after SIGTERM"
                 }
             }
+            7 => {
+                // At the node of a long run going now, so the run goes on through the grace
+                // while the others take its shards.
+                let aimed = features.a_going_run().map(|run| run.node);
+                let id = aimed.as_deref().unwrap_or(id);
+                let victim = IDS.iter().position(|each| *each == id).expect("a node of the test");
+                let node = latest(&world, id);
+                world.nodes[node].signal(libc::SIGTERM);
+                world.nodes[node].wait_exit(Duration::from_secs(30));
+                restart(
+                    &mut world,
+                    id,
+                    &configs[runs_config[victim]],
+                    &nets[victim],
+                    &proxies[victim],
+                );
+                if aimed.is_some() {
+                    "SIGTERM with a 20 s grace while a long run goes"
+                } else {
+                    "SIGTERM with a 20 s grace (no long run going)"
+                }
+            }
+            8 => {
+                let before = features.limit;
+                features.limit = if before == 3 { 1 } else { 3 };
+                write_configs(&world, &features);
+                let sent = now_secs();
+                let landed = check::reload_every_node(&world, &IDS);
+                features.timeline.reloads.push((sent, landed, before, features.limit));
+                if features.limit == 1 {
+                    "SIGHUP: group three's limit 3 -> 1"
+                } else {
+                    "SIGHUP: group three's limit 1 -> 3"
+                }
+            }
+            _ => {
+                // The grouped jobs fire every 3 s: hold back what the node sends and gets around
+                // such a tick, its slot takes and their replies among them, past its calls'
+                // timeouts (the proxy of this branch cannot aim at one reply).
+                let now = Utc::now().timestamp();
+                let tick = (now / 3 + 1) * 3;
+                let at = tick as f64 + 0.005 + dice.roll(40) as f64 / 1000.0;
+                std::thread::sleep(Duration::from_secs_f64((at - now_secs()).max(0.0)));
+                proxy.cut();
+                std::thread::sleep(Duration::from_millis(2500));
+                proxy.heal();
+                "replies of a group's tick held back 2.5 s"
+            }
         };
         step(&format!("{fault} on {id}, {offset:+} ms from {tick}"));
         *faults.entry(fault).or_default() += 1;
+        // Now and then a feature's own action: a manual run, a pause or resume, a backfill.
+        let action = match coin.roll(4) {
+            0 | 1 => Some(features.trigger(&configs[0], coin.roll(5))),
+            2 => Some(features.pause_or_resume(&configs[0])),
+            _ => features.backfill_now_and_then(&configs[0]),
+        };
+        if let Some(action) = action {
+            step(&action);
+        }
         std::thread::sleep(Duration::from_millis(1000 + dice.roll(2000)));
     }
+    features.resume_if_paused(&configs[0]);
     step("faults over: every node up; let catch-up and redelivery finish");
     let window_end = Utc::now() - chrono::Duration::seconds(1);
     let settled = now_secs();
@@ -257,6 +362,27 @@ fn a_randomized_fault_run_keeps_every_delivery_promise() {
             highest_of_any = highest_of_any.max(run.fence);
         }
     }
+    // A skip job whose runs outlast its period leaves a backlog of redelivered ticks after
+    // many takeovers (each runs: at-least-once), and its backfill waits behind it; a long run
+    // leaves minutes of it.
+    step("the features: let the backfills end, then check");
+    let _ = features::wait_within(Duration::from_secs(90).max(run_for / 2), || {
+        features.timeline.backfills.iter().all(|(job, ticks)| {
+            let runs = features::stamps_of(&features.dir, job);
+            ticks.iter().all(|tick| {
+                runs.iter()
+                    .any(|run| run.trigger == "backfill" && run.tick == *tick && run.ended.is_some())
+            })
+        })
+    });
+    let mut verdict = check::check(&features);
+    step("stop the fleet; its leases expire; list the groups' keys");
+    check::stop_and_list_groups(&mut world, TTL, &mut verdict);
+    eprintln!(
+        "chaos: seed {seed}: features: {}; {}",
+        check::counts(&features),
+        verdict.figures()
+    );
     eprintln!(
         "chaos: seed {seed}: faults {faults:?}; {checked} (job, tick) checked; missing without a record {}, run twice without a higher fence {}, fence back {}; {doubled} at-least-once repeats; {lost} at-most-once ticks recorded lost; {across_counts} runs out of fence order across the two shard counts",
         missing.count, twice.count, fence_back.count
@@ -265,5 +391,11 @@ fn a_randomized_fault_run_keeps_every_delivery_promise() {
         (missing.count, twice.count, fence_back.count),
         (0, 0, 0),
         "violations (seed {seed}): missing {missing:?}; twice {twice:?}; fence back {fence_back:?}"
+    );
+    assert_eq!(
+        verdict.violations(),
+        0,
+        "feature violations (seed {seed}): {:#?}",
+        verdict.found
     );
 }

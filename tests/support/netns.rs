@@ -167,6 +167,27 @@ impl Netns {
         ["ip", "netns", "exec", &self.name]
     }
 
+    /// Routes `host` (an address of the host's, such as another namespace's `root_addr`) through
+    /// this namespace's veth pair, so a process in it reaches a listener the test put there:
+    /// the host takes a packet to any of its addresses on any interface.
+    pub fn route_to_host(&self, host: Ipv4Addr) {
+        if host != self.root_addr {
+            let to = format!("{host}/32");
+            run(
+                "ip",
+                &[
+                    "-n",
+                    &self.name,
+                    "route",
+                    "add",
+                    &to,
+                    "via",
+                    &self.root_addr.to_string(),
+                ],
+            );
+        }
+    }
+
     /// Drops every packet on the pair from now on, in both directions, silently.
     pub fn drop_packets(&self) {
         for direction in ["ingress", "egress"] {

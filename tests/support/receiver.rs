@@ -3,7 +3,7 @@
 //! port.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -33,6 +33,8 @@ impl Hit {
 
 pub struct Receiver {
     pub port: u16,
+    /// The address it listens on: loopback, unless started with [`Receiver::start_on`].
+    host: Ipv4Addr,
     hits: Arc<Mutex<Vec<Hit>>>,
     up: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
@@ -41,17 +43,24 @@ pub struct Receiver {
 
 impl Receiver {
     pub fn start() -> Receiver {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the receiver");
+        Receiver::start_on(Ipv4Addr::LOCALHOST)
+    }
+
+    /// A receiver on a free port of `host`: the host's end of a test's veth pair, say, for nodes
+    /// in network namespaces, which cannot reach the host's loopback.
+    pub fn start_on(host: Ipv4Addr) -> Receiver {
+        let listener = TcpListener::bind((host, 0)).expect("bind the receiver");
         let port = listener.local_addr().expect("its address").port();
         let hits = Arc::new(Mutex::new(Vec::new()));
         let up = Arc::new(AtomicBool::new(true));
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
             let (hits, up, stop) = (Arc::clone(&hits), Arc::clone(&up), Arc::clone(&stop));
-            std::thread::spawn(move || serve(listener, port, &hits, &up, &stop))
+            std::thread::spawn(move || serve(listener, host, port, &hits, &up, &stop))
         };
         Receiver {
             port,
+            host,
             hits,
             up,
             stop,
@@ -60,7 +69,7 @@ impl Receiver {
     }
 
     pub fn url(&self, path: &str) -> String {
-        format!("http://127.0.0.1:{}{path}", self.port)
+        format!("http://{}:{}{path}", self.host, self.port)
     }
 
     /// Closes the port: connections are refused until [`Receiver::up`].
@@ -96,13 +105,13 @@ impl Drop for Receiver {
     }
 }
 
-fn serve(listener: TcpListener, port: u16, hits: &Mutex<Vec<Hit>>, up: &AtomicBool, stop: &AtomicBool) {
+fn serve(listener: TcpListener, host: Ipv4Addr, port: u16, hits: &Mutex<Vec<Hit>>, up: &AtomicBool, stop: &AtomicBool) {
     let mut listener = Some(listener);
     while !stop.load(Ordering::SeqCst) {
         match (up.load(Ordering::SeqCst), listener.is_some()) {
             (false, true) => listener = None,
             // std sets SO_REUSEADDR: the same port binds again at once.
-            (true, false) => listener = TcpListener::bind(("127.0.0.1", port)).ok(),
+            (true, false) => listener = TcpListener::bind((host, port)).ok(),
             _ => {}
         }
         let Some(open) = &listener else {
