@@ -32,10 +32,13 @@ use tokio_util::sync::CancellationToken;
 use crate::coord::etcd::{self, CoordError};
 use crate::coord::keys::{GroupKey, Keys};
 use crate::coord::mirror::{Mirror, Put};
-use crate::coord::session::{Purpose, Session};
+use crate::coord::session::Session;
 use crate::rules::groups::{admit_counted, within, Admission, Group, Holder, Place};
 
+mod slot_lease;
 mod sweep;
+
+use slot_lease::SlotLease;
 
 /// How often a waiting attempt looks at its group again without a change seen: a watch that
 /// failed and is being restarted delivers nothing meanwhile.
@@ -89,7 +92,7 @@ pub(crate) struct Groups {
     ttl: Duration,
     views: Mutex<HashMap<String, GroupView>>,
     changed: Notify,
-    lease: tokio::sync::Mutex<Option<Session>>,
+    lease: SlotLease,
     /// Cancelled once the node's runs have ended: the lease of its slots ends with it.
     drained: CancellationToken,
     /// Each group's limit by the config the node runs now.
@@ -234,7 +237,7 @@ impl Groups {
             ttl,
             views: Mutex::default(),
             changed: Notify::new(),
-            lease: tokio::sync::Mutex::new(None),
+            lease: SlotLease::new(),
             drained: CancellationToken::new(),
             limits,
             attending: Mutex::default(),
@@ -647,19 +650,12 @@ impl Groups {
     /// The lease slots and places live on: the current one while it holds by this node's
     /// clock, else a new one.
     async fn lease(&self) -> Result<Session, CoordError> {
-        let mut current = self.lease.lock().await;
-        if let Some(session) = current.as_ref().filter(|session| session.is_live()) {
-            return Ok(session.clone());
-        }
-        let session = Session::open_for(&self.client, self.ttl, &self.drained, Purpose::Slots).await?;
-        *current = Some(session.clone());
-        Ok(session)
+        self.lease.live_or_open(&self.client, self.ttl, &self.drained).await
     }
 
-    /// The lease now, if the node holds one that is live and nobody is opening another.
+    /// The lease now, if the node holds one that is live.
     fn lease_if_live(&self) -> Option<Session> {
-        let current = self.lease.try_lock().ok()?;
-        current.as_ref().filter(|session| session.is_live()).cloned()
+        self.lease.live()
     }
 
     /// The lease now, if the node holds one that is live, without waiting: a run of an
@@ -667,10 +663,8 @@ impl Groups {
     /// if it lapses. Without one, a new one is opened for the next run, and this run is listed
     /// by none.
     pub(crate) fn lease_now(self: &Arc<Self>) -> Option<Session> {
-        if let Ok(current) = self.lease.try_lock() {
-            if let Some(session) = current.as_ref().filter(|session| session.is_live()) {
-                return Some(session.clone());
-            }
+        if let Some(session) = self.lease.live() {
+            return Some(session);
         }
         let groups = Arc::clone(self);
         tokio::spawn(async move {
@@ -698,7 +692,7 @@ impl Groups {
     /// The node's runs have ended: the lease of its slots is revoked.
     pub(crate) async fn close(&self) {
         self.drained.cancel();
-        if let Some(session) = self.lease.lock().await.take() {
+        if let Some(session) = self.lease.take().await {
             session.close().await;
         }
     }
