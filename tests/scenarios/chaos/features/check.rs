@@ -313,7 +313,9 @@ fn notifications(features: &Features, verdict: &mut Verdict) {
                     .as_str()
                     .and_then(|tick| chrono::DateTime::parse_from_rfc3339(tick).ok())
                     .is_some_and(|tick| tick == run.tick);
-            let carried = json["fence"].as_i64().is_some_and(|fence| fence > run.fence && fence < until);
+            let carried = json["fence"]
+                .as_i64()
+                .is_some_and(|fence| fence > run.fence && fence < until);
             json["event"] == event && (names_it || carried)
         })
     };
