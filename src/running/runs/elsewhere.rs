@@ -17,7 +17,7 @@ use crate::coord::keys::Ask;
 use crate::coord::session::Session;
 use crate::coord::starts::StartedHere;
 use crate::rules::config::Overlap;
-use crate::rules::protocol::elsewhere::{self, Verdict};
+use crate::rules::protocol::elsewhere::{self, ClaimedTick, Verdict};
 use crate::rules::record::Going;
 use crate::running::runner::{self, Origin, Tick};
 
@@ -34,6 +34,13 @@ const LEASE_LOOK: Duration = Duration::from_millis(50);
 /// goes: each ask is a write, so at most one a second per run waited for.
 const ASK_AGAIN: Duration = Duration::from_secs(1);
 
+/// How long a run asked for by hand waits for a tick another leader claimed after this run's
+/// claim and before its listing: a tick started is written within the ride window by a leader
+/// that still writes, so one still pending past this had not started when this run was listed.
+/// Waiting longer can wait forever: that tick may itself wait for a tick of this node queued
+/// behind this run (each leader waits for the claims made before its own).
+const CLAIMED_SINCE_WAIT: Duration = Duration::from_secs(5);
+
 /// What came of waiting for the runs going on other nodes.
 pub(super) enum Cleared {
     /// None goes any more: the ticks start.
@@ -49,7 +56,7 @@ impl Runs {
     pub(super) async fn clear_elsewhere(&self, ticks: &[Tick]) -> Cleared {
         let first = &ticks[0];
         let job = &first.job;
-        let Some(claimed_runs) = self.runs_of_claimed(first).await else {
+        let Some(claimed_runs) = self.runs_of_claimed(first, &first.claimed_elsewhere, None).await else {
             for tick in ticks {
                 runner::span(tick).in_scope(|| self.not_starting(tick));
             }
@@ -192,9 +199,28 @@ impl Runs {
             self.settle_backfill(tick, claim, Settle::Again);
             return Cleared::No;
         }
+        // The claims made before this run's were in its record when it was claimed, and waited
+        // for in full; those made since, only as long as a started tick takes to be written.
+        let (claimed_before, claimed_since): (Vec<ClaimedTick>, Vec<ClaimedTick>) = beside
+            .claimed
+            .into_iter()
+            .partition(|claimed| tick.claimed_elsewhere.contains(claimed));
+        let Some(runs_since) = self
+            .runs_of_claimed(tick, &claimed_since, Some(CLAIMED_SINCE_WAIT))
+            .await
+        else {
+            self.unlist_going(tick);
+            self.not_starting(tick);
+            return Cleared::No;
+        };
+        for run in runs_since {
+            if run.node != tick.node && !going.contains(&run) && !here.seen_ended(&job.name, run.fence) {
+                going.push(run);
+            }
+        }
         let waiting = Tick {
             elsewhere: going,
-            claimed_elsewhere: beside.claimed,
+            claimed_elsewhere: claimed_before,
             ..tick.clone()
         };
         let cleared = self.clear_elsewhere(std::slice::from_ref(&waiting)).await;
@@ -204,13 +230,20 @@ impl Runs {
         cleared
     }
 
-    /// The runs of the ticks `tick` found claimed by other leaderships, once each leader has
-    /// written since (the tick started or was settled): those its record lists of each tick.
-    /// `None` if the leadership ended while waiting.
-    async fn runs_of_claimed(&self, tick: &Tick) -> Option<Vec<Going>> {
+    /// The runs of the ticks in `claimed`, which `tick` found claimed by other leaderships, once
+    /// each leader has written since (the tick started or was settled): those its record lists
+    /// of each tick. With `within`, a tick still pending after that long is waited for no
+    /// more. `None` if the leadership ended while waiting.
+    async fn runs_of_claimed(
+        &self,
+        tick: &Tick,
+        claimed: &[ClaimedTick],
+        within: Option<Duration>,
+    ) -> Option<Vec<Going>> {
         let job = &tick.job.name;
+        let deadline = within.map(|within| tokio::time::Instant::now() + within);
         let mut runs = Vec::new();
-        for claimed in &tick.claimed_elsewhere {
+        for claimed in claimed {
             let mut told = false;
             loop {
                 if let Some(ClaimShown::Settled(listed)) =
@@ -219,8 +252,12 @@ impl Runs {
                     runs.extend(listed);
                     break;
                 }
+                if deadline.is_some_and(|deadline| tokio::time::Instant::now() >= deadline) {
+                    runner::span(tick).in_scope(|| tracing::warn!(node = %claimed.node, claimed_tick = %claimed.tick, waited_ms = within.unwrap_or_default().as_millis() as u64, "starting without that tick's start written: another leader claimed it after this run was claimed and has not started it since this run was listed (waiting on could wait for ever: it may wait for this node's ticks queued behind this run)"));
+                    break;
+                }
                 if !std::mem::replace(&mut told, true) {
-                    runner::span(tick).in_scope(|| tracing::info!(node = %claimed.node, claimed_tick = %claimed.tick, "waiting: another leader of this job claimed a tick before this one, and has not written since whether it started"));
+                    runner::span(tick).in_scope(|| tracing::info!(node = %claimed.node, claimed_tick = %claimed.tick, "waiting: another leader of this job claimed a tick that may start beside this run, and has not written since whether it started"));
                 }
                 tokio::select! {
                     _ = tokio::time::sleep(LOOK_EVERY) => {}
