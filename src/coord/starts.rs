@@ -69,18 +69,28 @@ pub(crate) struct StartedHere {
     /// By job and fence, for this node's runs going now: what the first write that listed the
     /// run showed beside it. A run that takes no claim of the schedule waits for it.
     landed: Mutex<HashMap<String, BTreeMap<i64, Beside>>>,
+    /// By job, the fences of this node's runs that wait for a write to list them, and no write
+    /// has yet: only theirs are kept in `landed`.
+    landing_awaited: Mutex<HashMap<String, BTreeSet<i64>>>,
     /// Woken when a write lists a run for the first time.
     landing: Notify,
 }
 
 impl StartedHere {
-    /// A run of `job` started on this node: its records list it as going until it ends.
+    /// A run of `job` started on this node: its records list it as going until it ends. With
+    /// `awaits_landing`, it waits for the first write that lists it ([`StartedHere::landed`]).
     /// Returns false if it was listed already (before it started), which stays as it was.
-    pub(crate) fn run_going(&self, job: &str, going: Going) -> bool {
+    pub(crate) fn run_going(&self, job: &str, going: Going, awaits_landing: bool) -> bool {
         let mut runs = lock(&self.going);
         let of_job = runs.entry(job.to_string()).or_default();
         if of_job.contains_key(&going.fence) {
             return false;
+        }
+        if awaits_landing {
+            lock(&self.landing_awaited)
+                .entry(job.to_string())
+                .or_default()
+                .insert(going.fence);
         }
         of_job.insert(going.fence, going);
         true
@@ -90,55 +100,59 @@ impl StartedHere {
     pub(crate) fn run_ended(&self, job: &str, fence: i64) {
         forget_run(&mut lock(&self.going), job, fence);
         forget_run(&mut lock(&self.landed), job, fence);
+        let mut awaited = lock(&self.landing_awaited);
+        if let Some(fences) = awaited.get_mut(job) {
+            fences.remove(&fence);
+            if fences.is_empty() {
+                awaited.remove(job);
+            }
+        }
     }
 
     /// `record` of `job` was written by the leadership `term` of `node` (this one): each run
-    /// of this node it lists for the first time is listed in etcd now, beside what it shows.
+    /// of this node that awaits its listing and that it lists is listed in etcd now, beside
+    /// what it shows.
     pub(crate) fn record_written(&self, job: &str, record: &Claim, node: &str, term: i64) {
-        let going = lock(&self.going);
-        let Some(own) = going.get(job) else {
-            return;
-        };
-        let mut landed = lock(&self.landed);
-        let mut shown: Option<Beside> = None;
-        let mut any = false;
         // A record lists at most `MAX_GOING` runs, the highest fences: one that had no room is
         // as listed as it can be, and must not wait for a write that never lists it.
         let full = record.going.len() >= MAX_GOING;
-        let listed = own
-            .keys()
-            .filter(|fence| full || record.going.iter().any(|run| run.node == node && run.fence == **fence));
-        for fence in listed {
-            if let std::collections::btree_map::Entry::Vacant(first) =
-                landed.entry(job.to_string()).or_default().entry(*fence)
-            {
-                first.insert(
-                    shown
-                        .get_or_insert_with(|| elsewhere::beside(record, node, term))
-                        .clone(),
-                );
-                any = true;
-            }
-        }
-        drop((landed, going));
-        if any {
-            self.landing.notify_waiters();
-        }
+        self.land(
+            job,
+            |fence| full || record.going.iter().any(|run| run.node == node && run.fence == fence),
+            || elsewhere::beside(record, node, term),
+        );
     }
 
     /// `job` has no record to list this node's runs in (no leader ever claimed it): each not
     /// listed yet is as listed, with nothing beside it.
     pub(crate) fn no_record(&self, job: &str) {
-        let going = lock(&self.going);
-        let Some(own) = going.get(job) else {
+        self.land(job, |_| true, Beside::default);
+    }
+
+    /// Marks listed the runs of `job` awaiting their listing that `listed` says are, beside
+    /// what `shown` makes (once, only if there is one).
+    fn land(&self, job: &str, listed: impl Fn(i64) -> bool, shown: impl FnOnce() -> Beside) {
+        let mut awaited = lock(&self.landing_awaited);
+        let Some(fences) = awaited.get_mut(job) else {
             return;
         };
+        let landing: Vec<i64> = fences.iter().copied().filter(|fence| listed(*fence)).collect();
+        if landing.is_empty() {
+            return;
+        }
+        for fence in &landing {
+            fences.remove(fence);
+        }
+        if fences.is_empty() {
+            awaited.remove(job);
+        }
+        let beside = shown();
         let mut landed = lock(&self.landed);
         let runs = landed.entry(job.to_string()).or_default();
-        for fence in own.keys() {
-            runs.entry(*fence).or_default();
+        for fence in landing {
+            runs.insert(fence, beside.clone());
         }
-        drop((landed, going));
+        drop((landed, awaited));
         self.landing.notify_waiters();
     }
 

@@ -27,3 +27,51 @@ fn a_job_never_written_again_keeps_only_its_newest_starts() {
     assert!(here.contains("j", at(10)));
     assert_eq!(here.lock()["j"].len(), REMEMBERED_PER_JOB);
 }
+
+fn going(node: &str, fence: i64) -> Going {
+    Going {
+        node: node.to_string(),
+        tick: at(fence),
+        fence,
+        lease: 7,
+        since: at(fence),
+    }
+}
+
+#[test]
+fn only_runs_that_await_their_listing_keep_what_the_write_showed() {
+    let here = StartedHere::default();
+    assert!(here.run_going("j", going("me", 10), false), "a scheduled run");
+    assert!(here.run_going("j", going("me", 11), true), "a manual run");
+    assert!(
+        here.run_going("j", going("me", 12), true),
+        "a manual run the write misses"
+    );
+    let record = Claim {
+        node: "me".to_string(),
+        term: 3,
+        going: vec![going("me", 10), going("me", 11), going("other", 9)],
+        ..Claim::default()
+    };
+    here.record_written("j", &record, "me", 3);
+    let landed = lock(&here.landed);
+    let runs = &landed["j"];
+    assert_eq!(
+        runs.keys().copied().collect::<Vec<_>>(),
+        vec![11],
+        "only the listed run awaiting it"
+    );
+    assert_eq!(
+        runs[&11].going,
+        vec![going("other", 9)],
+        "beside it: the other node's run"
+    );
+    drop(landed);
+    here.run_ended("j", 12);
+    assert!(
+        lock(&here.landing_awaited).is_empty(),
+        "a run that ended awaits nothing"
+    );
+    here.run_ended("j", 11);
+    assert!(lock(&here.landed).is_empty());
+}

@@ -162,9 +162,10 @@ impl Runs {
             lease: lease.lease(),
             since: clock::now(),
         };
-        let new = tick.starts.here().run_going(&job.name, going);
         // A scheduled run's start is written with its ticket's; a run that took none is
-        // written on its own, so a handoff or a graceful stop does not hide it.
+        // written on its own, so a handoff or a graceful stop does not hide it, and waits for
+        // that write.
+        let new = tick.starts.here().run_going(&job.name, going, tick.is_asked());
         if new && tick.is_asked() {
             tick.starts.listed(&job.name);
         }
