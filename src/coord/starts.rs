@@ -39,9 +39,12 @@ const MARGIN_POLL: Duration = Duration::from_millis(50);
 /// bound for jobs whose shard the node never leads again; the oldest are forgotten first.
 const REMEMBERED_PER_JOB: usize = 1024;
 
-/// At most how many fences of other nodes' ended runs a node remembers per job, the highest
+/// At most how many of other nodes' ended runs a node remembers per job, the highest fences
 /// kept: a listing of an older one that a record still carries is looked at again, no more.
 const ENDED_REMEMBERED_PER_JOB: usize = 64;
+
+/// Another node's run, as this node remembers it ended: its fence and tick.
+type RunId = (i64, DateTime<Utc>);
 
 /// Takes the run of `job` with `fence` out of `runs`, and the job once none is left.
 fn forget_run<T>(runs: &mut HashMap<String, BTreeMap<i64, T>>, job: &str, fence: i64) {
@@ -62,10 +65,11 @@ pub(crate) struct StartedHere {
     /// fence, of every kind (scheduled, manual, backfill: a backfill may run several at once):
     /// what the records it writes list as going, whichever of its leaderships writes them.
     going: Mutex<HashMap<String, BTreeMap<i64, Going>>>,
-    /// By job: the fences of other nodes' runs this node saw end. Its records stop listing
-    /// those runs. A set, not the highest: a lower-fenced run may still go after a higher one
-    /// ended (two backfill runs at once).
-    ended_elsewhere: Mutex<HashMap<String, BTreeSet<i64>>>,
+    /// By job: the fences and ticks of other nodes' runs this node saw end. Its records stop
+    /// listing those runs. A set, not the highest fence: a lower-fenced run may still go after a
+    /// higher one ended (two backfill runs at once); and by tick too, since the ticks of a
+    /// backlog share the fence of the claim that won them, and run one after another.
+    ended_elsewhere: Mutex<HashMap<String, BTreeSet<RunId>>>,
     /// By job and fence, for this node's runs going now: what the first write that listed the
     /// run showed beside it. A run that takes no claim of the schedule waits for it.
     landed: Mutex<HashMap<String, BTreeMap<i64, Beside>>>,
@@ -191,21 +195,21 @@ impl StartedHere {
         lock(&self.going).keys().cloned().collect()
     }
 
-    /// Another node's run of `job` with `fence` was seen ended.
-    pub(crate) fn ended_elsewhere(&self, job: &str, fence: i64) {
+    /// Another node's run of `job`, `run`, was seen ended.
+    pub(crate) fn ended_elsewhere(&self, job: &str, run: &Going) {
         let mut ended = lock(&self.ended_elsewhere);
-        let fences = ended.entry(job.to_string()).or_default();
-        fences.insert(fence);
-        if fences.len() > ENDED_REMEMBERED_PER_JOB {
-            fences.pop_first();
+        let runs = ended.entry(job.to_string()).or_default();
+        runs.insert((run.fence, run.tick));
+        if runs.len() > ENDED_REMEMBERED_PER_JOB {
+            runs.pop_first();
         }
     }
 
-    /// Whether this node saw another node's run of `job` with `fence` end.
-    pub(crate) fn seen_ended(&self, job: &str, fence: i64) -> bool {
+    /// Whether this node saw another node's run of `job`, `run`, end.
+    pub(crate) fn seen_ended(&self, job: &str, run: &Going) -> bool {
         lock(&self.ended_elsewhere)
             .get(job)
-            .is_some_and(|fences| fences.contains(&fence))
+            .is_some_and(|runs| runs.contains(&(run.fence, run.tick)))
     }
 
     fn remember(&self, job: &str, tick: DateTime<Utc>) {

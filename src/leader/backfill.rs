@@ -181,7 +181,7 @@ impl Term {
         for run in self.elsewhere(job, record) {
             match going::look(&self.session.client(), &self.node.keys, &job.name, &run).await {
                 Some(shown) if matches!(elsewhere::verdict(&shown), Verdict::Ended) => {
-                    self.starts.here().ended_elsewhere(&job.name, run.fence);
+                    self.starts.here().ended_elsewhere(&job.name, &run);
                 }
                 _ => waiting = true,
             }

@@ -208,7 +208,7 @@ impl Term {
         record
             .into_iter()
             .flat_map(|claim| &claim.going)
-            .filter(|run| run.node != self.node.node_id && !here.seen_ended(&job.name, run.fence))
+            .filter(|run| run.node != self.node.node_id && !here.seen_ended(&job.name, run))
             .cloned()
             .collect()
     }

@@ -227,8 +227,8 @@ impl Claimer<'_> {
                 if let Some(record) = &mut record {
                     let here = self.starts.here();
                     let job = &entry.job.name;
-                    record.going = going_after(entry.record.as_ref(), here.own_going(job), self.node_id, |fence| {
-                        here.seen_ended(job, fence)
+                    record.going = going_after(entry.record.as_ref(), here.own_going(job), self.node_id, |run| {
+                        here.seen_ended(job, run)
                     });
                 }
                 record

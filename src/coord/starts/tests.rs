@@ -75,3 +75,27 @@ fn only_runs_that_await_their_listing_keep_what_the_write_showed() {
     here.run_ended("j", 11);
     assert!(lock(&here.landed).is_empty());
 }
+
+#[test]
+fn the_next_run_of_a_backlog_is_not_taken_for_ended_with_the_one_before() {
+    let here = StartedHere::default();
+    // One claim won both ticks of a backlog: their runs share its fence.
+    let first = Going {
+        tick: at(40),
+        ..going("b", 500)
+    };
+    let next = Going {
+        tick: at(44),
+        ..going("b", 500)
+    };
+    here.ended_elsewhere("j", &first);
+    assert!(here.seen_ended("j", &first));
+    assert!(!here.seen_ended("j", &next), "the backlog's next run goes on");
+    let record = Claim {
+        node: "b".to_string(),
+        going: vec![next.clone()],
+        ..Claim::default()
+    };
+    let going = crate::rules::protocol::going_after(Some(&record), None, "me", |run| here.seen_ended("j", run));
+    assert_eq!(going, vec![next], "a write keeps listing it");
+}

@@ -145,8 +145,8 @@ impl Going1 {
         let current = record(state.record.clone());
         let own = state.nodes[writer].run.map(|run| listed(writer, run));
         let seen = state.nodes[writer].seen_ended;
-        let mut going = going_after(Some(&current), own, &writer.to_string(), |fence| {
-            seen.is_some_and(|seen| fence <= seen)
+        let mut going = going_after(Some(&current), own, &writer.to_string(), |run| {
+            seen.is_some_and(|seen| run.fence <= seen)
         });
         if self.rules == Rules::DropOthers {
             going.retain(|run| run.node == writer.to_string());

@@ -207,18 +207,18 @@ pub(crate) const MAX_GOING: usize = 8;
 
 /// The runs of a job going on that a record written by `writer` lists: its own runs `own` (a
 /// node may run several at once: a backfill's `--parallel`), and the other nodes' that
-/// `current` lists and the writer has not seen end (`seen_ended` of their fence). A writer's own
+/// `current` lists and the writer has not seen end (`seen_ended`). A writer's own
 /// runs it knows itself: what `current` says of them is old.
 pub(crate) fn going_after(
     current: Option<&Claim>,
     own: impl IntoIterator<Item = Going>,
     writer: &str,
-    seen_ended: impl Fn(i64) -> bool,
+    seen_ended: impl Fn(&Going) -> bool,
 ) -> Vec<Going> {
     let mut going: Vec<Going> = current
         .into_iter()
         .flat_map(|claim| &claim.going)
-        .filter(|run| run.node != writer && !seen_ended(run.fence))
+        .filter(|run| run.node != writer && !seen_ended(run))
         .cloned()
         .collect();
     going.extend(own);

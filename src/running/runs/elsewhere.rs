@@ -64,7 +64,7 @@ impl Runs {
         };
         let mut runs = first.elsewhere.clone();
         for run in claimed_runs {
-            if run.node != first.node && !runs.contains(&run) && !first.starts.here().seen_ended(&job.name, run.fence) {
+            if run.node != first.node && !runs.contains(&run) && !first.starts.here().seen_ended(&job.name, &run) {
                 runs.push(run);
             }
         }
@@ -79,7 +79,7 @@ impl Runs {
                 let verdict = shown.map_or(Verdict::Unknown, |shown| elsewhere::verdict(&shown));
                 match verdict {
                     Verdict::Ended => {
-                        first.starts.here().ended_elsewhere(&job.name, run.fence);
+                        first.starts.here().ended_elsewhere(&job.name, run);
                         continue 'runs;
                     }
                     Verdict::WentOnFor(age)
@@ -190,7 +190,7 @@ impl Runs {
             return Cleared::No;
         };
         let mut going = beside.going;
-        going.retain(|run| !here.seen_ended(&job.name, run.fence) && !tick.elsewhere.contains(run));
+        going.retain(|run| !here.seen_ended(&job.name, run) && !tick.elsewhere.contains(run));
         if going.is_empty() && beside.claimed.is_empty() {
             return Cleared::Yes;
         }
@@ -215,7 +215,7 @@ impl Runs {
             return Cleared::No;
         };
         for run in runs_since {
-            if run.node != tick.node && !going.contains(&run) && !here.seen_ended(&job.name, run.fence) {
+            if run.node != tick.node && !going.contains(&run) && !here.seen_ended(&job.name, &run) {
                 going.push(run);
             }
         }
