@@ -67,6 +67,10 @@ impl Term {
             tracing::warn!(job = %job.name, error = %err, "cannot read the job's backfill; trying again shortly");
             return Ok(Backlog::Waits);
         }
+        // The budget bounds the ticks one look claims, not its first: with etcd a few tens of
+        // milliseconds away, the reads before a claim alone outlast it, and no tick would ever be
+        // claimed.
+        let mut claimed_one = false;
         loop {
             let read = match backfills::read(client, keys, &job.name).await {
                 Ok(Some(read)) => read,
@@ -96,7 +100,7 @@ impl Term {
                 return Ok(if elsewhere { Backlog::Waits } else { Backlog::Settled });
             };
             let now = clock::now();
-            if Instant::now() >= until
+            if (claimed_one && Instant::now() >= until)
                 || self.node.pauses.stopping(job.job_name(), now, now).is_some()
                 || !self.node.runs.idle_for_backfill(&job.name, job.overlap)
                 // Ticks this leadership owes (adopted at a takeover, claimed ahead) start
@@ -118,6 +122,7 @@ impl Term {
             let answer = backfills::claim(client, keys, &self.leadership, &job.name, revision, &claimed).await;
             match answer {
                 Ok(Claimed::Ours(fence)) => {
+                    claimed_one = true;
                     let (done, total) = backfill.progress();
                     tracing::info!(job = %job.name, backfill = %backfill.id, tick = %next.tick, fence, done, total, redelivered = next.redelivered, "starting a backfill run");
                     self.node.runs.start(vec![Tick {
