@@ -309,6 +309,27 @@ impl EtcdServer {
     }
 
     #[cfg(feature = "test-support")]
+    /// Stalls member `index` (SIGSTOP): it keeps its connections and answers nothing, as a
+    /// member hung on a slow disk does.
+    pub fn stall_member(&self, index: usize) {
+        self.signal_member(index, libc::SIGSTOP);
+    }
+
+    #[cfg(feature = "test-support")]
+    /// Lets a member stalled by [`EtcdServer::stall_member`] go on (SIGCONT).
+    pub fn resume_member(&self, index: usize) {
+        self.signal_member(index, libc::SIGCONT);
+    }
+
+    #[cfg(feature = "test-support")]
+    fn signal_member(&self, index: usize, signal: libc::c_int) {
+        if let Some(child) = &self.members[index].child {
+            // SAFETY: kill(2) on the pid of a child this server spawned and has not reaped.
+            unsafe { libc::kill(child.id() as libc::pid_t, signal) };
+        }
+    }
+
+    #[cfg(feature = "test-support")]
     /// Starts every stopped member again on the same ports and data.
     pub fn restart(&mut self) -> Result<(), EtcdServerError> {
         for index in 0..self.members.len() {

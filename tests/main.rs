@@ -25,6 +25,7 @@ mod scenarios {
     mod delivery;
     mod dev;
     mod etcd_faults;
+    mod etcd_maintenance;
     mod etcd_space;
     mod fleet;
     mod groups;
