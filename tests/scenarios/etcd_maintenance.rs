@@ -57,6 +57,16 @@ fn cost(world: &World, runs: &[Run], from: f64) -> Cost {
 
 #[test]
 fn a_follower_member_stalled_past_the_lease_moves_no_shard() {
+    one_member_stalled(false);
+}
+
+#[test]
+fn the_leader_member_stalled_past_the_lease_moves_no_shard() {
+    one_member_stalled(true);
+}
+
+/// Stalls etcd's raft leader member, or a follower, for [`STALL`], then checks the window.
+fn one_member_stalled(raft_leader: bool) {
     let mut world = World::with_etcd_members(3);
     let names = job_names(8, 1);
     let config = world.write_config("jobs.toml", SHARDS, TTL, &every_second(&names, "catch_up = \"all\""));
@@ -68,12 +78,15 @@ fn a_follower_member_stalled_past_the_lease_moves_no_shard() {
         every_job_ran_since(&world.runs(), &names, settled, 2)
     });
     let leader = world.etcd.leader_member().expect("etcd has a leader");
-    let follower = (leader + 1) % 3;
+    let (stalled, role) = match raft_leader {
+        true => (leader, "the raft leader"),
+        false => ((leader + 1) % 3, "a follower"),
+    };
     let from = now_secs();
-    step(&format!("stall etcd member{follower} (a follower) for {STALL:?}"));
-    world.etcd.stall_member(follower);
+    step(&format!("stall etcd member{stalled} ({role}) for {STALL:?}"));
+    world.etcd.stall_member(stalled);
     std::thread::sleep(STALL);
-    world.etcd.resume_member(follower);
+    world.etcd.resume_member(stalled);
     let resumed = now_secs();
     wait_for(Duration::from_secs(30), "5 more seconds of runs", || {
         every_job_ran_a_tick_after(&world.runs(), &names, resumed + 5.0)
@@ -91,7 +104,7 @@ fn a_follower_member_stalled_past_the_lease_moves_no_shard() {
     assert_fences_never_go_down(&runs);
     let cost = cost(&world, &runs, from);
     eprintln!(
-        "follower member stalled {STALL:?} (TTL {TTL} s): {} session(s) lost, {} handoff(s), lateness p99 {:.2} s, max {:.2} s",
+        "{role} member stalled {STALL:?} (TTL {TTL} s): {} session(s) lost, {} handoff(s), lateness p99 {:.2} s, max {:.2} s",
         cost.sessions_lost, cost.handoffs, cost.lateness_p99, cost.lateness_max
     );
     assert_eq!(cost.sessions_lost, 0, "sessions lost to one stalled member");
