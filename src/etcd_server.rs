@@ -339,7 +339,19 @@ impl EtcdServer {
     }
 
     #[cfg(feature = "test-support")]
-    fn restart_member(&mut self, index: usize) -> Result<(), EtcdServerError> {
+    /// Stops member `index` as an operator does (SIGTERM: it hands raft leadership on if it
+    /// holds it) and waits for it to exit; its data stays for [`EtcdServer::restart_member`].
+    pub fn terminate_member(&mut self, index: usize) {
+        if let Some(mut child) = self.members[index].child.take() {
+            // SAFETY: kill(2) on the pid of a child this server spawned and has not reaped.
+            unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+            let _ = child.wait();
+        }
+    }
+
+    #[cfg(feature = "test-support")]
+    /// Starts a stopped member again on its ports and data, and waits until it answers healthy.
+    pub fn restart_member(&mut self, index: usize) -> Result<(), EtcdServerError> {
         if self.members[index].child.is_none() {
             self.spawn(index)?;
             self.wait_healthy(index, Duration::from_secs(30))?;
