@@ -41,6 +41,8 @@ struct Member {
     peer_port: u16,
     /// Plain-HTTP `/health` and `/metrics`, also when clients speak TLS.
     metrics_port: u16,
+    /// The etcd binary it runs, when it is not the server's (a member upgraded in place).
+    bin: Option<PathBuf>,
     child: Option<Child>,
 }
 
@@ -162,6 +164,7 @@ impl EtcdServer {
                 client_port: free_port()?,
                 peer_port: free_port()?,
                 metrics_port: free_port()?,
+                bin: None,
                 child: None,
             });
         }
@@ -215,13 +218,14 @@ impl EtcdServer {
             .create(true)
             .append(true)
             .open(self.log_path_of(index))?;
+        let bin = self.bin_of(index);
         let mut command = match member.wrapper.split_first() {
             Some((program, rest)) => {
                 let mut command = Command::new(program);
-                command.args(rest).arg(&self.bin);
+                command.args(rest).arg(bin);
                 command
             }
-            None => Command::new(&self.bin),
+            None => Command::new(bin),
         };
         let child = command
             .arg(format!("--name={}", member.name))
@@ -248,7 +252,7 @@ impl EtcdServer {
             .stderr(log)
             .spawn()
             .map_err(|source| EtcdServerError::Spawn {
-                bin: self.bin.display().to_string(),
+                bin: self.bin_of(index).display().to_string(),
                 source,
             })?;
         self.members[index].child = Some(child);
@@ -360,6 +364,19 @@ impl EtcdServer {
     }
 
     #[cfg(feature = "test-support")]
+    /// Upgrades member `index` in place, as an operator does: stops it with SIGTERM, starts
+    /// `bin` on its ports and data, and waits until it answers healthy.
+    pub fn upgrade_member(&mut self, index: usize, bin: &Path) -> Result<(), EtcdServerError> {
+        self.terminate_member(index);
+        self.members[index].bin = Some(bin.to_path_buf());
+        self.restart_member(index)
+    }
+
+    fn bin_of(&self, index: usize) -> &Path {
+        self.members[index].bin.as_deref().unwrap_or(&self.bin)
+    }
+
+    #[cfg(feature = "test-support")]
     /// The index of the member that is raft leader now, if any answers so.
     pub fn leader_member(&self) -> Option<usize> {
         (0..self.members.len()).find(|&index| self.metric_of(index, "etcd_server_is_leader") == Some(1.0))
@@ -409,7 +426,7 @@ impl EtcdServer {
             if let Some(child) = self.members[index].child.as_mut() {
                 if let Ok(Some(status)) = child.try_wait() {
                     return Err(EtcdServerError::Spawn {
-                        bin: self.bin.display().to_string(),
+                        bin: self.bin_of(index).display().to_string(),
                         source: std::io::Error::other(format!(
                             "exited with {status}; see {}",
                             self.log_path_of(index).display()

@@ -45,6 +45,20 @@ pub(crate) struct RunLabels {
     pub result: String,
 }
 
+/// Why a node lost its session: `renewal_timed_out` (no renewal answered within the TTL),
+/// `expired_by_own_clock` (found past the TTL by a check of the node's own clock) or
+/// `lease_gone` (etcd answered that the lease expired or is unknown).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct CauseLabel {
+    pub cause: &'static str,
+}
+
+/// An etcd member, as scheme, host and port: never the userinfo a URL may carry.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct EndpointLabel {
+    pub endpoint: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BuildLabels {
     version: String,
@@ -68,6 +82,11 @@ pub(crate) struct Metrics {
     pub catch_up_runs: Counter,
     pub skipped_overlaps: Counter,
     pub session_losses: Counter,
+    pub session_losses_by_cause: Family<CauseLabel, Counter>,
+    /// Per etcd member: 0 healthy, 1 suspect, 2 down.
+    pub etcd_member_state: Family<EndpointLabel, Gauge>,
+    /// Per etcd member: 1 for the one this node's calls go to first.
+    pub etcd_member_preferred: Family<EndpointLabel, Gauge>,
     pub etcd_errors: Counter,
     /// Spawns that failed with EMFILE or ENFILE: the descriptor table was full.
     pub spawn_descriptor_exhausted: Counter,
@@ -117,6 +136,9 @@ impl Metrics {
             catch_up_runs: Counter::default(),
             skipped_overlaps: Counter::default(),
             session_losses: Counter::default(),
+            session_losses_by_cause: Family::default(),
+            etcd_member_state: Family::default(),
+            etcd_member_preferred: Family::default(),
             etcd_errors: Counter::default(),
             spawn_descriptor_exhausted: Counter::default(),
             triggered_runs: Family::default(),
@@ -189,6 +211,21 @@ impl Metrics {
             "session_losses",
             "Times this node lost its etcd lease",
             self.session_losses.clone(),
+        );
+        registry.register(
+            "session_losses_by_cause",
+            "Times this node lost its etcd lease, by cause: renewal_timed_out, expired_by_own_clock, lease_gone",
+            self.session_losses_by_cause.clone(),
+        );
+        registry.register(
+            "etcd_member_state",
+            "How each etcd member answers this node's probes: 0 healthy, 1 suspect (late or refused once), 2 down",
+            self.etcd_member_state.clone(),
+        );
+        registry.register(
+            "etcd_member_preferred",
+            "1 for the etcd member this node's calls go to first, 0 for the others",
+            self.etcd_member_preferred.clone(),
         );
         registry.register(
             "etcd_errors",

@@ -8,7 +8,9 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use clap::Args;
 
 use crate::coord::etcd;
+use crate::coord::health::Limits;
 use crate::coord::keys::Keys;
+use crate::coord::members::Members;
 use crate::rules::config::{self, Config};
 
 #[derive(Debug, Args)]
@@ -74,6 +76,7 @@ impl ClusterArg {
         let client = etcd::connect(
             &endpoints,
             etcd::connect_options(&config.etcd).with_context(|| config.path.display().to_string())?,
+            &Members::new(Limits::for_ttl(config.cluster.lease_ttl)),
         )
         .await
         .with_context(|| format!("cannot connect to etcd at {endpoints:?}"))?;

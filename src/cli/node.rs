@@ -13,7 +13,9 @@ use super::args::endpoints;
 use super::node_secrets::NodeSecrets;
 use super::{block_on, ConfigArg, NodeArgs};
 use crate::backoff::{sleep_or_cancel, Backoff};
+use crate::coord::health::Limits;
 use crate::coord::keys::Keys;
+use crate::coord::members::Members;
 use crate::etcd_server::EtcdServer;
 use crate::node::{self, NodeOptions};
 use crate::readiness::{Readiness, Stage};
@@ -138,16 +140,11 @@ async fn serve(config: Config, args: &NodeArgs, endpoints: Vec<String>) -> Resul
         Arc::clone(&child_env),
         reloads,
     ));
-    let Some(client) = connect(&endpoints, options.clone(), &probe_key, &readiness, &shutdown).await? else {
+    let members = Members::new(Limits::for_ttl(config.cluster.lease_ttl));
+    let Some(client) = connect(&endpoints, options.clone(), &members, &probe_key, &readiness, &shutdown).await? else {
         return Ok(());
     };
-    tokio::spawn(crate::coord::endpoints::follow(
-        client.clone(),
-        endpoints.clone(),
-        options,
-        config.etcd.tls.is_some(),
-        shutdown.clone(),
-    ));
+    tokio::spawn(crate::coord::endpoints::follow(members, options, shutdown.clone()));
     let options = NodeOptions {
         node_id,
         tags: args.tags.clone(),
@@ -228,6 +225,7 @@ const HURRY_LIMIT: std::time::Duration = std::time::Duration::from_secs(3);
 async fn connect(
     endpoints: &[String],
     options: etcd_client::ConnectOptions,
+    members: &Members,
     probe_key: &str,
     readiness: &Readiness,
     shutdown: &CancellationToken,
@@ -239,7 +237,7 @@ async fn connect(
     };
     let mut backoff = Backoff::coordination();
     loop {
-        let attempt = match etcd::connect(endpoints, options.clone()).await {
+        let attempt = match etcd::connect(endpoints, options.clone(), members).await {
             Ok(client) => match etcd::probe(&client, probe_key).await {
                 Ok(()) => return Ok(Some(client)),
                 Err(err) if err.is_refusal() => return Err(refused(err)),

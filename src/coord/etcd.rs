@@ -9,6 +9,8 @@ use etcd_client::{
 };
 
 use crate::coord::keys::Keys;
+use crate::coord::members::Members;
+use crate::coord::routing::Routed;
 use crate::rules::config::Etcd;
 
 /// A failed etcd call. Callers retry with backoff: the state they guard lives in etcd, so a
@@ -209,10 +211,16 @@ pub fn connect_options(etcd: &Etcd) -> Result<ConnectOptions, SetupError> {
     Ok(options)
 }
 
-/// Connects to `endpoints`. etcd-client connects lazily enough that this mostly validates the
-/// URLs; an unreachable etcd shows up as failed calls, which callers retry.
-pub async fn connect(endpoints: &[String], options: ConnectOptions) -> Result<Client, CoordError> {
-    within(Duration::from_secs(5), Client::connect(endpoints, Some(options))).await
+/// Connects to `endpoints`, each call going to the member `members` puts first
+/// (`routing`). etcd-client connects lazily enough that this mostly validates the URLs; an
+/// unreachable etcd shows up as failed calls, which callers retry.
+pub(crate) async fn connect(
+    endpoints: &[String],
+    options: ConnectOptions,
+    members: &Members,
+) -> Result<Client, CoordError> {
+    let routed = Client::connect_with_balanced_channel(endpoints, Some(options), Routed(members.clone()));
+    within(Duration::from_secs(5), routed).await
 }
 
 /// Keys per page of a prefix read: far below etcd-client's 4 MiB answer limit.

@@ -44,13 +44,8 @@ impl Limits {
 /// What was seen of a member.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Seen {
-    /// It answered after `took`; with its view of the raft leader (etcd's member id, 0 for
-    /// none) and raft term.
-    Answered {
-        took: Duration,
-        leader: u64,
-        raft_term: u64,
-    },
+    /// It answered after `took`, naming its raft leader (etcd's member id, 0 for none).
+    Answered { took: Duration, leader: u64 },
     /// A probe or call to it has waited `waited` so far, unanswered.
     Waiting { waited: Duration },
     /// Its connection failed: refused, reset, closed.
@@ -67,8 +62,6 @@ pub(crate) struct Member {
     failures: u32,
     /// A moving average of its answer times, for choosing among healthy members.
     pub(crate) round_trip: Option<Duration>,
-    /// The raft leader and term its last answer named.
-    pub(crate) leader: Option<(u64, u64)>,
 }
 
 impl Default for Member {
@@ -80,7 +73,6 @@ impl Default for Member {
             fast_answers: 0,
             failures: 0,
             round_trip: None,
-            leader: None,
         }
     }
 }
@@ -89,13 +81,8 @@ impl Default for Member {
 pub(crate) fn observe(member: &Member, seen: Seen, limits: &Limits) -> Member {
     let mut next = member.clone();
     match seen {
-        Seen::Answered {
-            took,
-            leader,
-            raft_term,
-        } => {
+        Seen::Answered { took, leader } => {
             next.failures = 0;
-            next.leader = (leader != 0).then_some((leader, raft_term));
             next.round_trip = Some(match member.round_trip {
                 // Weighs the newest answer a quarter: one slow answer moves it, one alone
                 // does not decide.
@@ -185,14 +172,6 @@ pub(crate) fn order(members: &[Member], previous: &[usize]) -> Vec<usize> {
     indices
 }
 
-/// The raft leader and term the members' latest answers agree on, the highest term named.
-pub(crate) fn raft_leader(members: &[Member]) -> Option<(u64, u64)> {
-    members
-        .iter()
-        .filter_map(|member| member.leader)
-        .max_by_key(|(_, term)| *term)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -207,7 +186,6 @@ mod tests {
         Seen::Answered {
             took: MS * ms,
             leader: 7,
-            raft_term: 2,
         }
     }
 
@@ -247,11 +225,8 @@ mod tests {
         let seen = Seen::Answered {
             took: MS * 5,
             leader: 0,
-            raft_term: 2,
         };
-        let member = after(&[seen]);
-        assert_eq!(member.state, State::Suspect);
-        assert_eq!(member.leader, None);
+        assert_eq!(after(&[seen]).state, State::Suspect);
     }
 
     #[test]
@@ -298,21 +273,5 @@ mod tests {
         let down = after(&[Seen::Failed, Seen::Failed]);
         let suspect = after(&[Seen::Failed]);
         assert_eq!(order(&[down, suspect], &[1, 0]), vec![1, 0]);
-    }
-
-    #[test]
-    fn the_raft_leader_is_the_one_of_the_highest_term_named() {
-        let naming = |leader, raft_term| {
-            after(&[Seen::Answered {
-                took: MS * 5,
-                leader,
-                raft_term,
-            }])
-        };
-        assert_eq!(
-            raft_leader(&[naming(7, 2), naming(9, 3), Member::default()]),
-            Some((9, 3))
-        );
-        assert_eq!(raft_leader(&[Member::default()]), None);
     }
 }

@@ -23,20 +23,20 @@ pub(crate) mod etcd_space;
 pub(crate) mod fleet;
 pub(crate) mod going;
 pub(crate) mod gone_nodes;
-// Not wired yet: the branch etcd-failover builds #44 on it (design: /work/shared/designs/issue44-etcd-failover.md).
 pub(crate) mod group_gauges;
 pub(crate) mod groups;
-#[allow(dead_code)]
 pub(crate) mod health;
 pub mod history;
 pub(crate) mod job_gauges;
 pub(crate) mod joining;
 pub mod keys;
 pub(crate) mod ledger;
+pub(crate) mod members;
 pub(crate) mod mirror;
 pub(crate) mod notifications;
 pub mod pauses;
 pub(crate) mod results;
+pub(crate) mod routing;
 pub(crate) mod session;
 pub(crate) mod starts;
 pub mod triggers;

@@ -114,7 +114,10 @@ impl Session {
         if self.is_live() {
             return true;
         }
-        self.lose("the lease may have expired by this node's own clock");
+        self.lose(
+            "the lease may have expired by this node's own clock",
+            "expired_by_own_clock",
+        );
         false
     }
 
@@ -136,17 +139,22 @@ impl Session {
         *valid_until = (*valid_until).max(sent_at + self.inner.ttl);
     }
 
-    fn lose(&self, why: &str) {
+    fn lose(&self, why: &str, cause: &'static str) {
         if !self.inner.released.is_cancelled() {
             let lease = format!("{:x}", self.inner.lease);
             // The whole node's, whichever run or term noticed it first: outside their spans.
             match self.inner.purpose {
                 Purpose::Elections => {
-                    crate::metrics::get().session_losses.inc();
-                    tracing::warn!(parent: None, lease, reason = why, "session lost: every shard term of this node ends");
+                    let metrics = crate::metrics::get();
+                    metrics.session_losses.inc();
+                    metrics
+                        .session_losses_by_cause
+                        .get_or_create(&crate::metrics::CauseLabel { cause })
+                        .inc();
+                    tracing::warn!(parent: None, lease, reason = why, cause, "session lost: every shard term of this node ends");
                 }
                 Purpose::Slots => {
-                    tracing::warn!(parent: None, lease, reason = why, "the lease of this node's runs is lost: the runs holding a group slot or listed as going on it are stopped");
+                    tracing::warn!(parent: None, lease, reason = why, cause, "the lease of this node's runs is lost: the runs holding a group slot or listed as going on it are stopped");
                 }
             }
             self.inner.released.cancel();
@@ -175,8 +183,15 @@ impl Session {
 
     /// Renews about every TTL/3. Ends the session when etcd says the lease is gone or when no
     /// renewal succeeded within the TTL.
+    ///
+    /// A renewal that etcd does not answer within [`attempt_limit`] is tried again at once, on a
+    /// stream opened anew: a member stalled, or one forwarding renewals to a raft leader that
+    /// stalled (which waits out etcd's request timeout, longer than the lease), would otherwise
+    /// hold the renewal past the lease. The new stream goes to the member calls go to now, and
+    /// asks a new raft leader once one is elected.
     async fn keep_alive(self) {
         let interval = (self.inner.ttl / 3).max(Duration::from_millis(200));
+        let attempt_limit = attempt_limit(self.inner.ttl);
         let mut stream = None;
         let mut next = Instant::now() + interval;
         loop {
@@ -186,7 +201,7 @@ impl Session {
             }
             next = Instant::now() + interval;
             if Instant::now() >= self.valid_until() {
-                self.lose("no renewal succeeded within the lease TTL");
+                self.lose("no renewal succeeded within the lease TTL", "renewal_timed_out");
                 return;
             }
             // A renewal may take no longer than the lease has left, so a hung connection is
@@ -194,7 +209,7 @@ impl Session {
             let limit = self
                 .valid_until()
                 .saturating_duration_since(Instant::now())
-                .min(interval * 2);
+                .min(attempt_limit);
             let sent_at = Instant::now();
             let lease = self.inner.lease;
             match etcd::within(limit, renew_once(&self.inner.client, lease, &mut stream)).await {
@@ -203,12 +218,17 @@ impl Session {
                     tracing::debug!(lease = format!("{:x}", lease), ttl = response.ttl(), "lease renewed");
                 }
                 Ok(Some(_)) => {
-                    self.lose("etcd reports the lease expired");
+                    self.lose("etcd reports the lease expired", "lease_gone");
                     return;
                 }
                 Ok(None) => {
                     tracing::warn!("lease keep-alive stream closed by etcd; reopening");
                     stream = None;
+                }
+                Err(CoordError::Timeout(_)) => {
+                    tracing::warn!(lease = format!("{:x}", lease), limit = ?limit, "lease renewal not answered in time; renewing again on a new stream");
+                    stream = None;
+                    next = Instant::now();
                 }
                 Err(err) => {
                     tracing::warn!(error = %err, "lease renewal failed; retrying");
@@ -218,6 +238,12 @@ impl Session {
             }
         }
     }
+}
+
+/// How long one renewal may wait for etcd's answer: a sixth of the TTL, within 300 ms and 2 s,
+/// so that about four attempts fit in what is left of the lease after the one due at a third.
+fn attempt_limit(ttl: Duration) -> Duration {
+    (ttl / 6).clamp(Duration::from_millis(300), Duration::from_secs(2))
 }
 
 /// A lease's keep-alive stream, opened on the first renewal and again after a failure.
