@@ -47,4 +47,5 @@ mod scenarios {
     mod shard_count;
     mod snapshots;
     mod split_brain;
+    mod upgrade;
 }

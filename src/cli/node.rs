@@ -16,6 +16,7 @@ use crate::backoff::{sleep_or_cancel, Backoff};
 use crate::coord::health::Limits;
 use crate::coord::keys::Keys;
 use crate::coord::members::Members;
+use crate::coord::record_format;
 use crate::etcd_server::EtcdServer;
 use crate::node::{self, NodeOptions};
 use crate::readiness::{Readiness, Stage};
@@ -145,6 +146,9 @@ async fn serve(config: Config, args: &NodeArgs, endpoints: Vec<String>) -> Resul
         return Ok(());
     };
     tokio::spawn(crate::coord::endpoints::follow(members, options, shutdown.clone()));
+    if !can_read_records(&client, &Keys::new(&config.cluster.name), &readiness, &shutdown).await? {
+        return Ok(());
+    }
     let options = NodeOptions {
         node_id,
         tags: args.tags.clone(),
@@ -254,6 +258,32 @@ async fn connect(
         tracing::warn!(error = %attempt, retry_in = ?wait, "cannot connect to etcd; retrying");
         if !sleep_or_cancel(wait, shutdown).await {
             return Ok(None);
+        }
+    }
+}
+
+/// Whether this node can read the cluster's records (`coord::record_format`), asking etcd
+/// until it answers; `false` if `shutdown` came first. A format from a newer release ends the
+/// start with its error: misreading the records could run a tick twice or not at all.
+async fn can_read_records(
+    client: &etcd_client::Client,
+    keys: &Keys,
+    readiness: &Readiness,
+    shutdown: &CancellationToken,
+) -> Result<bool> {
+    let mut backoff = Backoff::coordination();
+    loop {
+        match record_format::check(client, keys).await {
+            Ok(_) => return Ok(true),
+            Err(err) if err.is_retryable() => {
+                readiness.set(Stage::EtcdUnreachable(err.to_string()));
+                let wait = backoff.next_delay();
+                tracing::warn!(error = %err, retry_in = ?wait, "cannot read the cluster's record format from etcd yet; retrying");
+                if !sleep_or_cancel(wait, shutdown).await {
+                    return Ok(false);
+                }
+            }
+            Err(err) => return Err(anyhow::Error::new(err)),
         }
     }
 }

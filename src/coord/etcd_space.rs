@@ -255,6 +255,16 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_previous_releases_compaction_mark_is_read() {
+        let (_, value) = crate::coord::record_format::previous_release_records()
+            .into_iter()
+            .find(|(path, _)| path == "compaction")
+            .expect("the fixture has the mark");
+        let mark: Mark = serde_json::from_str(&value).expect("the mark parses");
+        assert!(mark.revision > 0, "{mark:?}");
+    }
+
+    #[test]
     fn the_history_is_compacted_an_interval_after_the_mark_whoever_marked_it() {
         let at = |second: i64| DateTime::<Utc>::from_timestamp(1_800_000_000 + second, 0).unwrap();
         let every = chrono::Duration::seconds(300);

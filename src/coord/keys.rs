@@ -19,6 +19,7 @@
 //! /shardcron/<cluster>/groups/<group>/slots/<n>            a slot of a concurrency group, held
 //! /shardcron/<cluster>/groups/<group>/waiting/<place>      an attempt in the group's line
 //! /shardcron/<cluster>/asks/<node>/<fence>/<kind>/<job>     a leader asks node of a run: `stop` it, or is it `going`
+//! /shardcron/<cluster>/format                              the format of the records above
 //! ```
 //! The shard count is part of the election prefix, so nodes whose configs disagree on `shards`
 //! never share an election: shard 3 of 16 and shard 3 of 32 hold different jobs. A pool's and a
@@ -280,6 +281,11 @@ impl Keys {
     /// The revision the compacting node saw, and when ([`crate::coord::etcd_space`]).
     pub(crate) fn compaction_mark(&self) -> String {
         format!("{}compaction", self.root)
+    }
+
+    /// The format of the cluster's records, as the release that first wrote them there set it.
+    pub(crate) fn record_format(&self) -> String {
+        format!("{}format", self.root)
     }
 
     /// A key never written: what a node reads to learn how many operations etcd takes in one

@@ -35,6 +35,7 @@ pub(crate) mod members;
 pub(crate) mod mirror;
 pub(crate) mod notifications;
 pub mod pauses;
+pub(crate) mod record_format;
 pub(crate) mod results;
 pub(crate) mod routing;
 pub(crate) mod session;

@@ -516,5 +516,8 @@ fn etcds_leader_member_dropped_in_a_three_member_cluster_loses_no_tick() {
         elected_after.unwrap_or(f64::NAN)
     );
     // One member cut off is not a node's trouble (#44): its calls move to the members that answer.
-    assert_eq!(sessions_lost, 0, "node sessions lost to one etcd member's dropped packets");
+    assert_eq!(
+        sessions_lost, 0,
+        "node sessions lost to one etcd member's dropped packets"
+    );
 }

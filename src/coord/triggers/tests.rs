@@ -157,3 +157,16 @@ async fn a_claim_tried_again_after_its_reply_was_lost_is_still_ours() {
     assert_eq!(by_another, Taken::Gone, "the claim is not another term's");
     session.close().await;
 }
+
+#[test]
+fn the_previous_releases_marker_of_a_taken_run_is_read() {
+    let markers: Vec<(String, String)> = crate::coord::record_format::previous_release_records()
+        .into_iter()
+        .filter(|(path, _)| path.ends_with("/manual"))
+        .collect();
+    assert!(!markers.is_empty(), "the fixture has a marker");
+    for (path, value) in markers {
+        let taken: TakenBy = serde_json::from_str(&value).unwrap_or_else(|err| panic!("{path}: {err}"));
+        assert!(!taken.id.is_empty() && taken.term > 0, "{path}: {taken:?}");
+    }
+}
