@@ -20,6 +20,8 @@ pub(crate) struct NodeContext {
     pub(crate) keys: Keys,
     /// The node's tags (`--tags`), fixed for its life.
     pub(crate) tags: Tags,
+    /// The etcd member the node's calls go to first, as it changes.
+    pub(crate) etcd_member: watch::Receiver<Option<String>>,
     /// The keys of every election of the node's config, fixed for its life: a reload that
     /// changes them is refused.
     pub(crate) election_keys: ElectionKeys,

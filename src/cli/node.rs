@@ -145,6 +145,7 @@ async fn serve(config: Config, args: &NodeArgs, endpoints: Vec<String>) -> Resul
     let Some(client) = connect(&endpoints, options.clone(), &members, &probe_key, &readiness, &shutdown).await? else {
         return Ok(());
     };
+    let etcd_member = members.first();
     tokio::spawn(crate::coord::endpoints::follow(members, options, shutdown.clone()));
     if !can_read_records(&client, &Keys::new(&config.cluster.name), &readiness, &shutdown).await? {
         return Ok(());
@@ -157,6 +158,7 @@ async fn serve(config: Config, args: &NodeArgs, endpoints: Vec<String>) -> Resul
         readiness,
         exposure,
         child_env,
+        etcd_member,
     };
     node::run(config, options, client, shutdown, reloaded).await;
     Ok(())

@@ -250,6 +250,7 @@ mod tests {
                     tags: Default::default(),
                     pool_shards: 0,
                     pools: Vec::new(),
+                    etcd: None,
                 };
                 crate::coord::fleet::register(&session, &keys, id, &member)
                     .await

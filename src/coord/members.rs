@@ -26,13 +26,14 @@ struct Shared {
     table: Mutex<Table>,
 }
 
-#[derive(Default)]
 struct Table {
     slots: Vec<Slot>,
     /// Indices into `slots`, in the order calls try them.
     order: Vec<usize>,
     /// The endpoints etcd-client adds and removes, taken in before each pick.
     changes: Option<mpsc::Receiver<Change<Uri, Endpoint>>>,
+    /// The member calls go to first, labelled as metrics are.
+    first: watch::Sender<Option<String>>,
 }
 
 struct Slot {
@@ -55,7 +56,12 @@ impl Members {
         Members {
             shared: Arc::new(Shared {
                 limits,
-                table: Mutex::new(Table::default()),
+                table: Mutex::new(Table {
+                    slots: Vec::new(),
+                    order: Vec::new(),
+                    changes: None,
+                    first: watch::Sender::new(None),
+                }),
             }),
         }
     }
@@ -93,6 +99,11 @@ impl Members {
                 channel: slot.channel.clone(),
                 cut: slot.cut.subscribe(),
             })
+    }
+
+    /// The member calls go to first, as it changes.
+    pub(crate) fn first(&self) -> watch::Receiver<Option<String>> {
+        self.table().first.subscribe()
     }
 
     /// Every member's URI, in the order the client was given them.
@@ -213,6 +224,12 @@ impl Table {
     fn reorder(&mut self) {
         let healths: Vec<health::Member> = self.slots.iter().map(|slot| slot.health.clone()).collect();
         self.order = health::order(&healths, &self.order);
+        let first = self.order.first().map(|&index| endpoint_label(&self.slots[index].uri));
+        self.first.send_if_modified(|was| {
+            let changed = *was != first;
+            *was = first;
+            changed
+        });
     }
 }
 

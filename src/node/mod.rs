@@ -52,6 +52,8 @@ pub struct NodeOptions {
     pub exposure: Exposure,
     /// The environment every command starts from: the node's own without its secrets.
     pub child_env: Arc<crate::secrets::ChildEnv>,
+    /// The etcd member the node's calls go to first, as it changes (scheme, host and port).
+    pub etcd_member: watch::Receiver<Option<String>>,
 }
 
 /// Runs the node until `shutdown` is cancelled. Coordination failures are retried forever; only
@@ -107,6 +109,7 @@ pub async fn run(
         node_id: options.node_id.clone(),
         keys,
         tags: options.tags.clone(),
+        etcd_member: options.etcd_member.clone(),
         election_keys,
         jobs: loaded,
         runs: Runs::new(

@@ -167,6 +167,7 @@ impl Sessions {
             tags: node.tags.clone(),
             pool_shards: elections.pool_shards,
             pools: elections.pools_of(&node.tags).map(|pool| pool.id.clone()).collect(),
+            etcd: node.etcd_member.borrow().clone(),
         };
         let campaigns: Vec<u32> = (0..elections.total())
             .filter(|number| elections.eligible(*number, &node.tags))

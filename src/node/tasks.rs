@@ -343,16 +343,21 @@ async fn warn_on_drift(node: Arc<NodeContext>, session: Session, mut view: watch
 }
 
 /// Registers this node again with the new digest whenever a reload changes the jobs.
+/// Writes the node's registration again when a reload changes its digest, or its calls move
+/// to another etcd member: `status` shows both.
 async fn register_reloads(node: Arc<NodeContext>, session: Session, mut member: Member) {
     let mut loaded = node.jobs.clone();
+    let mut etcd_member = node.etcd_member.clone();
     loop {
         tokio::select! {
             changed = loaded.changed() => if changed.is_err() { return },
+            changed = etcd_member.changed() => if changed.is_err() { return },
             _ = session.ended().cancelled() => return,
         }
         member.digest = loaded.borrow_and_update().digest.clone();
+        member.etcd = etcd_member.borrow_and_update().clone();
         if let Err(err) = fleet::register(&session, &node.keys, &node.node_id, &member).await {
-            tracing::warn!(error = %err, "cannot update this node's registration after a reload; others see the old digest until the next session");
+            tracing::warn!(error = %err, "cannot update this node's registration; others see the old digest and etcd member until the next session");
         }
     }
 }

@@ -300,6 +300,10 @@ pub struct Member {
     /// The ids of the pools the node campaigns in: its config's pools whose tags it has.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pools: Vec<String>,
+    /// The etcd member the node's calls go to first (scheme, host and port), as of the last
+    /// change: which member a node talks to while one is in trouble.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd: Option<String>,
 }
 
 fn is_zero(value: &u32) -> bool {

@@ -78,10 +78,24 @@ fn routine_etcd_maintenance_moves_no_shard() {
         (leader + 1) % 3
     };
     let follower_stall = now_secs();
-    stall(&mut world, follower, "a follower", FOLLOWER_STALL);
+    stall(&mut world, follower, "a follower", FOLLOWER_STALL, |world| {
+        // `status` names the member each node talks to: none the stalled one, a few seconds in.
+        let stalled = world.etcd.client_url_of(follower);
+        let healthy = world.etcd.client_url_of((follower + 1) % 3);
+        let config = world.dir.path().join("jobs.toml");
+        wait_for(Duration::from_secs(5), "no node talks to the stalled member", || {
+            let output = shardcron(&config, &["status", "--json", "--endpoints", &healthy]);
+            let status: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap_or_default();
+            let talking: Vec<&str> = status["nodes"]
+                .as_array()
+                .map(|nodes| nodes.iter().filter_map(|node| node["etcd"].as_str()).collect())
+                .unwrap_or_default();
+            talking.len() == 3 && !talking.contains(&stalled.as_str())
+        });
+    });
     let leader = world.etcd.leader_member().expect("etcd has a leader");
     let leader_stall = now_secs();
-    stall(&mut world, leader, "the raft leader", LEADER_STALL);
+    stall(&mut world, leader, "the raft leader", LEADER_STALL, |_| {});
     let end = stop_after_more_runs(&mut world, &names);
     let runs = check_every_tick(&world, &names);
     let phases = [
@@ -217,11 +231,14 @@ fn rolling_restart(world: &mut World, upgrade_to: Option<&std::path::Path>) {
     }
 }
 
-/// Stalls `member` (SIGSTOP) for `how_long`, resumes it, and waits for it and 5 s more.
-fn stall(world: &mut World, member: usize, role: &str, how_long: Duration) {
+/// Stalls `member` (SIGSTOP) for `how_long`, checking `meanwhile` in it, resumes it, and waits
+/// for it and 5 s more.
+fn stall(world: &mut World, member: usize, role: &str, how_long: Duration, meanwhile: impl FnOnce(&World)) {
     step(&format!("stall etcd member{member} ({role}) for {how_long:?}"));
+    let stalled_at = std::time::Instant::now();
     world.etcd.stall_member(member);
-    std::thread::sleep(how_long);
+    meanwhile(world);
+    std::thread::sleep(how_long.saturating_sub(stalled_at.elapsed()));
     world.etcd.resume_member(member);
     wait_healthy(world);
     std::thread::sleep(Duration::from_secs(5));

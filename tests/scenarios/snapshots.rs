@@ -207,6 +207,8 @@ fn status_and_history_print_what_they_always_printed() {
     let filters = vec![
         (INSTANT, "[instant]"),
         (r"\b[0-9a-f]{16}\b", "[digest]"),
+        // The etcd member a node talks to: a free port of this run.
+        (r"http://127\.0\.0\.1:\d+", "[etcd]"),
         // Revisions and durations.
         (r#""(fence|term|duration_ms)": \d+"#, "\"$1\": [n]"),
         (r"(fence|term)=\d+", "$1=[n]"),

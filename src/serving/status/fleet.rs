@@ -91,6 +91,7 @@ pub(crate) async fn read(
             started_at: member.started_at,
             tags: member.tags.iter().map(str::to_string).collect(),
             pools: member.pools,
+            etcd: member.etcd,
         })
         .collect();
     Ok(Fleet {

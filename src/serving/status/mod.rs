@@ -107,6 +107,9 @@ pub struct NodeStatus {
     /// The pools the node campaigns in, by id (their tags joined by `+`).
     #[serde(default)]
     pub pools: Vec<String>,
+    /// The etcd member the node's calls go to first; absent for a node of a release before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd: Option<String>,
 }
 
 /// A pool shard or a job that no live node may lead or run: none has all its `run_on` tags.

@@ -115,11 +115,14 @@ fn nodes_table(status: &Status) -> String {
                 } else {
                     node.tags.join(",")
                 },
+                node.etcd.clone().unwrap_or_else(dash),
             ]
         })
         .collect();
     text_table::table(
-        &["NODE", "LEADS", "SHARDS", "DIGEST", "VERSION", "STARTED", "TAGS"],
+        &[
+            "NODE", "LEADS", "SHARDS", "DIGEST", "VERSION", "STARTED", "TAGS", "ETCD",
+        ],
         &nodes,
     )
 }
