@@ -1,5 +1,6 @@
-//! Coordination through etcd: the connection and its limits ([`etcd`]), the endpoints its
-//! calls go to (`endpoints`), the session and its
+//! Coordination through etcd: the connection and its limits ([`etcd`]); which member each
+//! call goes to (`routing`, over the members and their health in `members` and `health`,
+//! probed by `endpoints`); the format of the cluster's records (`record_format`); the session and its
 //! lease, elections and the fleet as a pure view (`view`) kept current by `fleet` and entered
 //! in order by `joining`; the claim protocol (`claims`, on the raw transactions of `ledger`),
 //! what a leadership owes (`starts`), results and history on their way to etcd (`results`,

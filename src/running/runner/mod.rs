@@ -58,9 +58,10 @@ pub struct Tick {
     /// stopped) before it starts.
     pub elsewhere: Vec<Going>,
     /// Ticks of the job other leaderships had claimed and not written as started when the
-    /// record was written (for a manual run: the write that listed it): their runs may have
-    /// started unlisted (another shard count's leader, while a change of `shards` rolls). A
-    /// tick waits for their leader's next write, then for the runs it lists, as for
+    /// record its claim read was written (a manual run's too: the claims its listing's write
+    /// shows since are waited for only briefly, in `running/runs/elsewhere.rs`): their runs may
+    /// have started unlisted (another shard count's leader, while a change of `shards` rolls).
+    /// A tick waits for their leader's next write, then for the runs it lists, as for
     /// [`Tick::elsewhere`].
     pub claimed_elsewhere: Vec<ClaimedTick>,
 }
