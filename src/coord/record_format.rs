@@ -83,7 +83,20 @@ pub(crate) async fn check(client: &Client, keys: &Keys) -> Result<u32, FormatErr
         .when([Compare::version(key.as_str(), CompareOp::Equal, 0)])
         .and_then([TxnOp::put(key.as_str(), value, None)])
         .or_else([TxnOp::get(key.as_str(), None)]);
-    let answer = etcd::within(Duration::from_secs(5), client.clone().txn(written)).await?;
+    let answer = match etcd::within(Duration::from_secs(5), client.clone().txn(written)).await {
+        Ok(answer) => answer,
+        // A cluster without the key holds records of releases before it: format 1, which this
+        // one reads. Under etcd's NOSPACE alarm nothing can be written, the key neither; the
+        // node goes on to say so (`/readyz`) and the next start writes it.
+        Err(err) if err.is_nospace() => {
+            tracing::info!(
+                key,
+                "etcd is out of space: the record format is written at a later start"
+            );
+            return Ok(1);
+        }
+        Err(err) => return Err(err.into()),
+    };
     if answer.succeeded() {
         tracing::info!(
             format = FORMAT,

@@ -184,16 +184,20 @@ impl Session {
     /// Renews about every TTL/5. Ends the session when etcd says the lease is gone or when no
     /// renewal succeeded within the TTL.
     ///
-    /// A renewal that etcd does not answer within [`attempt_limit`] is tried again at once, on a
-    /// stream opened anew: a member stalled, or one forwarding renewals to a raft leader that
-    /// stalled or was cut off (which waits out etcd's request timeout, longer than the lease),
-    /// would otherwise hold the renewal past the lease. The new stream goes to the member calls
-    /// go to now, and asks the new raft leader once one is elected. etcd elects one within one
-    /// to two election timeouts (1 s by default); renewing every fifth of the TTL rather than
-    /// every third leaves that much more of the lease for it.
+    /// A renewal that etcd has not answered after [`hedge_after`] is raced by another, on a
+    /// stream opened anew, and so on up to [`RACING_RENEWALS`] at once; the first answer wins.
+    /// A member stalled, or one forwarding renewals to a raft leader that stalled or was cut
+    /// off (which waits out etcd's request timeout, longer than the lease), would otherwise
+    /// hold the renewal past the lease: the new stream goes to the member calls go to now, and
+    /// asks the new raft leader once one is elected. The first attempt is never given up for a
+    /// later one, so an etcd that is merely slow (a round trip longer than the hedge) still
+    /// renews. etcd elects a leader within one to two election timeouts (1 s by default);
+    /// renewing every fifth of the TTL rather than every third leaves that much more of the
+    /// lease for it.
     async fn keep_alive(self) {
         let interval = (self.inner.ttl / 5).max(Duration::from_millis(200));
-        let attempt_limit = attempt_limit(self.inner.ttl);
+        let hedge = hedge_after(self.inner.ttl);
+        let lease = self.inner.lease;
         let mut stream = None;
         let mut next = Instant::now() + interval;
         loop {
@@ -206,35 +210,52 @@ impl Session {
                 self.lose("no renewal succeeded within the lease TTL", "renewal_timed_out");
                 return;
             }
-            // A renewal may take no longer than the lease has left, so a hung connection is
-            // noticed before the lease could have expired.
-            let limit = self
-                .valid_until()
-                .saturating_duration_since(Instant::now())
-                .min(attempt_limit);
-            let sent_at = Instant::now();
-            let lease = self.inner.lease;
-            match etcd::within(limit, renew_once(&self.inner.client, lease, &mut stream)).await {
-                Ok(Some(response)) if response.ttl() > 0 => {
-                    self.renewed(sent_at);
-                    tracing::debug!(lease = format!("{:x}", lease), ttl = response.ttl(), "lease renewed");
+            let mut attempts = tokio::task::JoinSet::new();
+            attempts.spawn(renewal(self.inner.client.clone(), lease, stream.take()));
+            let mut hedge_at = Instant::now() + hedge;
+            let mut failure = None;
+            let renewed = loop {
+                tokio::select! {
+                    _ = self.inner.released.cancelled() => return,
+                    // What is left of the lease bounds the round: a hung connection is
+                    // noticed before the lease could have expired.
+                    _ = tokio::time::sleep_until(self.valid_until()) => break None,
+                    _ = tokio::time::sleep_until(hedge_at), if attempts.len() < RACING_RENEWALS => {
+                        if let Some(left_out) = crate::repeats::log_now("lease renewal raced") {
+                            tracing::warn!(lease = format!("{lease:x}"), after = ?hedge, left_out, "lease renewal not answered yet; racing it with another on a new stream (left_out: lines like this one not logged since the last)");
+                        }
+                        attempts.spawn(renewal(self.inner.client.clone(), lease, None));
+                        hedge_at += hedge;
+                    }
+                    joined = attempts.join_next() => match joined {
+                        Some(Ok(Renewal { sent_at, answer: Ok(Some(response)), stream: kept })) => break Some((sent_at, response, kept)),
+                        Some(Ok(Renewal { answer, .. })) => {
+                            failure = Some(match answer {
+                                Ok(_) => "lease keep-alive stream closed by etcd".to_owned(),
+                                Err(err) => err.to_string(),
+                            });
+                            if attempts.is_empty() {
+                                break None;
+                            }
+                        }
+                        Some(Err(_)) | None => break None,
+                    },
                 }
-                Ok(Some(_)) => {
+            };
+            match renewed {
+                Some((sent_at, response, kept)) if response.ttl() > 0 => {
+                    self.renewed(sent_at);
+                    stream = kept;
+                    tracing::debug!(lease = format!("{lease:x}"), ttl = response.ttl(), "lease renewed");
+                }
+                Some(_) => {
                     self.lose("etcd reports the lease expired", "lease_gone");
                     return;
                 }
-                Ok(None) => {
-                    tracing::warn!("lease keep-alive stream closed by etcd; reopening");
-                    stream = None;
-                }
-                Err(CoordError::Timeout(_)) => {
-                    tracing::warn!(lease = format!("{:x}", lease), limit = ?limit, "lease renewal not answered in time; renewing again on a new stream");
-                    stream = None;
-                    next = Instant::now();
-                }
-                Err(err) => {
-                    tracing::warn!(error = %err, "lease renewal failed; retrying");
-                    stream = None;
+                None => {
+                    crate::metrics::get().etcd_errors.inc();
+                    let why = failure.unwrap_or_else(|| "not answered within what was left of the lease".to_owned());
+                    tracing::warn!(lease = format!("{lease:x}"), error = %why, "lease renewal failed; retrying");
                     next = Instant::now() + interval.min(Duration::from_millis(300));
                 }
             }
@@ -242,10 +263,31 @@ impl Session {
     }
 }
 
-/// How long one renewal may wait for etcd's answer: an eighth of the TTL, within 250 ms and
-/// 2 s, so that several attempts fit in what is left of the lease after a renewal hangs.
-fn attempt_limit(ttl: Duration) -> Duration {
+/// At most this many renewals of one round race each other.
+const RACING_RENEWALS: usize = 4;
+
+/// How long a renewal goes unanswered before another races it: an eighth of the TTL, within
+/// 250 ms and 2 s.
+fn hedge_after(ttl: Duration) -> Duration {
     (ttl / 8).clamp(Duration::from_millis(250), Duration::from_secs(2))
+}
+
+/// One renewal attempt: when it was sent, etcd's answer, and its stream to keep if it won.
+struct Renewal {
+    sent_at: Instant,
+    answer: Result<Option<etcd_client::LeaseKeepAliveResponse>, etcd_client::Error>,
+    stream: KeepAliveStream,
+}
+
+/// Renews `lease` once on `stream` (a new one if `None`).
+async fn renewal(client: Client, lease: i64, mut stream: KeepAliveStream) -> Renewal {
+    let sent_at = Instant::now();
+    let answer = renew_once(&client, lease, &mut stream).await;
+    Renewal {
+        sent_at,
+        answer,
+        stream,
+    }
 }
 
 /// A lease's keep-alive stream, opened on the first renewal and again after a failure.
