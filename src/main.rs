@@ -42,6 +42,9 @@ fn exit(result: Result<ExitCode>) -> ExitCode {
         Err(err) if cli::is_broken_pipe(&err) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("shardcron: error: {err:#}");
+            if cli::is_unreachable_etcd(&err) {
+                eprintln!("shardcron: hint: `shardcron dev` prints the endpoint of its etcd on its first line: pass it with --endpoints, or export SHARDCRON_ENDPOINTS=...");
+            }
             ExitCode::FAILURE
         }
     }

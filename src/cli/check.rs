@@ -221,7 +221,6 @@ pub fn check(args: &CheckArgs) -> Result<()> {
     if args.json {
         writeln!(out, "{}]", if config.jobs.is_empty() { "" } else { "\n" })?;
     }
-    out.flush()?;
     let pools = match config.elections.pools.len() {
         0 => String::new(),
         count => format!(" and {count} pools of {} shards", config.cluster.pool_shards),
@@ -240,13 +239,20 @@ pub fn check(args: &CheckArgs) -> Result<()> {
     for warning in config.warnings() {
         eprintln!("{}: warning: {warning}", config.path.display());
     }
-    eprintln!(
+    let summary = format!(
         "{}: ok: {} jobs in {} shards{pools}{groups}{named}, cluster {:?}",
         config.path.display(),
         config.jobs.len(),
         config.cluster.shards,
         config.cluster.name
     );
+    // The summary is the command's answer: on stdout after the jobs, where `--json`'s array
+    // leaves room for nothing else; warnings and errors stay on stderr.
+    match args.json {
+        true => eprintln!("{summary}"),
+        false => writeln!(out, "{summary}")?,
+    }
+    out.flush()?;
     Ok(())
 }
 

@@ -105,6 +105,14 @@ pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
     kind == Some(std::io::ErrorKind::BrokenPipe)
 }
 
+/// Whether a command failed because no etcd member answered: the place for a hint on where
+/// `dev`'s etcd is.
+pub fn is_unreachable_etcd(err: &anyhow::Error) -> bool {
+    err.chain()
+        .filter_map(|cause| cause.downcast_ref::<crate::coord::etcd::CoordError>())
+        .any(crate::coord::etcd::CoordError::is_unreachable)
+}
+
 /// Writes to stdout with the error returned: `print!` panics when the reader has gone.
 fn print(text: std::fmt::Arguments) -> Result<()> {
     let mut out = std::io::stdout().lock();

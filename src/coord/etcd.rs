@@ -19,12 +19,55 @@ use crate::rules::config::Etcd;
 pub enum CoordError {
     // Not marked as the source: the message already carries it, and error chains would print
     // it twice.
-    #[error("etcd: {0}")]
+    #[error("{}", describe(.0))]
     Etcd(etcd_client::Error),
     #[error("etcd did not answer within {0:?}")]
     Timeout(Duration),
     #[error("etcd answered with something unexpected: {0}")]
     Protocol(String),
+}
+
+/// An etcd-client error in plain words: what etcd said, or that no member answered and why. The
+/// transport's own dump (tonic's types, the source chain) stays in the error's `Debug` form.
+fn describe(err: &etcd_client::Error) -> String {
+    if let Some(why) = connect_failure(err) {
+        return format!("no etcd member answers ({why}): is etcd running, and are these its client URLs?");
+    }
+    match err {
+        etcd_client::Error::GRpcStatus(status) if !status.message().is_empty() => format!("etcd: {}", status.message()),
+        etcd_client::Error::GRpcStatus(status) => format!("etcd: {:?}", status.code()),
+        other => format!("etcd: {other}"),
+    }
+}
+
+/// Why no connection to a member could be made, if that is what failed.
+fn connect_failure(err: &etcd_client::Error) -> Option<&'static str> {
+    // etcd-client's error names no source: the chain starts inside it.
+    let mut source: Option<&(dyn std::error::Error + 'static)> = match err {
+        etcd_client::Error::GRpcStatus(status) => Some(status),
+        etcd_client::Error::TransportError(transport) => Some(transport),
+        _ => None,
+    };
+    while let Some(cause) = source {
+        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
+            use std::io::ErrorKind;
+            return Some(match io.kind() {
+                ErrorKind::ConnectionRefused => "connection refused",
+                ErrorKind::TimedOut => "connection timed out",
+                ErrorKind::HostUnreachable | ErrorKind::NetworkUnreachable => "no route to it",
+                ErrorKind::AddrNotAvailable => "address not available",
+                _ => "the connection failed",
+            });
+        }
+        source = cause.source();
+    }
+    match err {
+        etcd_client::Error::TransportError(_) => Some("the connection failed"),
+        etcd_client::Error::GRpcStatus(status) if status.message() == "tcp connect error" => {
+            Some("the connection failed")
+        }
+        _ => None,
+    }
 }
 
 impl From<etcd_client::Error> for CoordError {
@@ -57,6 +100,11 @@ impl CoordError {
             }
             _ => false,
         }
+    }
+
+    /// Whether no member could be reached at all: a connection refused, timed out, unroutable.
+    pub fn is_unreachable(&self) -> bool {
+        matches!(self, CoordError::Etcd(err) if connect_failure(err).is_some())
     }
 
     /// Whether etcd dropped the call because its raft leader changed while it waited: a new
@@ -387,6 +435,22 @@ pub async fn learn_txn_limit(client: &etcd_client::Client, keys: &Keys) -> Resul
 mod tests {
 
     use etcd_client::{Txn, TxnOp};
+
+    #[test]
+    fn an_etcd_error_reads_as_what_etcd_said_or_why_nothing_answered() {
+        let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "Connection refused");
+        let status = tonic::Status::from_error(Box::new(refused));
+        let said = super::CoordError::Etcd(etcd_client::Error::GRpcStatus(status)).to_string();
+        assert!(
+            said.starts_with("no etcd member answers (connection refused)"),
+            "{said}"
+        );
+        let status = tonic::Status::new(tonic::Code::Unavailable, "etcdserver: no leader");
+        assert_eq!(
+            super::CoordError::Etcd(etcd_client::Error::GRpcStatus(status)).to_string(),
+            "etcd: etcdserver: no leader"
+        );
+    }
 
     #[test]
     fn only_a_leader_change_sends_a_call_again_at_once() {

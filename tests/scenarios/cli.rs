@@ -25,7 +25,8 @@ fn check_accepts_the_example_config_and_prints_a_line_per_job() {
     assert!(out.status.success(), "stderr: {}", text(&out.stderr));
     let stdout = text(&out.stdout);
     let lines: Vec<&str> = stdout.lines().collect();
-    assert_eq!(lines.len(), 4, "{stdout}");
+    assert_eq!(lines.len(), 5, "a line per job and the summary: {stdout}");
+    assert_eq!(lines[4], "config/jobs.toml: ok: 4 jobs in 8 shards, cluster \"demo\"");
     let heartbeat = lines
         .iter()
         .find(|line| line.starts_with("heartbeat "))
@@ -90,6 +91,35 @@ fn check_errors_name_file_line_job_and_field_without_a_panic() {
             !stderr.contains("panicked") && !stderr.contains("backtrace"),
             "{stderr}"
         );
+    }
+}
+
+#[test]
+fn a_command_that_reaches_no_etcd_says_so_in_plain_words() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("jobs.toml");
+    // Port 9 (discard) on loopback: nothing listens, the connection is refused.
+    std::fs::write(
+        &config,
+        "[cluster]\nname = \"lonely\"\nshards = 1\n\n[etcd]\nendpoints = [\"http://127.0.0.1:9\"]\n",
+    )
+    .expect("config");
+    let config = config.to_str().expect("path");
+    for args in [["status", "--config", config], ["history", "--config", config]] {
+        let args: Vec<&str> = match args[0] {
+            "history" => vec!["history", "nope", "--config", config],
+            _ => args.to_vec(),
+        };
+        let out = shardcron(&args);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(
+            stderr.contains("no etcd member answers (connection refused)") && stderr.contains("shardcron: hint:"),
+            "{args:?}: {stderr}"
+        );
+        for dump in ["tonic::", "Transport", "Some(", "Os {"] {
+            assert!(!stderr.contains(dump), "{args:?} prints {dump}: {stderr}");
+        }
     }
 }
 
@@ -231,17 +261,19 @@ fn the_config_is_looked_for_in_order_and_the_error_names_every_place() {
         example.replace("name = \"demo\"", "name = \"other\""),
     )
     .expect("write");
+    // The summary is the last line on stdout.
+    let summary = |out: &Output| text(&out.stdout).lines().last().unwrap_or_default().to_owned();
     let local = run_in(dir.path(), None, &["check"]);
     assert!(
-        text(&local.stderr).starts_with("config/jobs.toml: ok"),
+        summary(&local).starts_with("config/jobs.toml: ok"),
         "{}",
-        text(&local.stderr)
+        text(&local.stdout)
     );
     let from_env = run_in(dir.path(), Some("other.toml"), &["check"]);
     assert!(
-        text(&from_env.stderr).contains("cluster \"other\""),
+        summary(&from_env).contains("cluster \"other\""),
         "{}",
-        text(&from_env.stderr)
+        text(&from_env.stdout)
     );
     let from_flag = run_in(
         dir.path(),
@@ -249,7 +281,7 @@ fn the_config_is_looked_for_in_order_and_the_error_names_every_place() {
         &["check", "--config", "config/jobs.toml"],
     );
     assert!(
-        text(&from_flag.stderr).contains("cluster \"demo\""),
+        summary(&from_flag).contains("cluster \"demo\""),
         "--config wins over the environment"
     );
 }

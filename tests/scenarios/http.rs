@@ -74,6 +74,12 @@ fn the_api_reads_like_the_cli_and_guards_its_writes() {
     assert_eq!(http_request(writer, "DELETE", "/healthz", &[], "").status, 405);
     let missing = http_get(writer, "/nothing-here");
     assert!(missing.0.contains(" 404 "), "{missing:?}");
+    let job_page = http_request(writer, "GET", "/jobs/tick", &[], "");
+    assert_eq!(job_page.status, 200);
+    assert!(job_page.body.contains("job.js"), "the job page loads its script");
+    let no_job = http_request(writer, "GET", "/jobs/nope", &[], "");
+    assert_eq!(no_job.status, 404, "a job the config does not have");
+    assert!(no_job.body.contains("No such job"), "{}", no_job.body);
 
     step("reads: status, plan, history");
     let status: Status = serde_json::from_str(&http_get(writer, "/api/v1/status").1).expect("status JSON");
@@ -83,6 +89,11 @@ fn the_api_reads_like_the_cli_and_guards_its_writes() {
     let node_ids: Vec<&str> = status.nodes.iter().map(|node| node.id.as_str()).collect();
     assert_eq!(node_ids, ["a", "b"]);
     assert_eq!(status.jobs[0].schedule, EVERY_SECOND);
+    let without_jobs = http_request(writer, "GET", "/api/v1/status?jobs=false", &[], "").json();
+    assert!(
+        without_jobs.get("jobs").is_none() && without_jobs["nodes"].is_array(),
+        "jobs=false leaves the jobs out: {without_jobs}"
+    );
     let from_reader: Status = serde_json::from_str(&http_get(reader, "/api/v1/status").1).expect("status JSON");
     assert_eq!(
         from_reader.digest, status.digest,

@@ -141,6 +141,24 @@ fn same_secret(given: &[u8], secret: &[u8]) -> bool {
     given.len() == secret.len() && given.iter().zip(secret).fold(0u8, |diff, (a, b)| diff | (a ^ b)) == 0
 }
 
+/// `GET /jobs/{name}`: the job's page, or a page answering 404 for a job the node's config does
+/// not have. Only a request that may read learns which: to others the page is the same either
+/// way, and what it reads answers 401.
+pub(super) async fn job_page(
+    axum::extract::State(app): axum::extract::State<Arc<super::App>>,
+    headers: HeaderMap,
+    axum::extract::Path(name): axum::extract::Path<String>,
+) -> Response {
+    let known = match (app.authorize_read(&headers), app.exposed()) {
+        (Ok(()), Ok(exposed)) => app.jobs_by_name(exposed).await.get(&name).is_some(),
+        _ => true,
+    };
+    match known {
+        true => axum::response::Html(super::JOB_PAGE).into_response(),
+        false => (StatusCode::NOT_FOUND, axum::response::Html(super::NO_JOB_PAGE)).into_response(),
+    }
+}
+
 impl super::App {
     /// The node's jobs of its current config, by name.
     async fn jobs_by_name(&self, exposed: &Exposed) -> Arc<super::index::ByName> {

@@ -49,6 +49,8 @@ const DASHBOARD_SCRIPT: &str = include_str!("dashboard.js");
 const DASHBOARD_STYLE: &str = include_str!("dashboard.css");
 const COMMON_SCRIPT: &str = include_str!("common.js");
 const JOB_PAGE: &str = include_str!("job.html");
+/// What `/jobs/{name}` shows for a job the node's config does not have.
+const NO_JOB_PAGE: &str = "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>No such job - shardcron</title><link rel=\"stylesheet\" href=\"/dashboard.css\"></head><body><main><h1>No such job</h1><p>This node's jobs.toml has no job of that name: <a href=\"/\">back to the dashboard</a>, or <code>shardcron check</code> lists the jobs.</p></main></body></html>\n";
 const JOB_SCRIPT: &str = include_str!("job.js");
 
 /// What the listener serves from.
@@ -119,7 +121,7 @@ fn router(app: Arc<App>) -> Router {
         .route("/dashboard.css", get(dashboard_style))
         .route("/common.js", get(|| async { script(COMMON_SCRIPT) }))
         .route("/job.js", get(|| async { script(JOB_SCRIPT) }))
-        .route("/jobs/{name}", get(|| async { Html(JOB_PAGE) }))
+        .route("/jobs/{name}", get(api::job_page))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))

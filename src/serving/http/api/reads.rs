@@ -60,11 +60,20 @@ pub(in crate::serving::http) async fn status(
             .await
             .map_err(etcd_failed)?;
             // Tens of megabytes at 100,000 jobs: not on a runtime thread that fires ticks.
-            tokio::task::spawn_blocking(move || serde_json::to_vec(&status))
-                .await
-                .map_err(|err| Failure(StatusCode::INTERNAL_SERVER_ERROR, err.to_string()))?
-                .map(Bytes::from)
-                .map_err(|err| Failure(StatusCode::INTERNAL_SERVER_ERROR, err.to_string()))
+            tokio::task::spawn_blocking(move || match with_jobs {
+                true => serde_json::to_vec(&status),
+                // Left out, not an empty list: a reader cannot take it for a fleet without jobs.
+                false => serde_json::to_value(&status).and_then(|mut document| {
+                    if let Some(fields) = document.as_object_mut() {
+                        fields.remove("jobs");
+                    }
+                    serde_json::to_vec(&document)
+                }),
+            })
+            .await
+            .map_err(|err| Failure(StatusCode::INTERNAL_SERVER_ERROR, err.to_string()))?
+            .map(Bytes::from)
+            .map_err(|err| Failure(StatusCode::INTERNAL_SERVER_ERROR, err.to_string()))
         })
         .await?;
     Ok(json_bytes(body))
