@@ -133,6 +133,7 @@ fn metrics_are_scraped_over_http_and_json_logs_carry_the_run_fields() {
         "LEADS",
         "SHARD",
         "LEADER",
+        "TERM",
         "FENCE",
         "JOB",
         "LAST TICK",

@@ -213,7 +213,7 @@ fn status_and_history_print_what_they_always_printed() {
         (r#""(fence|term|duration_ms)": \d+"#, "\"$1\": [n]"),
         (r"(fence|term)=\d+", "$1=[n]"),
         (r"(?m)^(\d+ node-a) \d+", "$1 [n]"),
-        (r"(?m)^(yearly 1 - - )\d+", "$1[n]"),
+        (r"(?m)^(yearly 1 \[instant\] node-a )\d+", "$1[n]"),
         (r"(?m)^(\[instant\] manual )\d+( node-a exited 0 )\d+", "$1[n]$2[n]"),
     ];
     insta::with_settings!({ filters => filters }, {

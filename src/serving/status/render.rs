@@ -142,8 +142,8 @@ fn shards_table(status: &Status) -> String {
             ]
         })
         .collect();
-    // FENCE: the leader's term, under the column's first name (the output is a contract).
-    text_table::table(&["SHARD", "LEADER", "FENCE", "STANDBY", "POOL", "NOTE"], &shards)
+    // TERM: the leader's term (headed FENCE before #45, which was not the runs' fence).
+    text_table::table(&["SHARD", "LEADER", "TERM", "STANDBY", "POOL", "NOTE"], &shards)
 }
 
 fn unserved_note(unserved: &NoEligibleNode) -> String {
@@ -201,6 +201,10 @@ fn job_row(job: &JobStatus, claim: Option<&Claim>, run: Option<&RunRecord>, node
         (None, FanOut::One) => String::new(),
     };
     let mut notes: Vec<String> = [placement].into_iter().filter(|note| !note.is_empty()).collect();
+    // A tick claimed ahead is not run yet: the row's tick, node and fence are its last run's.
+    if claim.is_some_and(|claim| claim.scheduled_at > crate::clock::now()) {
+        notes.push("next tick claimed".to_string());
+    }
     notes.extend(job.group.as_ref().map(|group| format!("group={group}")));
     notes.extend(job.blackouts_now.iter().map(|blackout| format!("blackout={blackout}")));
     if job.notification.as_ref().is_some_and(|told| told.failing) {
@@ -210,13 +214,14 @@ fn job_row(job: &JobStatus, claim: Option<&Claim>, run: Option<&RunRecord>, node
     vec![
         job.name.clone(),
         job.shard.to_string(),
-        claim.map_or_else(dash, |claim| {
-            claim.scheduled_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+        // The last run's: its tick, node, `CRON_FENCE` and outcome, as `history` shows them.
+        run.map_or_else(dash, |run| {
+            run.scheduled_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
         }),
         node.cloned()
-            .or_else(|| claim.map(|claim| claim.node.clone()))
+            .or_else(|| run.map(|run| run.node.clone()))
             .unwrap_or_else(dash),
-        claim.map_or_else(dash, |claim| claim.term.to_string()),
+        run.map_or_else(dash, |run| run.fence.to_string()),
         run.map_or_else(dash, RunRecord::outcome_shown),
         run.and_then(|run| run.exit_code)
             .map_or_else(dash, |code| code.to_string()),
