@@ -196,7 +196,7 @@ fn parse_one(expression: &str, job: Option<&str>) -> Result<(Cron, String), Sche
         .dom_and_dow(false)
         .build()
         .parse(&fires_as)
-        .map_err(|err| invalid(err.to_string()))?;
+        .map_err(|err| invalid(fields::explain(&fires_as).unwrap_or_else(|| err.to_string())))?;
     // A reference instant in the past keeps the check independent of today's date; a pattern
     // that matches nothing fails from any start.
     let reference = DateTime::<Utc>::from_timestamp(0, 0).unwrap_or_default();
@@ -237,6 +237,7 @@ pub fn parse_zone(name: &str) -> Result<Tz, String> {
         .map_err(|_| format!("unknown time zone {name:?} (expected an IANA name such as \"Europe/Berlin\")"))
 }
 
+mod fields;
 #[cfg(test)]
 mod tests;
 
