@@ -82,3 +82,11 @@ pub async fn sleep_until(target: DateTime<Utc>) {
         std::thread::sleep(remaining.min(FINE_STEP));
     });
 }
+
+/// An optional instant as logs and messages show it: RFC 3339 to the second, or `-`.
+pub fn shown(at: Option<DateTime<Utc>>) -> String {
+    at.map_or_else(
+        || "-".to_owned(),
+        |at| at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+    )
+}

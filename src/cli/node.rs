@@ -112,7 +112,13 @@ async fn serve(config: Config, args: &NodeArgs, endpoints: Vec<String>) -> Resul
     }
     match descriptors::raise_limit() {
         Ok(raised) => {
-            tracing::info!(before = ?raised.before, now = ?raised.now, hard = ?raised.hard, "file descriptor limit (RLIMIT_NOFILE soft) raised to the hard limit; None is unlimited")
+            let shown = |limit: Option<u64>| limit.map_or_else(|| "unlimited".to_owned(), |limit| limit.to_string());
+            tracing::info!(
+                before = shown(raised.before),
+                now = shown(raised.now),
+                hard = shown(raised.hard),
+                "file descriptor limit (RLIMIT_NOFILE soft) raised to the hard limit"
+            )
         }
         Err(err) => tracing::warn!(error = %err, "cannot raise the file descriptor limit to the hard limit"),
     }

@@ -139,7 +139,12 @@ impl Mirror for Pauses {
         let mut by_job = self.by_job.write().unwrap_or_else(|poisoned| poisoned.into_inner());
         match put.map(|put| serde_json::from_slice::<Pause>(put.value)) {
             Some(Ok(pause)) => {
-                tracing::info!(job, until = ?pause.until, reason = ?pause.reason, "pause changed");
+                tracing::info!(
+                    job,
+                    until = crate::clock::shown(pause.until),
+                    reason = pause.reason.as_deref().unwrap_or("-"),
+                    "pause changed"
+                );
                 by_job.insert(job.to_string(), pause);
             }
             Some(Err(err)) => tracing::warn!(job, error = %err, "unreadable pause record; ignoring it"),

@@ -306,7 +306,7 @@ fn log_plan(job: &Job, plan: &Plan, leader: &Leader) {
             .shards
             .is_some_and(|owner| owner != leader.shards || debt.pool.as_deref() != leader.pool)
         {
-            tracing::info!(job = %job.name, ticks = debt.pending.len(), node = %debt.node, term = debt.term, shards = ?debt.shards, pool = ?debt.pool, "settling the pending ticks of a leader of an election family (pool, shard count) no node runs any more");
+            tracing::info!(job = %job.name, ticks = debt.pending.len(), node = %debt.node, term = debt.term, shards = debt.shards.map_or_else(|| "-".to_owned(), |shards| shards.to_string()), pool = debt.pool.as_deref().unwrap_or("-"), "settling the pending ticks of a leader of an election family (pool, shard count) no node runs any more");
         }
     }
 }

@@ -37,6 +37,30 @@ fn dev_runs_jobs_against_a_throwaway_etcd_and_cleans_up_on_ctrl_c() {
         "{runs:?}"
     );
 
+    step("pause and resume the job through dev's etcd");
+    let started = std::fs::read_to_string(&log).unwrap();
+    let endpoint = started
+        .split("endpoint=")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .expect("dev logs its etcd's endpoint")
+        .to_owned();
+    for verb in ["pause", "resume"] {
+        let done = Command::new(SHARDCRON)
+            .args([verb, "hello", "--endpoints", &endpoint, "--config"])
+            .arg(&config)
+            .output()
+            .unwrap();
+        assert!(
+            done.status.success(),
+            "{verb}: {}",
+            String::from_utf8_lossy(&done.stderr)
+        );
+    }
+    wait_for(Duration::from_secs(10), "the node saw the pause", || {
+        std::fs::read_to_string(&log).unwrap().contains("pause changed")
+    });
+
     step("Ctrl-C");
     // SAFETY: kill(2) on our own child.
     unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
@@ -61,4 +85,10 @@ fn dev_runs_jobs_against_a_throwaway_etcd_and_cleans_up_on_ctrl_c() {
         .and_then(|path| std::path::Path::new(path).parent().map(|dir| dir.to_path_buf()))
         .expect("the etcd log path is logged");
     assert!(!etcd_dir.exists(), "{} is removed", etcd_dir.display());
+    // Logs print values, not Rust's debug text, nor the transport's dump (#45).
+    for line in text.lines().filter(|line| line.contains(" INFO ")) {
+        for debug in ["Some(", "None", "tonic::", "Transport"] {
+            assert!(!line.contains(debug), "an info line prints {debug}: {line}");
+        }
+    }
 }

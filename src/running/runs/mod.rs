@@ -398,12 +398,19 @@ impl Runs {
             return false;
         };
         if let Origin::Backfill(claim) = &tick.origin {
-            tracing::info!(until = ?pause.until, "paused: the backfill tick goes back to be run once the pause ends");
+            tracing::info!(
+                until = crate::clock::shown(pause.until),
+                "paused: the backfill tick goes back to be run once the pause ends"
+            );
             self.settle_backfill(tick, claim, Settle::Again);
             return true;
         }
         if self.settle(tick) {
-            tracing::info!(until = ?pause.until, reason = ?pause.reason, "paused: not run");
+            tracing::info!(
+                until = crate::clock::shown(pause.until),
+                reason = pause.reason.as_deref().unwrap_or("-"),
+                "paused: not run"
+            );
             self.report(tick, not_run(tick, Outcome::Paused));
         }
         true
