@@ -49,7 +49,11 @@ pub struct BackfillArgs {
 
 fn find_job<'a>(config: &'a Config, name: &str) -> Result<&'a Job> {
     let Some(job) = config.jobs.iter().find(|job| job.name == name) else {
-        anyhow::bail!("no job {name:?} in {}", config.path.display());
+        anyhow::bail!(
+            "no job {name:?} in {}{}",
+            config.path.display(),
+            super::job_suggestion(config, name)
+        );
     };
     if job.fan_out == FanOut::All {
         anyhow::bail!(

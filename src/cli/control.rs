@@ -86,7 +86,11 @@ impl PauseArgs {
             return Ok(vec![EVERY_JOB.to_string()]);
         }
         if let Some(unknown) = self.jobs.iter().find(|name| !has_job(config, name)) {
-            anyhow::bail!("no job {unknown:?} in {}", config.path.display());
+            anyhow::bail!(
+                "no job {unknown:?} in {}{}",
+                config.path.display(),
+                super::job_suggestion(config, unknown)
+            );
         }
         Ok(self.jobs.clone())
     }
@@ -109,7 +113,12 @@ fn shown(name: &str) -> &str {
 pub fn trigger(args: &TriggerArgs) -> Result<ExitCode> {
     let config = args.cluster.config.load()?;
     let Some(job) = config.jobs.iter().find(|job| job.name == args.job) else {
-        anyhow::bail!("no job {:?} in {}", args.job, config.path.display());
+        anyhow::bail!(
+            "no job {:?} in {}{}",
+            args.job,
+            config.path.display(),
+            super::job_suggestion(&config, &args.job)
+        );
     };
     if job.fan_out == FanOut::All {
         return trigger_each(args, &config, job);
@@ -276,7 +285,11 @@ pub fn resume(args: &ResumeArgs) -> Result<()> {
         }
         for name in args.jobs.iter().filter(|name| !ended.contains(name)) {
             if !has_job(&config, name) {
-                anyhow::bail!("no job {name:?} in {}, and no pause of one", config.path.display());
+                anyhow::bail!(
+                    "no job {name:?} in {}, and no pause of one{}",
+                    config.path.display(),
+                    super::job_suggestion(&config, name)
+                );
             }
             eprintln!("shardcron: {name} was not paused");
         }

@@ -105,6 +105,11 @@ pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
     kind == Some(std::io::ErrorKind::BrokenPipe)
 }
 
+/// `"; did you mean \"JOB\"?"` for the job of `config` closest to `name`, or nothing.
+fn job_suggestion(config: &crate::rules::config::Config, name: &str) -> String {
+    crate::rules::suggest::did_you_mean(name, config.jobs.iter().map(|job| job.name.as_str()))
+}
+
 /// Whether a command failed because no etcd member answered: the place for a hint on where
 /// `dev`'s etcd is.
 pub fn is_unreachable_etcd(err: &anyhow::Error) -> bool {

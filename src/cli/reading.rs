@@ -96,9 +96,10 @@ pub fn history(args: &HistoryArgs) -> Result<()> {
     })?;
     if records.is_empty() && !config.jobs.iter().any(|job| job.name == args.job) {
         anyhow::bail!(
-            "no job {:?} in {}, and no history of one",
+            "no job {:?} in {}, and no history of one{}",
             args.job,
-            config.path.display()
+            config.path.display(),
+            super::job_suggestion(&config, &args.job)
         );
     }
     if args.json {

@@ -25,3 +25,4 @@ pub mod record;
 pub mod schedule;
 pub mod shard;
 pub(crate) mod spread;
+pub mod suggest;

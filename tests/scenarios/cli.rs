@@ -124,6 +124,40 @@ fn a_command_that_reaches_no_etcd_says_so_in_plain_words() {
 }
 
 #[test]
+fn a_name_one_typo_away_gets_a_did_you_mean() {
+    for (args, said) in [
+        (
+            vec!["trigger", "heartbeet", "--config", "config/jobs.toml"],
+            "no job \"heartbeet\" in config/jobs.toml; did you mean \"heartbeat\"?",
+        ),
+        (
+            vec!["pause", "rotate-log", "--config", "config/jobs.toml"],
+            "did you mean \"rotate-logs\"?",
+        ),
+        (
+            vec![
+                "backfill",
+                "slow-exprt",
+                "--from",
+                "2026-01-01T00:00:00Z",
+                "--to",
+                "2026-01-01T01:00:00Z",
+                "--config",
+                "config/jobs.toml",
+            ],
+            "did you mean \"slow-export\"?",
+        ),
+    ] {
+        let out = shardcron(&args);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(stderr.contains(said), "{args:?}: {stderr}");
+    }
+    let far = shardcron(&["trigger", "nothing-like-it", "--config", "config/jobs.toml"]);
+    assert!(!text(&far.stderr).contains("did you mean"), "{}", text(&far.stderr));
+}
+
+#[test]
 fn check_reports_a_missing_file() {
     let out = shardcron(&["check", "--config", "/nonexistent/jobs.toml"]);
     assert_eq!(out.status.code(), Some(1));

@@ -87,12 +87,18 @@ impl Source<'_> {
             .filter(|_| message.starts_with("unknown field") || message.starts_with("missing field"))
             .or_else(|| lines.get(line - 1).and_then(|line| key_of(line)));
         let job = job.filter(|job| Some(job.as_str()) != field.as_deref());
+        let suggestion = match (&field, message.split_once("expected one of")) {
+            (Some(field), Some((_, expected))) if message.starts_with("unknown field") => {
+                crate::rules::suggest::did_you_mean(field, expected.split('`').skip(1).step_by(2))
+            }
+            _ => String::new(),
+        };
         ConfigError {
             file: self.path.to_path_buf(),
             location: span.map(|span| self.line_column(span.start)),
             job,
             field,
-            message: message.trim().to_string(),
+            message: format!("{}{suggestion}", message.trim()),
         }
     }
 }

@@ -171,7 +171,11 @@ fn job_group(
             Some(name.span()),
             job,
             Some("group"),
-            format!("unknown group {:?}: {known}", name.get_ref()),
+            format!(
+                "unknown group {:?}: {known}{}",
+                name.get_ref(),
+                crate::rules::suggest::did_you_mean(name.get_ref(), groups.keys().map(String::as_str))
+            ),
         )
     })
 }

@@ -336,7 +336,11 @@ pub(super) fn resolve<T>(
                 Some(name.span()),
                 job,
                 Some(field),
-                format!("unknown name {:?}: {known}", name.get_ref()),
+                format!(
+                    "unknown name {:?}: {known}{}",
+                    name.get_ref(),
+                    crate::rules::suggest::did_you_mean(name.get_ref(), defined.keys().map(String::as_str))
+                ),
             )
         })?;
         if !resolved.iter().any(|known| Arc::ptr_eq(known, table)) {
