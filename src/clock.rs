@@ -90,3 +90,8 @@ pub fn shown(at: Option<DateTime<Utc>>) -> String {
         |at| at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
     )
 }
+
+/// An instant as logs and messages show it: RFC 3339 to the second, in UTC.
+pub fn rfc3339(at: DateTime<Utc>) -> String {
+    at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
