@@ -27,11 +27,15 @@ pub enum CoordError {
     Protocol(String),
 }
 
-/// An etcd-client error in plain words: what etcd said, or that no member answered and why. The
-/// transport's own dump (tonic's types, the source chain) stays in the error's `Debug` form.
+/// An etcd-client error in plain words: what etcd said, that no member answered and why, or
+/// why the connection failed (a TLS handshake's certificate error, say). The transport's own
+/// dump (tonic's types, the source chain) stays in the error's `Debug` form.
 fn describe(err: &etcd_client::Error) -> String {
-    if let Some(why) = connect_failure(err) {
+    if let Some(why) = unreachable_because(err) {
         return format!("no etcd member answers ({why}): is etcd running, and are these its client URLs?");
+    }
+    if let Some(innermost) = innermost_transport_cause(err) {
+        return format!("the connection to etcd failed: {innermost}");
     }
     match err {
         etcd_client::Error::GRpcStatus(status) if !status.message().is_empty() => format!("etcd: {}", status.message()),
@@ -40,34 +44,40 @@ fn describe(err: &etcd_client::Error) -> String {
     }
 }
 
-/// Why no connection to a member could be made, if that is what failed.
-fn connect_failure(err: &etcd_client::Error) -> Option<&'static str> {
-    // etcd-client's error names no source: the chain starts inside it.
-    let mut source: Option<&(dyn std::error::Error + 'static)> = match err {
+/// The causes inside an etcd-client error, outermost first: etcd-client's error names no
+/// source, so the chain starts inside it.
+fn causes(err: &etcd_client::Error) -> impl Iterator<Item = &(dyn std::error::Error + 'static)> {
+    let first: Option<&(dyn std::error::Error + 'static)> = match err {
         etcd_client::Error::GRpcStatus(status) => Some(status),
         etcd_client::Error::TransportError(transport) => Some(transport),
         _ => None,
     };
-    while let Some(cause) = source {
-        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
-            use std::io::ErrorKind;
-            return Some(match io.kind() {
-                ErrorKind::ConnectionRefused => "connection refused",
-                ErrorKind::TimedOut => "connection timed out",
-                ErrorKind::HostUnreachable | ErrorKind::NetworkUnreachable => "no route to it",
-                ErrorKind::AddrNotAvailable => "address not available",
-                _ => "the connection failed",
-            });
-        }
-        source = cause.source();
-    }
-    match err {
-        etcd_client::Error::TransportError(_) => Some("the connection failed"),
-        etcd_client::Error::GRpcStatus(status) if status.message() == "tcp connect error" => {
-            Some("the connection failed")
-        }
+    std::iter::successors(first, |cause| cause.source())
+}
+
+/// Why no connection to a member could be made at all, if that is what failed: refused, timed
+/// out, no route. A connection made and then refused (a TLS handshake) is not this.
+fn unreachable_because(err: &etcd_client::Error) -> Option<&'static str> {
+    use std::io::ErrorKind;
+    let io_kind = causes(err).find_map(|cause| cause.downcast_ref::<std::io::Error>().map(std::io::Error::kind));
+    match io_kind {
+        Some(ErrorKind::ConnectionRefused) => Some("connection refused"),
+        Some(ErrorKind::TimedOut) => Some("connection timed out"),
+        Some(ErrorKind::HostUnreachable | ErrorKind::NetworkUnreachable) => Some("no route to it"),
+        Some(ErrorKind::AddrNotAvailable) => Some("address not available"),
         _ => None,
     }
+}
+
+/// The innermost cause of a failed connection (a certificate the TLS handshake refused, a
+/// reset), in its own words; `None` when etcd answered.
+fn innermost_transport_cause(err: &etcd_client::Error) -> Option<String> {
+    let transport = match err {
+        etcd_client::Error::TransportError(_) => true,
+        etcd_client::Error::GRpcStatus(status) => std::error::Error::source(status).is_some(),
+        _ => false,
+    };
+    transport.then(|| causes(err).last().map(ToString::to_string)).flatten()
 }
 
 impl From<etcd_client::Error> for CoordError {
@@ -104,7 +114,7 @@ impl CoordError {
 
     /// Whether no member could be reached at all: a connection refused, timed out, unroutable.
     pub fn is_unreachable(&self) -> bool {
-        matches!(self, CoordError::Etcd(err) if connect_failure(err).is_some())
+        matches!(self, CoordError::Etcd(err) if unreachable_because(err).is_some())
     }
 
     /// Whether etcd dropped the call because its raft leader changed while it waited: a new
@@ -445,6 +455,15 @@ mod tests {
             said.starts_with("no etcd member answers (connection refused)"),
             "{said}"
         );
+        let handshake = std::io::Error::other("invalid peer certificate: UnknownIssuer");
+        let said = super::CoordError::Etcd(etcd_client::Error::GRpcStatus(tonic::Status::from_error(Box::new(
+            handshake,
+        ))));
+        assert_eq!(
+            said.to_string(),
+            "the connection to etcd failed: invalid peer certificate: UnknownIssuer"
+        );
+        assert!(!said.is_unreachable(), "a refused certificate is no unreachable etcd");
         let status = tonic::Status::new(tonic::Code::Unavailable, "etcdserver: no leader");
         assert_eq!(
             super::CoordError::Etcd(etcd_client::Error::GRpcStatus(status)).to_string(),
