@@ -114,9 +114,9 @@ async fn serve(config: Config, args: &NodeArgs, endpoints: Vec<String>) -> Resul
         Ok(raised) => {
             let shown = |limit: Option<u64>| limit.map_or_else(|| "unlimited".to_owned(), |limit| limit.to_string());
             tracing::info!(
-                before = shown(raised.before),
-                now = shown(raised.now),
-                hard = shown(raised.hard),
+                before = %shown(raised.before),
+                now = %shown(raised.now),
+                hard = %shown(raised.hard),
                 "file descriptor limit (RLIMIT_NOFILE soft) raised to the hard limit"
             )
         }

@@ -191,7 +191,7 @@ pub async fn record_runs(
                     .and_then(|kv| serde_json::from_slice::<RunRecord>(kv.value()).ok())
                     .is_some_and(|held| supersedes(&held, record));
                 if newer_held {
-                    tracing::info!(job = %job, tick = crate::clock::rfc3339(record.scheduled_at), fence = record.fence, "not recording a late result: etcd already holds a newer one");
+                    tracing::info!(job = %job, tick = %crate::clock::rfc3339(record.scheduled_at), fence = record.fence, "not recording a late result: etcd already holds a newer one");
                     continue;
                 }
                 let revision = held.map_or(0, |kv| kv.mod_revision());

@@ -141,7 +141,7 @@ impl Mirror for Pauses {
             Some(Ok(pause)) => {
                 tracing::info!(
                     job,
-                    until = crate::clock::shown(pause.until),
+                    until = %crate::clock::shown(pause.until),
                     reason = pause.reason.as_deref().unwrap_or("-"),
                     "pause changed"
                 );

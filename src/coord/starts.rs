@@ -307,7 +307,7 @@ impl Starts {
                     used: false,
                 });
             }
-            tracing::debug!(job, tick = crate::clock::rfc3339(tick), left = ?self.session.remaining(), "waiting for a lease renewal before starting");
+            tracing::debug!(job, tick = %crate::clock::rfc3339(tick), left = ?self.session.remaining(), "waiting for a lease renewal before starting");
             tokio::select! {
                 _ = tokio::time::sleep(MARGIN_POLL) => {}
                 _ = self.leading.cancelled() => return None,

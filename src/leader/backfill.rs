@@ -124,7 +124,7 @@ impl Term {
                 Ok(Claimed::Ours(fence)) => {
                     claimed_one = true;
                     let (done, total) = backfill.progress();
-                    tracing::info!(job = %job.name, backfill = %backfill.id, tick = crate::clock::rfc3339(next.tick), fence, done, total, redelivered = next.redelivered, "starting a backfill run");
+                    tracing::info!(job = %job.name, backfill = %backfill.id, tick = %crate::clock::rfc3339(next.tick), fence, done, total, redelivered = next.redelivered, "starting a backfill run");
                     self.node.runs.start(vec![Tick {
                         origin: Origin::Backfill(BackfillClaim {
                             backfill: backfill.id.clone(),

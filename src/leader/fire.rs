@@ -293,7 +293,7 @@ impl Term {
         };
         clock::sleep_until(due).await;
         if !self.session.check_live() {
-            tracing::error!(tick = crate::clock::rfc3339(due), "the lease may have expired before the tick: not starting its claimed runs; the next leader delivers them");
+            tracing::error!(tick = %crate::clock::rfc3339(due), "the lease may have expired before the tick: not starting its claimed runs; the next leader delivers them");
             return Err(TermEnd::SessionLost);
         }
         let lateness = (clock::now() - due).to_std().unwrap_or_default();
@@ -328,13 +328,13 @@ impl Term {
         let step = before_wait.wall_step();
         if step > OVERDUE_LIMIT {
             tracing::warn!(
-                tick = crate::clock::rfc3339(due),
+                tick = %crate::clock::rfc3339(due),
                 step_ms = step.num_milliseconds(),
                 "the wall clock jumped forward: the ticks it skipped are caught up as each job's catch_up says"
             );
             firing.took_over = firing.took_over.max((before_wait.wall() + step).min(now));
         } else {
-            tracing::warn!(tick = crate::clock::rfc3339(due), behind_ms = (now - due).num_milliseconds(), "this leader fell behind (a stall, or slow etcd calls): every tick due meanwhile is claimed and run late");
+            tracing::warn!(tick = %crate::clock::rfc3339(due), behind_ms = (now - due).num_milliseconds(), "this leader fell behind (a stall, or slow etcd calls): every tick due meanwhile is claimed and run late");
         }
         firing.behind = (0..book.entries().len()).collect();
         firing.refilling.clear();

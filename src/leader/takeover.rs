@@ -211,7 +211,7 @@ impl Term {
             if let Some((debts, records)) = recorded.remove(&won.index) {
                 for (debt, ticks) in debts.iter().filter(|(debt, _)| won.settles.contains(&Owner::of(debt))) {
                     for tick in ticks {
-                        tracing::warn!(job = %job.name, tick = crate::clock::rfc3339(*tick), term = debt.term, node = %debt.node, delivery = ?job.delivery, "lost: a tick its leader claimed and never started, not run again");
+                        tracing::warn!(job = %job.name, tick = %crate::clock::rfc3339(*tick), term = debt.term, node = %debt.node, delivery = ?job.delivery, "lost: a tick its leader claimed and never started, not run again");
                     }
                 }
                 for record in &records {
@@ -250,10 +250,10 @@ impl Term {
             ticks.sort();
             ticks.dedup_by_key(|(tick, _)| *tick);
             if let Some(first) = adopted.first() {
-                tracing::warn!(job = %job.name, ticks = adopted.len(), first = crate::clock::rfc3339(*first), "delivering again ticks that an earlier leader claimed and whose start it never recorded");
+                tracing::warn!(job = %job.name, ticks = adopted.len(), first = %crate::clock::rfc3339(*first), "delivering again ticks that an earlier leader claimed and whose start it never recorded");
             }
             if !won.fresh.is_empty() {
-                tracing::info!(job = %job.name, ticks = won.fresh.len(), first = crate::clock::rfc3339(won.fresh[0]), policy = ?job.catch_up, "catching up missed ticks");
+                tracing::info!(job = %job.name, ticks = won.fresh.len(), first = %crate::clock::rfc3339(won.fresh[0]), policy = ?job.catch_up, "catching up missed ticks");
                 crate::metrics::get().catch_up_runs.inc_by(won.fresh.len() as u64);
             }
             self.node.runs.start(
@@ -300,13 +300,13 @@ fn log_plan(job: &Job, plan: &Plan, leader: &Leader) {
     for settled in &plan.settled {
         let debt = &settled.debt;
         if let Some(first) = settled.started_here.first() {
-            tracing::info!(job = %job.name, ticks = settled.started_here.len(), first = crate::clock::rfc3339(*first), term = debt.term, "ticks this node started in an earlier leadership, whose start that one could not write: recorded now, not run again");
+            tracing::info!(job = %job.name, ticks = settled.started_here.len(), first = %crate::clock::rfc3339(*first), term = debt.term, "ticks this node started in an earlier leadership, whose start that one could not write: recorded now, not run again");
         }
         if debt
             .shards
             .is_some_and(|owner| owner != leader.shards || debt.pool.as_deref() != leader.pool)
         {
-            tracing::info!(job = %job.name, ticks = debt.pending.len(), node = %debt.node, term = debt.term, shards = debt.shards.map_or_else(|| "-".to_owned(), |shards| shards.to_string()), pool = debt.pool.as_deref().unwrap_or("-"), "settling the pending ticks of a leader of an election family (pool, shard count) no node runs any more");
+            tracing::info!(job = %job.name, ticks = debt.pending.len(), node = %debt.node, term = debt.term, shards = %debt.shards.map_or_else(|| "-".to_owned(), |shards| shards.to_string()), pool = %debt.pool.as_deref().unwrap_or("-"), "settling the pending ticks of a leader of an election family (pool, shard count) no node runs any more");
         }
     }
 }

@@ -197,8 +197,10 @@ pub fn by_tick(runs: &[Run], job: &str) -> BTreeMap<DateTime<Utc>, Vec<Run>> {
     ticks
 }
 
-/// Whether node `logs` record `tick` of `job` lost.
+/// Whether node `logs` record `tick` of `job` lost (the tick in RFC 3339, as every log line
+/// prints one).
 pub fn recorded_lost(logs: &str, job: &str, tick: DateTime<Utc>) -> bool {
+    let tick = tick.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     logs.lines().any(|line| {
         line.contains("lost:") && line.contains(&format!("job={job} ")) && line.contains(&format!("tick={tick}"))
     })

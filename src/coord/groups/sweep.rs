@@ -93,12 +93,12 @@ impl Groups {
                     .when([Compare::mod_revision(key.as_str(), CompareOp::Equal, kv.mod_revision())])
                     .and_then([TxnOp::delete(key.as_str(), None)]);
                 if etcd::call(self.client.clone().txn(txn)).await?.succeeded() {
-                    tracing::warn!(group, job = %holder.job, tick = crate::clock::rfc3339(holder.tick), "took out of the group's line a place no attempt of this node waits at (a reply lost at the wrong moment)");
+                    tracing::warn!(group, job = %holder.job, tick = %crate::clock::rfc3339(holder.tick), "took out of the group's line a place no attempt of this node waits at (a reply lost at the wrong moment)");
                 }
             }
             Left::Slot(slot) if phase == Some(Phase::Holding(slot)) || phase == Some(Phase::Waiting) => {}
             Left::Slot(slot) => {
-                tracing::warn!(group, slot, job = %holder.job, tick = crate::clock::rfc3339(holder.tick), "freeing a group slot no attempt of this node holds (a reply lost at the wrong moment)");
+                tracing::warn!(group, slot, job = %holder.job, tick = %crate::clock::rfc3339(holder.tick), "freeing a group slot no attempt of this node holds (a reply lost at the wrong moment)");
                 // A group the config no longer has: freed, since no job of it runs.
                 self.slot(group, 0, slot, kv.value().to_vec(), lease, None)
                     .release()

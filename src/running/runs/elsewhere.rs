@@ -102,7 +102,7 @@ impl Runs {
                     if job.overlap == Overlap::Replace && !stop_asked {
                         stop_asked = going::ask(client, keys, &job.name, run, Ask::Stop, lease).await.is_ok();
                         if stop_asked {
-                            runner::span(first).in_scope(|| tracing::info!(node = %run.node, previous_tick = crate::clock::rfc3339(run.tick), "asked the node running this job's previous run to stop it (overlap = \"replace\")"));
+                            runner::span(first).in_scope(|| tracing::info!(node = %run.node, previous_tick = %crate::clock::rfc3339(run.tick), "asked the node running this job's previous run to stop it (overlap = \"replace\")"));
                         }
                     }
                     if going_asked.is_none_or(|at| at.elapsed() >= ASK_AGAIN)
@@ -111,7 +111,7 @@ impl Runs {
                             .is_ok()
                     {
                         if going_asked.is_none() {
-                            runner::span(first).in_scope(|| tracing::info!(node = %run.node, previous_tick = crate::clock::rfc3339(run.tick), fence = run.fence, "waiting: the job's record lists its previous run going on another node and etcd shows no end of it; asked that node whether it still goes"));
+                            runner::span(first).in_scope(|| tracing::info!(node = %run.node, previous_tick = %crate::clock::rfc3339(run.tick), fence = run.fence, "waiting: the job's record lists its previous run going on another node and etcd shows no end of it; asked that node whether it still goes"));
                         }
                         going_asked = Some(Instant::now());
                     }
@@ -254,11 +254,11 @@ impl Runs {
                     break;
                 }
                 if deadline.is_some_and(|deadline| tokio::time::Instant::now() >= deadline) {
-                    runner::span(tick).in_scope(|| tracing::warn!(node = %claimed.node, claimed_tick = crate::clock::rfc3339(claimed.tick), waited_ms = within.unwrap_or_default().as_millis() as u64, "starting without that tick's start written: another leader claimed it after this run was claimed and has not started it since this run was listed (waiting on could wait for ever: it may wait for this node's ticks queued behind this run)"));
+                    runner::span(tick).in_scope(|| tracing::warn!(node = %claimed.node, claimed_tick = %crate::clock::rfc3339(claimed.tick), waited_ms = within.unwrap_or_default().as_millis() as u64, "starting without that tick's start written: another leader claimed it after this run was claimed and has not started it since this run was listed (waiting on could wait for ever: it may wait for this node's ticks queued behind this run)"));
                     break;
                 }
                 if !std::mem::replace(&mut told, true) {
-                    runner::span(tick).in_scope(|| tracing::info!(node = %claimed.node, claimed_tick = crate::clock::rfc3339(claimed.tick), "waiting: another leader of this job claimed a tick that may start beside this run, and has not written since whether it started"));
+                    runner::span(tick).in_scope(|| tracing::info!(node = %claimed.node, claimed_tick = %crate::clock::rfc3339(claimed.tick), "waiting: another leader of this job claimed a tick that may start beside this run, and has not written since whether it started"));
                 }
                 tokio::select! {
                     _ = tokio::time::sleep(LOOK_EVERY) => {}

@@ -399,7 +399,7 @@ impl Runs {
         };
         if let Origin::Backfill(claim) = &tick.origin {
             tracing::info!(
-                until = crate::clock::shown(pause.until),
+                until = %crate::clock::shown(pause.until),
                 "paused: the backfill tick goes back to be run once the pause ends"
             );
             self.settle_backfill(tick, claim, Settle::Again);
@@ -407,7 +407,7 @@ impl Runs {
         }
         if self.settle(tick) {
             tracing::info!(
-                until = crate::clock::shown(pause.until),
+                until = %crate::clock::shown(pause.until),
                 reason = pause.reason.as_deref().unwrap_or("-"),
                 "paused: not run"
             );

@@ -211,7 +211,7 @@ pub(in crate::serving::http) async fn pause(
     crate::coord::pauses::pause(&exposed.client, &served.keys(), std::slice::from_ref(&name), &pause)
         .await
         .map_err(etcd_failed)?;
-    tracing::info!(job = %name, until = crate::clock::shown(pause.until), reason = pause.reason.as_deref().unwrap_or("-"), "paused through the API");
+    tracing::info!(job = %name, until = %crate::clock::shown(pause.until), reason = pause.reason.as_deref().unwrap_or("-"), "paused through the API");
     Ok(Json(json!({ "job": name, "paused": pause })).into_response())
 }
 
