@@ -3,8 +3,8 @@
 //! Every member is asked for its status on a connection of its own, every [`PROBE_EVERY`] and
 //! all at once: a member refusing connections, one that accepts them and answers nothing
 //! (stopped, stalled on a disk, its packets dropped) and one without a raft leader are each
-//! seen within a probe interval and a stall (`health::Limits`), well inside the third of the
-//! lease a renewal has, and `members` moves calls off it. A call that finds a member's
+//! seen within a probe interval and a stall (`health::Limits`), well inside the lease a
+//! renewal has left, and `members` moves calls off it. A call that finds a member's
 //! connection refused reports it too (`routing`).
 
 use std::time::Duration;

@@ -32,7 +32,7 @@ pub(crate) struct Limits {
 
 impl Limits {
     /// A tenth of the TTL, within 300 ms and 1 s: a stall is seen (one probe interval plus
-    /// this) well inside the third of the TTL a lease renewal has.
+    /// this) well before the lease, renewed every fifth of the TTL, could lapse.
     pub(crate) fn for_ttl(ttl: Duration) -> Limits {
         Limits {
             stall: (ttl / 10).clamp(Duration::from_millis(300), Duration::from_secs(1)),
