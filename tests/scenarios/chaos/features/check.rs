@@ -333,7 +333,9 @@ fn notifications(features: &Features, verdict: &mut Verdict) {
             );
         }
     }
-    let mut keys: BTreeMap<(String, String, i64), String> = BTreeMap::new();
+    // Ticks claimed in one write share a fence (a catch-up, or ticks queued behind a wait):
+    // each run of them is its own transition, so a run is its fence and its tick.
+    let mut keys: BTreeMap<(String, String, i64, String), String> = BTreeMap::new();
     for hit in &hits {
         verdict.looked("dedupe key");
         let json = hit.json();
@@ -344,11 +346,12 @@ fn notifications(features: &Features, verdict: &mut Verdict) {
         );
         let key = json["dedupe_key"].as_str().unwrap_or_default().to_string();
         let fence = json["fence"].as_i64().unwrap_or_default();
-        if let Some(before) = keys.insert((job.clone(), event.clone(), fence), key.clone()) {
+        let tick = json["tick"].as_str().unwrap_or_default().to_string();
+        if let Some(before) = keys.insert((job.clone(), event.clone(), fence, tick.clone()), key.clone()) {
             if before != key {
                 verdict.note(
                     "dedupe key",
-                    format!("{job} {event} of fence {fence} told with {before}, then with {key}"),
+                    format!("{job} {event} of fence {fence}, tick {tick}, told with {before}, then with {key}"),
                 );
             }
         }
