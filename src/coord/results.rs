@@ -291,7 +291,16 @@ pub async fn write_leftovers(
         // A command waits for its answer (`trigger --wait`): one failed write must not leave
         // it waiting for ever.
         let mut unanswered = Vec::new();
-        for (request, record) in queue.take_answers() {
+        let answers = queue.take_answers();
+        if !answers.is_empty() {
+            // Read your writes: the runs waiting to ride a claim (the answered ones among them)
+            // are written first, so a command told how its run ended reads it at once in
+            // `history` and `status`. The answers go whatever these writes did: a command waits
+            // for its answer, not for the history.
+            write_results(&queue, &client, &keys, Duration::ZERO).await;
+            write_history(&queue, &client, &keys, Duration::ZERO).await;
+        }
+        for (request, record) in answers {
             if let Err(err) = triggers::answer(&client, &keys, &request, &record).await {
                 if let Some(left_out) = crate::repeats::log_now("answer failed") {
                     tracing::warn!(error = %err, request, left_out, "could not tell the command that asked for a run how it ended yet; trying again (left_out: lines like this one not logged since the last)");

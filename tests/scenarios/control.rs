@@ -335,20 +335,22 @@ fn trigger_runs_a_job_now_through_its_claim_fence_and_overlap_policy() {
         (requested_at - asked_at).num_milliseconds().abs() < 5_000,
         "CRON_SCHEDULED_AT is the request time: {requested_at} for a request at {asked_at}"
     );
-    // History rides the next write of the shard's results: within the 1.5 s ride window.
-    let mut history: Vec<shardcron::rules::record::RunRecord> = Vec::new();
-    wait_for(Duration::from_secs(10), "the run in the job's history", || {
-        let (json, _, _) = shardcron(&config, &["history", "yearly", "--json"]);
-        history = serde_json::from_str(&json).unwrap_or_default();
-        !history.is_empty()
-    });
-    assert_eq!(history.len(), 1);
+    // Read your writes: the answer comes once the run is in etcd, read at once, no waiting.
+    let (json, stderr, _) = shardcron(&config, &["history", "yearly", "--json"]);
+    let history: Vec<shardcron::rules::record::RunRecord> =
+        serde_json::from_str(&json).unwrap_or_else(|err| panic!("history --json: {err}: {json} {stderr}"));
+    assert_eq!(history.len(), 1, "the run trigger --wait returned is in the history at once");
     assert_eq!(
         (history[0].trigger, history[0].fence, history[0].exit_code),
         (shardcron::rules::record::Trigger::Manual, fence, Some(7))
     );
     let status = world.status(&config);
     let yearly = status.jobs.iter().find(|job| job.name == "yearly").unwrap();
+    assert_eq!(
+        yearly.last_run.as_ref().map(|run| (run.fence, run.exit_code)),
+        Some((fence, Some(7))),
+        "the run trigger --wait returned is the job's last run in status at once"
+    );
     assert_eq!(
         yearly.last_claim, None,
         "a run asked for by hand does not move the schedule's record"

@@ -446,11 +446,17 @@ impl Runs {
     fn report(&self, tick: &Tick, record: RunRecord) {
         crate::metrics::get().record_run(tick.job.job_name(), &record);
         crate::coord::activity::record(&record);
-        if let Origin::Request(request) = &tick.origin {
-            self.results.answer(request, record.clone());
-        }
         self.outbox.ran(&tick.job, &record);
+        // The run goes in the queue before its answer, which is written only after what waits
+        // in the queue: a command told how its run ended finds it in `history` and `status`.
+        let answer = match &tick.origin {
+            Origin::Request(request) => Some((request, record.clone())),
+            _ => None,
+        };
         self.results.push_run(&tick.job, record);
+        if let Some((request, record)) = answer {
+            self.results.answer(request, record);
+        }
         if let Origin::Backfill(claim) = &tick.origin {
             self.settle_backfill(tick, claim, Settle::Done);
         }
