@@ -151,7 +151,7 @@ impl GoneNodes {
                 continue;
             }
             if remove(&client, &self.keys, instance, node, claim_revision).await? {
-                tracing::info!(instance = %instance, node = %node, newest = ?newest, "removed the records of a node gone longer than gone_node_retention");
+                tracing::info!(instance = %instance, node = %node, newest = %crate::clock::shown(newest), "removed the records of a node gone longer than gone_node_retention");
             }
         }
         Ok(())

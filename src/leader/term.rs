@@ -133,7 +133,7 @@ impl Term {
             }
         }
         let ahead_ms = (due - clock::now()).num_microseconds().unwrap_or_default() as f64 / 1000.0;
-        tracing::debug!(tick = %due, jobs = won.len(), ahead_ms, "claimed");
+        tracing::debug!(tick = %clock::rfc3339(due), jobs = won.len(), ahead_ms, "claimed");
         for index in due_now {
             if let Some(next) = book.job(index).schedule.next_after(due) {
                 queue.push(Reverse((next, index)));

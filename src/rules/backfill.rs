@@ -4,7 +4,7 @@
 //! going on where, how many are done, which go again, and whether it was cancelled. Pure: the
 //! caller passes the clock's reading and which nodes went.
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, SecondsFormat, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::rules::config::Job;
@@ -22,9 +22,9 @@ pub const MAX_PARALLEL: u32 = 64;
 /// Why a backfill is refused before anything is written.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Refused {
-    #[error("--from {from} is not before --to {to}")]
+    #[error("--from {} is not before --to {}", shown(.from), shown(.to))]
     EmptyRange { from: DateTime<Utc>, to: DateTime<Utc> },
-    #[error("the range ends at {to}, in the future (now {now}): a backfill runs past ticks only; the schedule runs the rest")]
+    #[error("the range ends at {}, in the future (now {}): a backfill runs past ticks only; the schedule runs the rest", shown(.to), shown(.now))]
     InTheFuture { to: DateTime<Utc>, now: DateTime<Utc> },
     #[error(
         "the range holds more than {max} ticks of the job's schedule: narrow it, or raise --max (at most {MAX_TICKS})"
@@ -36,6 +36,12 @@ pub enum Refused {
     Max,
     #[error("--parallel must be 1 to {MAX_PARALLEL}")]
     Parallel,
+}
+
+/// An instant of a refusal, as `clock::rfc3339` shows one (which the rules may not import): to
+/// the second, since the ticks a range holds are whole seconds.
+fn shown(at: &DateTime<Utc>) -> String {
+    at.to_rfc3339_opts(SecondsFormat::Secs, true)
 }
 
 /// What an operator asks.
@@ -359,6 +365,14 @@ mod tests {
         assert_eq!(
             ticks(&job, &Ask { max: 20, ..ask(0, 20) }, at(30)).map(|fires| fires.len()),
             Ok(20)
+        );
+        assert_eq!(
+            Refused::EmptyRange {
+                from: at(10),
+                to: at(10)
+            }
+            .to_string(),
+            "--from 2027-01-15T08:10:00Z is not before --to 2027-01-15T08:10:00Z"
         );
     }
 

@@ -3,7 +3,7 @@
 //! Their JSON shapes are a contract: operators' scripts read them through `status --json`, and
 //! nodes of different versions read each other's records during a rolling upgrade.
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, SecondsFormat, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::rules::pools::Tags;
@@ -190,6 +190,17 @@ impl Trigger {
             Trigger::Backfill => "backfill",
         }
     }
+
+    /// A tick of this trigger as logs, messages and `CRON_SCHEDULED_AT` show it, RFC 3339 in
+    /// UTC: a schedule's tick to the second; a manual run's, the instant it was asked for, to
+    /// the millisecond, so that two runs asked for within a second read apart.
+    pub fn tick_shown(self, tick: DateTime<Utc>) -> String {
+        let precision = match self {
+            Trigger::Schedule | Trigger::Backfill => SecondsFormat::Secs,
+            Trigger::Manual => SecondsFormat::Millis,
+        };
+        tick.to_rfc3339_opts(precision, true)
+    }
 }
 
 impl RunRecord {
@@ -339,6 +350,19 @@ mod tests {
             let json = serde_json::to_string(&outcome).unwrap();
             assert_eq!(json, format!("\"{}\"", outcome.as_str()));
             assert_eq!(serde_json::from_str::<Outcome>(&json).unwrap(), outcome);
+        }
+    }
+
+    #[test]
+    fn a_manual_tick_is_shown_to_the_millisecond_and_a_schedules_to_the_second() {
+        let at = DateTime::<Utc>::from_timestamp(1_800_000_000, 123_456_789).unwrap();
+        let cases = [
+            (Trigger::Schedule, "2027-01-15T08:00:00Z"),
+            (Trigger::Backfill, "2027-01-15T08:00:00Z"),
+            (Trigger::Manual, "2027-01-15T08:00:00.123Z"),
+        ];
+        for (trigger, shown) in cases {
+            assert_eq!(trigger.tick_shown(at), shown, "{trigger:?}");
         }
     }
 

@@ -390,7 +390,7 @@ impl Notifications {
                 let notifiers: Vec<&Notifier> = job.notify.iter().map(Arc::as_ref).collect();
                 let (me, now) = (self.node_id.clone(), clock::now());
                 let added = self
-                    .account(&job, newest, |record| {
+                    .account(&job, &clock::rfc3339(newest), |record| {
                         notify::account_missed(record, newest, count, fence, &notifiers, &me, now)
                     })
                     .await;
@@ -404,7 +404,7 @@ impl Notifications {
         let notifiers: Vec<&Notifier> = job.notify.iter().map(Arc::as_ref).collect();
         let (me, now) = (self.node_id.clone(), clock::now());
         let added = self
-            .account(&job, record.scheduled_at, |kept| {
+            .account(&job, &record.trigger.tick_shown(record.scheduled_at), |kept| {
                 notify::account(kept, &record, &notifiers, &me, now)
             })
             .await;
@@ -417,7 +417,7 @@ impl Notifications {
     async fn account(
         &self,
         job: &Job,
-        tick: DateTime<Utc>,
+        tick: &str,
         mut change: impl FnMut(&mut notify::Record) -> bool,
     ) -> Vec<Pending> {
         // Off the firing path, behind a bounded queue: worth waiting for etcd as long as an
@@ -502,7 +502,7 @@ impl Notifications {
     /// accounted for; then takes it off the job's record.
     async fn deliver(&self, job: &Job, notifier: &Notifier, pending: &Pending) {
         let metrics = &crate::metrics::get().notifications;
-        let span = tracing::info_span!("notify", job = %job.name, notifier = %notifier.name, event = pending.event.as_str(), tick = %pending.run.scheduled_at, fence = pending.run.fence);
+        let span = tracing::info_span!("notify", job = %job.name, notifier = %notifier.name, event = pending.event.as_str(), tick = %pending.run.trigger.tick_shown(pending.run.scheduled_at), fence = pending.run.fence);
         let _entered = span.enter();
         // `since` comes from etcd: a far-future one must not overflow.
         let give_up_at = chrono::Duration::from_std(DELIVERY_PATIENCE)

@@ -18,7 +18,7 @@ pub mod slot;
 
 use std::sync::Arc;
 
-use chrono::{DateTime, SecondsFormat, Utc};
+use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -131,11 +131,7 @@ impl Tick {
 
     /// The tick, or a requested run's request time to the millisecond.
     pub fn scheduled_at_text(&self) -> String {
-        let precision = match self.trigger() {
-            Trigger::Schedule | Trigger::Backfill => SecondsFormat::Secs,
-            Trigger::Manual => SecondsFormat::Millis,
-        };
-        self.scheduled_at.to_rfc3339_opts(precision, true)
+        self.trigger().tick_shown(self.scheduled_at)
     }
 }
 

@@ -195,7 +195,7 @@ impl Runs {
             return Cleared::Yes;
         }
         if let Origin::Backfill(claim) = &tick.origin {
-            tracing::info!(runs = ?going.iter().map(|run| (&run.node, run.fence)).collect::<Vec<_>>(), claimed = ?beside.claimed.iter().map(|claimed| (&claimed.node, claimed.tick)).collect::<Vec<_>>(), "not starting a backfill tick yet: the write that listed it shows runs of the job going on other nodes, or ticks other leaders claimed; it goes back to be claimed once they end");
+            tracing::info!(runs = ?going.iter().map(|run| (&run.node, run.fence)).collect::<Vec<_>>(), claimed = ?beside.claimed.iter().map(|claimed| (&claimed.node, clock::rfc3339(claimed.tick))).collect::<Vec<_>>(), "not starting a backfill tick yet: the write that listed it shows runs of the job going on other nodes, or ticks other leaders claimed; it goes back to be claimed once they end");
             self.unlist_going(tick);
             self.settle_backfill(tick, claim, Settle::Again);
             return Cleared::No;

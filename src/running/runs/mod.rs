@@ -219,13 +219,13 @@ impl Runs {
                 tracing::info!("skipped: the previous run of this job on this node was still going at this tick (overlap = \"skip\")")
             }
             Skip::BehindLongerRun { previous_tick, took } => {
-                tracing::info!(%previous_tick, previous_took_ms = took.num_milliseconds(), "skipped: the previous run of this job was still going at this tick and ran longer than the time between the two ticks (overlap = \"skip\")")
+                tracing::info!(previous_tick = %clock::rfc3339(previous_tick), previous_took_ms = took.num_milliseconds(), "skipped: the previous run of this job was still going at this tick and ran longer than the time between the two ticks (overlap = \"skip\")")
             }
             Skip::Outrun => {
                 tracing::info!("skipped: it waited behind a backlog of this job's runs until its next tick was due (overlap = \"skip\")")
             }
             Skip::Elsewhere { node, previous_tick } => {
-                tracing::info!(%node, %previous_tick, "skipped: a run of this job was still going on another node at this tick, as its record shows (overlap = \"skip\")")
+                tracing::info!(%node, previous_tick = %clock::rfc3339(previous_tick), "skipped: a run of this job was still going on another node at this tick, as its record shows (overlap = \"skip\")")
             }
         }
         crate::metrics::get().skipped_overlaps.inc();
@@ -477,7 +477,7 @@ impl Runs {
         newest: DateTime<Utc>,
         fence: i64,
     ) {
-        tracing::info!(job = %job.name, count, newest = %newest, "missed ticks a takeover does not run (catch_up, starting_deadline): told to the job's notifiers");
+        tracing::info!(job = %job.name, count, newest = %clock::rfc3339(newest), "missed ticks a takeover does not run (catch_up, starting_deadline): told to the job's notifiers");
         self.outbox.missed(job, count, newest, fence);
     }
 

@@ -63,7 +63,8 @@ pub(in crate::serving::http) async fn ask(
     };
     if from < DateTime::<Utc>::UNIX_EPOCH {
         return Err(bad_request(format!(
-            "\"from\" is {from}, before 1970: no tick of a schedule is that old"
+            "\"from\" is {}, before 1970: no tick of a schedule is that old",
+            crate::clock::rfc3339(from)
         )));
     }
     let now = Utc::now();
@@ -97,7 +98,7 @@ pub(in crate::serving::http) async fn ask(
             format!("{name} has a backfill going ({done}/{total} done): wait for it, or cancel it"),
         ));
     }
-    tracing::info!(job = %name, backfill = %record.id, ticks = record.total, from = %from, to = %to, "backfill asked for through the API");
+    tracing::info!(job = %name, backfill = %record.id, ticks = record.total, from = %crate::clock::rfc3339(from), to = %crate::clock::rfc3339(to), "backfill asked for through the API");
     Ok((StatusCode::ACCEPTED, Json(shown(&name, &record))).into_response())
 }
 
