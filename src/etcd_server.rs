@@ -56,6 +56,8 @@ pub struct MemberNet {
     pub extra_client_hosts: Vec<String>,
     /// A program and its arguments that exec etcd, such as `ip netns exec NS`.
     pub wrapper: Vec<String>,
+    /// The port it serves clients on; a free one when `None`.
+    pub client_port: Option<u16>,
 }
 
 impl Default for MemberNet {
@@ -64,6 +66,7 @@ impl Default for MemberNet {
             host: "127.0.0.1".into(),
             extra_client_hosts: Vec::new(),
             wrapper: Vec::new(),
+            client_port: None,
         }
     }
 }
@@ -111,6 +114,16 @@ impl EtcdServer {
     /// Starts a single-member etcd and waits until it is healthy.
     pub fn start(bin: &Path) -> Result<EtcdServer, EtcdServerError> {
         Self::start_with(bin, 1, None, &[])
+    }
+
+    /// Starts a single-member etcd serving its clients on loopback at `client_port`, and waits
+    /// until it is healthy: `dev` puts it where the config's endpoint points.
+    pub fn start_at(bin: &Path, client_port: u16) -> Result<EtcdServer, EtcdServerError> {
+        let member = MemberNet {
+            client_port: Some(client_port),
+            ..MemberNet::default()
+        };
+        Self::start_members(bin, &[member], None, &[])
     }
 
     #[cfg(feature = "test-support")]
@@ -161,7 +174,10 @@ impl EtcdServer {
                 host: net.host.clone(),
                 extra_client_hosts: net.extra_client_hosts.clone(),
                 wrapper: net.wrapper.clone(),
-                client_port: free_port()?,
+                client_port: match net.client_port {
+                    Some(port) => port,
+                    None => free_port()?,
+                },
                 peer_port: free_port()?,
                 metrics_port: free_port()?,
                 bin: None,

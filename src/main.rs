@@ -22,7 +22,7 @@ fn main() -> ExitCode {
         }),
         Command::Dev(args) => cli::node::load(&args.config).and_then(|config| {
             let _log_written_out = init_logging(args.node.log_format);
-            cli::node::dev(config, args)
+            cli::dev::dev(config, args)
         }),
         Command::Status(args) => cli::reading::status(args),
         Command::History(args) => cli::reading::history(args),
@@ -43,7 +43,7 @@ fn exit(result: Result<ExitCode>) -> ExitCode {
         Err(err) => {
             eprintln!("shardcron: error: {err:#}");
             if cli::is_unreachable_etcd(&err) {
-                eprintln!("shardcron: hint: `shardcron dev` prints the endpoint of its etcd on its first line: pass it with --endpoints, or export SHARDCRON_ENDPOINTS=...");
+                eprintln!("shardcron: hint: `shardcron dev` serves etcd at the endpoint its config names when that port is free, else prints the `export SHARDCRON_ENDPOINTS=...` line to paste here");
             }
             ExitCode::FAILURE
         }

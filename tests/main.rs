@@ -23,7 +23,6 @@ mod scenarios {
     mod core;
     mod dashboard;
     mod delivery;
-    mod dev;
     mod etcd_faults;
     mod etcd_maintenance;
     mod etcd_space;
@@ -47,5 +46,6 @@ mod scenarios {
     mod shard_count;
     mod snapshots;
     mod split_brain;
+    mod tour;
     mod upgrade;
 }

@@ -3,7 +3,8 @@
 //!
 //! - `args`: where the config and the cluster are found, and instants as flags spell them.
 //! - [`check`]: `check`, `next` and `plan`: the config and its schedules, without a cluster.
-//! - [`node`] and `node_args`: `run` and `dev`, a node's start and its signals.
+//! - [`node`] and `node_args`: `run`, a node's start and its signals.
+//! - [`dev`]: `dev`, nodes on a throwaway etcd, one or a few to watch a failover.
 //! - [`control`]: `trigger`, `pause` and `resume`: asking the fleet through etcd.
 //! - [`reading`]: `status` and `history`: what etcd holds, printed.
 //! - [`docs`]: shell completions and the manual page.
@@ -15,6 +16,7 @@ mod args;
 pub mod backfill;
 pub mod check;
 pub mod control;
+pub mod dev;
 pub mod docs;
 pub mod node;
 mod node_args;
@@ -68,8 +70,8 @@ pub enum Command {
     Run(node::RunArgs),
     /// Show shard leaders, nodes and each job's last and next run.
     Status(reading::StatusArgs),
-    /// Try shardcron: start a throwaway local etcd and run one node against it.
-    Dev(node::DevArgs),
+    /// Try shardcron: start a throwaway local etcd and run one node (or `--nodes N`) against it.
+    Dev(dev::DevArgs),
     /// Run a job now, through its shard's leader: the same claim, fence, overlap policy and
     /// pause as a tick of its schedule, which does not move.
     Trigger(control::TriggerArgs),

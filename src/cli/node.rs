@@ -1,4 +1,4 @@
-//! `run` and `dev`: a node's start. The config is read so that it leaves nothing resident, the
+//! `run` (and each node of `dev`): a node's start. The config is read so that it leaves nothing resident, the
 //! HTTP listener is served before etcd answers, and signals and reloads are forwarded to the
 //! node.
 
@@ -17,7 +17,6 @@ use crate::coord::health::Limits;
 use crate::coord::keys::Keys;
 use crate::coord::members::Members;
 use crate::coord::record_format;
-use crate::etcd_server::EtcdServer;
 use crate::node::{self, NodeOptions};
 use crate::readiness::{Readiness, Stage};
 use crate::rules::config::Config;
@@ -30,17 +29,6 @@ pub struct RunArgs {
     pub config: ConfigArg,
     #[command(flatten)]
     pub node: NodeArgs,
-}
-
-#[derive(Debug, Args)]
-pub struct DevArgs {
-    #[command(flatten)]
-    pub config: ConfigArg,
-    #[command(flatten)]
-    pub node: NodeArgs,
-    /// The etcd binary to start.
-    #[arg(long, env = "SHARDCRON_ETCD_BIN", default_value = "etcd")]
-    pub etcd_bin: PathBuf,
 }
 
 /// The config of a node about to start. A node holds secrets and runs jobs as its own user:
@@ -58,16 +46,6 @@ pub fn run(config: Config, args: &NodeArgs) -> Result<()> {
     block_on(serve(config, args, endpoints))
 }
 
-/// `dev`: the node against a throwaway etcd, removed when the node ends.
-pub fn dev(config: Config, args: &DevArgs) -> Result<()> {
-    let server = EtcdServer::start(&args.etcd_bin)?;
-    tracing::info!(endpoint = %server.client_url(), log = %server.log_path().display(), "throwaway etcd started; Ctrl-C stops the node and removes it");
-    let endpoints = vec![server.client_url()];
-    let result = block_on(serve(config, &args.node, endpoints));
-    drop(server);
-    result
-}
-
 /// The API's tokens, their origins logged (never their values).
 fn tokens(args: &NodeArgs) -> Result<(Option<String>, Option<String>)> {
     let token = args.api_token()?;
@@ -80,7 +58,7 @@ fn tokens(args: &NodeArgs) -> Result<(Option<String>, Option<String>)> {
     Ok((token.map(|secret| secret.value), read_token.map(|secret| secret.value)))
 }
 
-async fn serve(config: Config, args: &NodeArgs, endpoints: Vec<String>) -> Result<()> {
+pub(super) async fn serve(config: Config, args: &NodeArgs, endpoints: Vec<String>) -> Result<()> {
     // A notifier would send such a secret to its URL: refused before anything starts.
     let own_secrets = NodeSecrets::of(args, std::env::var_os("CREDENTIALS_DIRECTORY").map(PathBuf::from));
     own_secrets.check(&config)?;

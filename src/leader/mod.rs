@@ -94,6 +94,8 @@ pub(crate) async fn run_shard(
     loop {
         let leadership = match campaign(&node, &session, shard, entered.take(), &mut view).await {
             Campaigned::Leads(leadership) => leadership,
+            // A stop ends the fleet view a campaign waits on: no failure to report.
+            Campaigned::Failed(_) if session.ended().is_cancelled() => return,
             Campaigned::Failed(err) => {
                 let wait = backoff.next_delay();
                 if err.is_nospace() {

@@ -366,7 +366,7 @@ fn a_randomized_fault_run_keeps_every_delivery_promise() {
     // many takeovers (each runs: at-least-once), and its backfill waits behind it; a long run
     // leaves minutes of it.
     step("the features: let the backfills end, then check");
-    let _ = features::wait_within(Duration::from_secs(90).max(run_for / 2), || {
+    let _ = wait_within(Duration::from_secs(90).max(run_for / 2), || {
         features.timeline.backfills.iter().all(|(job, ticks)| {
             let runs = features::stamps_of(&features.dir, job);
             ticks.iter().all(|tick| {

@@ -339,7 +339,11 @@ fn trigger_runs_a_job_now_through_its_claim_fence_and_overlap_policy() {
     let (json, stderr, _) = shardcron(&config, &["history", "yearly", "--json"]);
     let history: Vec<shardcron::rules::record::RunRecord> =
         serde_json::from_str(&json).unwrap_or_else(|err| panic!("history --json: {err}: {json} {stderr}"));
-    assert_eq!(history.len(), 1, "the run trigger --wait returned is in the history at once");
+    assert_eq!(
+        history.len(),
+        1,
+        "the run trigger --wait returned is in the history at once"
+    );
     assert_eq!(
         (history[0].trigger, history[0].fence, history[0].exit_code),
         (shardcron::rules::record::Trigger::Manual, fence, Some(7))

@@ -383,6 +383,20 @@ pub fn shardcron(config: &Path, args: &[&str]) -> std::process::Output {
         .expect("run shardcron")
 }
 
+/// Waits until `condition` holds or `limit` passes; whether it held.
+pub fn wait_within(limit: Duration, mut condition: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if condition() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// Waits until `condition` holds, panicking with `what` after `limit`.
 pub fn wait_for(limit: Duration, what: &str, mut condition: impl FnMut() -> bool) {
     let deadline = Instant::now() + limit;

@@ -491,7 +491,11 @@ impl Runs {
     pub async fn drain(&self, grace: Duration, hurry: &CancellationToken) {
         self.tracker.close();
         if !self.tracker.is_empty() {
-            tracing::info!(running = self.tracker.len(), grace = ?grace, "waiting for running commands");
+            tracing::info!(
+                running = self.tracker.len(),
+                grace = %humantime::format_duration(grace),
+                "waiting for running commands to end within the grace; Ctrl-C (or SIGTERM) again stops them now"
+            );
             let finished = tokio::select! {
                 finished = tokio::time::timeout(grace, self.tracker.wait()) => finished.is_ok(),
                 _ = hurry.cancelled() => false,

@@ -365,17 +365,3 @@ impl Timeline {
             .unwrap_or(3)
     }
 }
-
-/// Waits until `condition` holds or `limit` passes; whether it held.
-pub fn wait_within(limit: Duration, mut condition: impl FnMut() -> bool) -> bool {
-    let deadline = std::time::Instant::now() + limit;
-    loop {
-        if condition() {
-            return true;
-        }
-        if std::time::Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}

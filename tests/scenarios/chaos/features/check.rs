@@ -319,7 +319,7 @@ fn notifications(features: &Features, verdict: &mut Verdict) {
             json["event"] == event && (names_it || carried)
         })
     };
-    let _ = super::wait_within(Duration::from_secs(90), || {
+    let _ = wait_within(Duration::from_secs(90), || {
         let hits = features.receiver.hits_on("/hook");
         proven.iter().all(|(event, run)| told(&hits, event, run))
     });
@@ -393,7 +393,7 @@ pub fn reload_every_node(world: &World, ids: &[&str]) -> f64 {
             world.nodes[node].signal(libc::SIGHUP);
         }
     }
-    let _ = super::wait_within(Duration::from_secs(15), || {
+    let _ = wait_within(Duration::from_secs(15), || {
         ids.iter().zip(&before).all(|(id, before)| reloads(id) > *before)
     });
     now_secs()
@@ -411,7 +411,7 @@ pub fn stop_and_list_groups(world: &mut World, ttl: u64, verdict: &mut Verdict) 
     }
     for node in &mut world.nodes {
         // Not `wait_exit`: a node SIGKILLed earlier has no exit code.
-        let exited = super::wait_within(Duration::from_secs(40), || matches!(node.child.try_wait(), Ok(Some(_))));
+        let exited = wait_within(Duration::from_secs(40), || matches!(node.child.try_wait(), Ok(Some(_))));
         if !exited {
             verdict.note(
                 "group keys",
