@@ -173,6 +173,10 @@ fn every_kind_of_config_error_keeps_its_format() {
         assert_eq!(code, Some(1), "{case}: {stderr}");
         assert!(stdout.is_empty(), "{case}: nothing on stdout");
         assert!(!stderr.contains("panicked"), "{case}: {stderr}");
+        // Errors read as sentences: no Rust debug text, no transport dump (#45).
+        for debug in ["Some(", "None", "tonic::", "Transport", "Os {"] {
+            assert!(!stderr.contains(debug), "{case}: the error prints {debug}: {stderr}");
+        }
         report.push_str(&format!("## {case}\n{stderr}\n"));
     }
     insta::assert_snapshot!("config_errors", report);

@@ -46,7 +46,7 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
         location: None,
         job: None,
         field: None,
-        message: format!("cannot read config file: {err}"),
+        message: format!("cannot read config file: {err} (name another with --config or SHARDCRON_CONFIG)"),
     })?;
     parse(path, &text)
 }

@@ -190,7 +190,7 @@ fn job_schedule(
     schedules: &mut HashMap<(String, Tz), Arc<Schedule>>,
 ) -> Result<Arc<Schedule>, ConfigError> {
     let expression =
-        expression.ok_or_else(|| source.error(Some(table_span.clone()), job, Some("schedule"), "missing schedule"))?;
+        expression.ok_or_else(|| source.error(Some(table_span.clone()), job, Some("schedule"), "missing schedule: add schedule = \"...\", a cron expression such as \"*/5 * * * *\""))?;
     let expressions: Vec<&str> = expression.get_ref().0.iter().map(String::as_str).collect();
     let schedule_error =
         |err: ScheduleError| source.error(Some(expression.span()), job, Some("schedule"), err.to_string());
@@ -227,9 +227,9 @@ fn job_command(
     let command = raw
         .command
         .as_ref()
-        .ok_or_else(|| source.error(Some(table_span.clone()), job, Some("command"), "missing command"))?;
+        .ok_or_else(|| source.error(Some(table_span.clone()), job, Some("command"), "missing command: add command = \"...\", a shell command line"))?;
     if command.get_ref().trim().is_empty() {
-        return Err(source.error(Some(command.span()), job, Some("command"), "command is empty"));
+        return Err(source.error(Some(command.span()), job, Some("command"), "command is empty: give it a shell command line"));
     }
     // A NUL cannot pass through exec: every run of the job would fail to start.
     let nul = |span: std::ops::Range<usize>, field: &str| {
