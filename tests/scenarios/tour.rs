@@ -7,6 +7,7 @@
 //! of the window run once.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -369,6 +370,7 @@ fn the_readme_tour_works_as_pasted() {
     let mut readme_pids = BTreeMap::new();
     let mut here_pids: BTreeMap<String, String> = BTreeMap::new();
     let mut killed_at = None;
+    let mut killed_node: Option<String> = None;
     let mut mismatches = Vec::new();
     for item in &steps {
         let shown = shapes(&item.shown, &host);
@@ -430,6 +432,7 @@ fn the_readme_tour_works_as_pasted() {
                 let (code, printed) = shell.run(&format!("kill -9 {pid}"));
                 assert_eq!(code, Some(0), "{line}: {printed:?}");
                 killed_at = Some(chrono::Utc::now());
+                killed_node = Some(leader.clone());
                 println!("killed {leader} (pid {pid}), heartbeat's leader, at {killed_at:?}");
             }
             Some(line) => {
@@ -469,10 +472,29 @@ fn the_readme_tour_works_as_pasted() {
         }
     }
     let killed_at = killed_at.expect("the tour kills a node");
+    let mut running = dev.take().expect("the tour ends with dev running");
+    let killed = killed_node.expect("the tour kills a node");
+    step(&format!("typed into dev: a name off by one, then `start {killed}`"));
+    let typed = running.child.stdin.as_mut().expect("dev's stdin");
+    writeln!(typed, "start dev-0\nstart {killed}").expect("type into dev");
+    wait_for(Duration::from_secs(30), "the killed node started again", || {
+        let output = running.output();
+        output.contains(&format!("started {killed}, pid"))
+            && output.contains(&format!("{killed} | "))
+            && output
+                .lines()
+                .any(|line| line.starts_with(&format!("{killed} | ")) && line.contains("session open"))
+    });
+    assert!(
+        running.output().contains("no node \"dev-0\"; did you mean \"dev-1\"?"),
+        "a mistyped node is named, with the one meant:\n{}",
+        running.output()
+    );
     step("every heartbeat tick from the three nodes' start to a tick after the takeover runs once");
-    let running = dev.take().expect("the tour ends with dev running");
     let lease = Duration::from_secs(5);
-    let after_takeover = killed_at + chrono::Duration::from_std(lease + Duration::from_secs(6)).unwrap();
+    // The first tick due after the lease ran out: the new leader's own, after the one that fell
+    // due while no node led.
+    let after_takeover = killed_at + chrono::Duration::from_std(lease + Duration::from_secs(1)).unwrap();
     wait_for(Duration::from_secs(40), "a heartbeat after the takeover", || {
         heartbeats(&running.output())
             .iter()

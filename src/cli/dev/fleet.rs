@@ -52,10 +52,7 @@ pub async fn run(plan: Plan) -> Result<()> {
     };
     let exe = std::env::current_exe().context("cannot find this program's path to start the nodes")?;
     let prefix = plan.node.node_id.clone().unwrap_or_else(|| "dev".into());
-    let first = match plan.node.http_addr {
-        Some(SocketAddr::V4(address)) => address,
-        _ => DEFAULT_HTTP,
-    };
+    let first = plan.node.http_addr.unwrap_or(SocketAddr::V4(DEFAULT_HTTP));
     let mut nodes: Vec<DevNode> = (0..plan.count)
         .map(|index| DevNode {
             id: format!("{prefix}-{}", index + 1),
@@ -121,15 +118,14 @@ pub async fn run(plan: Plan) -> Result<()> {
 
 /// Port `first + index` when it is free, else any free port: a node must not fail to start
 /// because something else serves 8081.
-fn http_address(first: SocketAddrV4, index: u8) -> SocketAddr {
-    let wanted = SocketAddrV4::new(*first.ip(), first.port().saturating_add(u16::from(index)));
+fn http_address(first: SocketAddr, index: u8) -> SocketAddr {
+    let wanted = SocketAddr::new(first.ip(), first.port().saturating_add(u16::from(index)));
     if TcpListener::bind(wanted).is_ok() {
-        return SocketAddr::V4(wanted);
+        return wanted;
     }
-    let free = TcpListener::bind(SocketAddrV4::new(*first.ip(), 0))
+    TcpListener::bind(SocketAddr::new(first.ip(), 0))
         .and_then(|listener| listener.local_addr())
-        .unwrap_or(SocketAddr::V4(wanted));
-    free
+        .unwrap_or(wanted)
 }
 
 fn start(exe: &std::path::Path, plan: &Plan, node: &mut DevNode) -> Result<()> {

@@ -71,15 +71,23 @@ fn count_within(
 
 pub(super) fn validate_cluster(source: &Source, raw: Option<Spanned<RawCluster>>) -> Result<Cluster, ConfigError> {
     let Some(raw) = raw else {
-        return Err(source.error(None, None, Some("cluster"), "missing [cluster] section: add one with name = \"...\" and shards = N (see config/jobs.toml)"));
+        return Err(source.error(
+            None,
+            None,
+            Some("cluster"),
+            "missing [cluster] section: add one with name = \"...\" and shards = N (see config/jobs.toml)",
+        ));
     };
     let table_span = raw.span();
     let raw = raw.into_inner();
     let field = |name: &str, message: String| source.error(Some(table_span.clone()), None, Some(name), message);
 
-    let name = raw
-        .name
-        .ok_or_else(|| field("cluster.name", "missing cluster name: add name = \"...\" (its etcd prefix; letters, digits, '.', '_', '-')".into()))?;
+    let name = raw.name.ok_or_else(|| {
+        field(
+            "cluster.name",
+            "missing cluster name: add name = \"...\" (its etcd prefix; letters, digits, '.', '_', '-')".into(),
+        )
+    })?;
     if !valid_name(name.get_ref()) {
         return Err(source.error(
             Some(name.span()),
@@ -91,9 +99,12 @@ pub(super) fn validate_cluster(source: &Source, raw: Option<Spanned<RawCluster>>
             ),
         ));
     }
-    let shards = raw
-        .shards
-        .ok_or_else(|| field("cluster.shards", "missing shard count: add shards = N (1 to 4096; 8 is a fine start)".into()))?;
+    let shards = raw.shards.ok_or_else(|| {
+        field(
+            "cluster.shards",
+            "missing shard count: add shards = N (1 to 4096; 8 is a fine start)".into(),
+        )
+    })?;
     let shards = count_within(source, &shards, "shards", 1..=i64::from(MAX_SHARDS), "")?;
     let lease_ttl = match &raw.lease_ttl {
         Some(value) => parse_duration(source, value, None, "cluster.lease_ttl", bounds::MAX_WAIT)?,
@@ -185,7 +196,12 @@ pub(super) fn validate_groups(
 
 pub(super) fn validate_etcd(source: &Source, raw: Option<Spanned<RawEtcd>>) -> Result<Etcd, ConfigError> {
     let Some(raw) = raw else {
-        return Err(source.error(None, None, Some("etcd"), "missing [etcd] section: add one with endpoints = [\"http://127.0.0.1:2379\"]"));
+        return Err(source.error(
+            None,
+            None,
+            Some("etcd"),
+            "missing [etcd] section: add one with endpoints = [\"http://127.0.0.1:2379\"]",
+        ));
     };
     let table_span = raw.span();
     let raw = raw.into_inner();

@@ -189,8 +189,14 @@ fn job_schedule(
     timezone: Tz,
     schedules: &mut HashMap<(String, Tz), Arc<Schedule>>,
 ) -> Result<Arc<Schedule>, ConfigError> {
-    let expression =
-        expression.ok_or_else(|| source.error(Some(table_span.clone()), job, Some("schedule"), "missing schedule: add schedule = \"...\", a cron expression such as \"*/5 * * * *\""))?;
+    let expression = expression.ok_or_else(|| {
+        source.error(
+            Some(table_span.clone()),
+            job,
+            Some("schedule"),
+            "missing schedule: add schedule = \"...\", a cron expression such as \"*/5 * * * *\"",
+        )
+    })?;
     let expressions: Vec<&str> = expression.get_ref().0.iter().map(String::as_str).collect();
     let schedule_error =
         |err: ScheduleError| source.error(Some(expression.span()), job, Some("schedule"), err.to_string());
@@ -224,12 +230,21 @@ fn job_command(
     raw: &RawJob,
     table_span: &std::ops::Range<usize>,
 ) -> Result<String, ConfigError> {
-    let command = raw
-        .command
-        .as_ref()
-        .ok_or_else(|| source.error(Some(table_span.clone()), job, Some("command"), "missing command: add command = \"...\", a shell command line"))?;
+    let command = raw.command.as_ref().ok_or_else(|| {
+        source.error(
+            Some(table_span.clone()),
+            job,
+            Some("command"),
+            "missing command: add command = \"...\", a shell command line",
+        )
+    })?;
     if command.get_ref().trim().is_empty() {
-        return Err(source.error(Some(command.span()), job, Some("command"), "command is empty: give it a shell command line"));
+        return Err(source.error(
+            Some(command.span()),
+            job,
+            Some("command"),
+            "command is empty: give it a shell command line",
+        ));
     }
     // A NUL cannot pass through exec: every run of the job would fail to start.
     let nul = |span: std::ops::Range<usize>, field: &str| {
