@@ -2,7 +2,8 @@
 //! watched on one machine. Each child is a plain `shardcron run` with its own node id and HTTP
 //! port; its log lines come out prefixed by its id. Each is in a process group of its own, so a
 //! Ctrl-C reaches `dev` alone, which stops the nodes as `run` stops on a signal: the first lets
-//! running commands end within the grace, a second stops them now.
+//! running commands end within the grace, a second stops them now. A `dev` killed outright takes
+//! its nodes with it (their parent-death signal).
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener};
 use std::path::PathBuf;
@@ -162,6 +163,16 @@ fn start(exe: &std::path::Path, plan: &Plan, node: &mut DevNode) -> Result<()> {
         if let Some(value) = value {
             command.arg(flag).arg(value);
         }
+    }
+    // SAFETY: the closure runs in the child between fork and exec and makes one system call
+    // (prctl), which is async-signal-safe; it allocates nothing and takes no lock.
+    unsafe {
+        command.pre_exec(|| {
+            // A `dev` that dies without stopping its nodes (SIGKILL) still stops them: each gets
+            // the SIGTERM of a graceful stop. It is tied to this thread, the runtime's main one,
+            // which lives as long as `dev`.
+            rustix::process::set_parent_process_death_signal(Some(Signal::TERM)).map_err(std::io::Error::from)
+        });
     }
     let mut child = command
         .stdin(Stdio::null())
