@@ -500,14 +500,22 @@ impl Runs {
                 finished = tokio::time::timeout(grace, self.tracker.wait()) => finished.is_ok(),
                 _ = hurry.cancelled() => false,
             };
-            if !finished {
+            if finished {
+                return;
+            }
+            if hurry.is_cancelled() {
+                tracing::warn!(
+                    running = self.tracker.len(),
+                    "second signal: killing the remaining commands now"
+                );
+            } else {
                 tracing::warn!(
                     running = self.tracker.len(),
                     "shutdown grace is over: killing the remaining commands"
                 );
-                self.kill.cancel();
-                self.tracker.wait().await;
             }
+            self.kill.cancel();
+            self.tracker.wait().await;
         }
     }
 }
