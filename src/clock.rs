@@ -85,10 +85,7 @@ pub async fn sleep_until(target: DateTime<Utc>) {
 
 /// An optional instant as logs and messages show it: RFC 3339 to the second, or `-`.
 pub fn shown(at: Option<DateTime<Utc>>) -> String {
-    at.map_or_else(
-        || "-".to_owned(),
-        |at| at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-    )
+    at.map_or_else(|| "-".to_owned(), rfc3339)
 }
 
 /// An instant as logs and messages show it: RFC 3339 to the second, in UTC.

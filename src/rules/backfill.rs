@@ -4,11 +4,12 @@
 //! going on where, how many are done, which go again, and whether it was cancelled. Pure: the
 //! caller passes the clock's reading and which nodes went.
 
-use chrono::{DateTime, SecondsFormat, Utc};
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::rules::config::Job;
 use crate::rules::plan::{self, Fire};
+use crate::rules::record::Trigger;
 
 /// The most ticks one backfill runs unless `--max` says more.
 pub const DEFAULT_MAX: usize = 1000;
@@ -38,10 +39,10 @@ pub enum Refused {
     Parallel,
 }
 
-/// An instant of a refusal, as `clock::rfc3339` shows one (which the rules may not import): to
-/// the second, since the ticks a range holds are whole seconds.
+/// An instant of a refusal as a backfill's ticks are shown (the rules may not import `clock`):
+/// to the second, since the ticks a range holds are whole seconds.
 fn shown(at: &DateTime<Utc>) -> String {
-    at.to_rfc3339_opts(SecondsFormat::Secs, true)
+    Trigger::Backfill.tick_shown(*at)
 }
 
 /// What an operator asks.
