@@ -5,12 +5,14 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::coord::activity::ActivityCount;
 use crate::coord::claims::ClaimLead;
 use crate::coord::keys::{ElectionKeys, Keys};
 use crate::coord::results::ResultQueue;
 use crate::coord::starts::StartedHere;
 use crate::rules::config::Loaded;
 use crate::rules::pools::Tags;
+use crate::running::report::Reports;
 use crate::running::runs::Runs;
 
 /// The node's identity, jobs and runs. Shared as an `Arc` by every task of the node, so a term
@@ -28,6 +30,10 @@ pub(crate) struct NodeContext {
     /// Changes when a reload replaces the node's jobs.
     pub(crate) jobs: watch::Receiver<Arc<Loaded>>,
     pub(crate) runs: Runs,
+    /// Where every finished run goes, this node's and those a takeover records lost.
+    pub(crate) reports: Reports,
+    /// This node's runs per minute, published for the dashboard.
+    pub(crate) activity: Arc<ActivityCount>,
     /// The pauses every node sees, kept current by a watch while the node has a session.
     pub(crate) pauses: Arc<crate::coord::pauses::Pauses>,
     /// The concurrency groups' slots and lines, mirrored from etcd, and this node's part in them.

@@ -6,7 +6,7 @@
 //! changed: a few writes a minute per node, none per run. A node that dies takes its count with
 //! its lease, so the strip shows the runs of the nodes alive.
 
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -27,49 +27,55 @@ pub(crate) const PUBLISH_EVERY: Duration = Duration::from_secs(10);
 /// The largest count a node's key may hold that the reader takes; more is not a count.
 const MAX_VALUE: usize = 64 * 1024;
 
-/// This node's count, and whether it changed since it was last published.
-fn counted() -> std::sync::MutexGuard<'static, (Activity, bool)> {
-    static COUNTED: OnceLock<Mutex<(Activity, bool)>> = OnceLock::new();
-    COUNTED
-        .get_or_init(Mutex::default)
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+/// This node's count, and whether it changed since it was last published. One per node, made
+/// when it starts: every run the node records is counted here ([`ActivityCount::record`]), and
+/// [`ActivityCount::publish`] puts it in etcd.
+#[derive(Debug, Default)]
+pub(crate) struct ActivityCount {
+    counted: Mutex<(Activity, bool)>,
 }
 
-/// Counts a run this node recorded.
-pub(crate) fn record(record: &RunRecord) {
-    let mut counted = counted();
-    counted.0.record(record.finished_at, Kind::of(record));
-    counted.1 = true;
-}
+impl ActivityCount {
+    fn counted(&self) -> std::sync::MutexGuard<'_, (Activity, bool)> {
+        self.counted.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
 
-/// Publishes this node's count while it changes, until `until`.
-pub(crate) async fn publish(
-    client: etcd_client::Client,
-    keys: Keys,
-    node_id: String,
-    groups: Arc<Groups>,
-    until: CancellationToken,
-) {
-    let key = keys.activity(&node_id);
-    while sleep_or_cancel(PUBLISH_EVERY, &until).await {
-        let value = {
-            let mut counted = counted();
-            if !counted.1 {
+    /// Counts a run this node recorded.
+    pub(crate) fn record(&self, record: &RunRecord) {
+        let mut counted = self.counted();
+        counted.0.record(record.finished_at, Kind::of(record));
+        counted.1 = true;
+    }
+
+    /// Publishes this node's count while it changes, until `until`.
+    pub(crate) async fn publish(
+        self: Arc<Self>,
+        client: etcd_client::Client,
+        keys: Keys,
+        node_id: String,
+        groups: Arc<Groups>,
+        until: CancellationToken,
+    ) {
+        let key = keys.activity(&node_id);
+        while sleep_or_cancel(PUBLISH_EVERY, &until).await {
+            let value = {
+                let mut counted = self.counted();
+                if !counted.1 {
+                    continue;
+                }
+                counted.0.forget_before(clock::now());
+                counted.1 = false;
+                serde_json::to_vec(&counted.0).unwrap_or_default()
+            };
+            let Some(lease) = groups.lease_now() else {
+                self.counted().1 = true;
                 continue;
+            };
+            let options = PutOptions::new().with_lease(lease.lease());
+            if let Err(err) = etcd::call(client.clone().put(key.as_str(), value, Some(options))).await {
+                tracing::debug!(error = %err, "cannot publish this node's runs per minute; trying again");
+                self.counted().1 = true;
             }
-            counted.0.forget_before(clock::now());
-            counted.1 = false;
-            serde_json::to_vec(&counted.0).unwrap_or_default()
-        };
-        let Some(lease) = groups.lease_now() else {
-            counted().1 = true;
-            continue;
-        };
-        let options = PutOptions::new().with_lease(lease.lease());
-        if let Err(err) = etcd::call(client.clone().put(key.as_str(), value, Some(options))).await {
-            tracing::debug!(error = %err, "cannot publish this node's runs per minute; trying again");
-            counted().1 = true;
         }
     }
 }

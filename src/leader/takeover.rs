@@ -153,7 +153,7 @@ impl Term {
             if let Some((count, newest)) = plan.left_out {
                 // Fenced by the record read: a leader that read the same record and tells the
                 // same ticks again is not counted twice (see `notify::account`).
-                self.node.runs.tell_missed(job, count, newest, entry.revision());
+                self.node.reports.missed(job, count, newest, entry.revision());
             }
             if plan.unfinished {
                 unfinished.push(index);
@@ -215,9 +215,7 @@ impl Term {
                     }
                 }
                 for record in &records {
-                    crate::metrics::get().record_run(job.job_name(), record);
-                    crate::coord::activity::record(record);
-                    self.node.runs.tell(job, record);
+                    self.node.reports.recorded_lost(job, record);
                 }
             }
             let never_started = never_started.remove(&won.index).unwrap_or_default();

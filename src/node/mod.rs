@@ -12,12 +12,14 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 mod sessions;
 mod tasks;
 
 use crate::backoff::Backoff;
 use crate::context::NodeContext;
+use crate::coord::activity::ActivityCount;
 use crate::coord::backfills::Backfills;
 use crate::coord::claims::ClaimLead;
 use crate::coord::election;
@@ -29,6 +31,8 @@ use crate::readiness::Readiness;
 use crate::rules::config::Config;
 use crate::rules::config::{Loaded, NodeSpec};
 use crate::rules::pools::Tags;
+use crate::running::backfill_settles::BackfillSettles;
+use crate::running::report::{Reports, RunSink};
 use crate::running::runs::Runs;
 use crate::serving::http::{Exposed, Exposure};
 use sessions::Sessions;
@@ -105,6 +109,25 @@ pub async fn run(
     // Closed only once the runs drained: a run that ends in the grace is told and pinged too.
     let notes_closed = CancellationToken::new();
     let notifier = tokio::spawn(Arc::clone(&notifications).run(notes, notes_closed.clone(), options.hurry.clone()));
+    // Runs and the writes that settle their backfill ticks are followed together, so the
+    // shutdown's drain waits for both.
+    let run_tracker = TaskTracker::new();
+    let settles = Arc::new(BackfillSettles::new(
+        client.clone(),
+        keys.clone(),
+        Arc::clone(&backfills),
+        run_tracker.clone(),
+    ));
+    let activity = Arc::new(ActivityCount::default());
+    // Every finished run passes each of these, in this order (`running::report`).
+    let reports = Reports::new(vec![
+        Arc::new(crate::metrics::get()),
+        Arc::clone(&activity) as Arc<dyn RunSink>,
+        Arc::new(outbox),
+        Arc::new(crate::coord::job_gauges::get()),
+        Arc::clone(&results) as Arc<dyn RunSink>,
+        Arc::clone(&settles) as Arc<dyn RunSink>,
+    ]);
     let node = Arc::new(NodeContext {
         node_id: options.node_id.clone(),
         keys,
@@ -113,13 +136,15 @@ pub async fn run(
         election_keys,
         jobs: loaded,
         runs: Runs::new(
-            Arc::clone(&results),
+            run_tracker,
+            reports.clone(),
+            settles,
             Arc::clone(&pauses),
             Arc::clone(&groups),
             Arc::clone(&options.child_env),
-            Arc::clone(&backfills),
-            outbox,
         ),
+        reports,
+        activity,
         pauses,
         groups,
         triggers: Arc::default(),

@@ -6,9 +6,11 @@
 //! May import: `rules`, `coord` (what a run reads and reports: starts, pauses, results,
 //! records), and the shared leaves at the top. Never `serving`, the leader or the node.
 
+pub(crate) mod backfill_settles;
 pub mod descriptors;
 pub(crate) mod env_file;
 pub(crate) mod gate;
 pub(crate) mod notifications;
+pub(crate) mod report;
 pub(crate) mod runner;
 pub(crate) mod runs;

@@ -1,13 +1,9 @@
 //! Backfill runs on this node: they take no turn of their job (`--parallel` may run several),
 //! the job's live ticks wait for them to end, and each counts its tick in its backfill's record
-//! when it ends, or gives it back when it did not start.
-
-use std::sync::Arc;
+//! when it ends, or gives it back when it did not start (`running::backfill_settles`).
 
 use super::Runs;
-use crate::coord::backfills::{self, Settle};
 use crate::rules::config::Overlap;
-use crate::running::runner::{BackfillClaim, Tick};
 
 impl Runs {
     /// Whether a backfill tick of `job` may start here now: always for `overlap = "allow"`;
@@ -54,18 +50,5 @@ impl Runs {
         }
         drop(jobs);
         self.backfills_ended.notify_waiters();
-    }
-
-    /// Counts `tick`'s claim done, or gives it back, in its backfill's record; the node holds
-    /// the claim until that is written (or given up on), so its own orphan check leaves it alone.
-    pub(super) fn settle_backfill(&self, tick: &Tick, claimed: &BackfillClaim, settle: Settle) {
-        let client = self.groups.client().clone();
-        let keys = self.groups.keys().clone();
-        let held = Arc::clone(&self.backfills);
-        let (job, at, claimed) = (tick.job.name.clone(), tick.scheduled_at, claimed.clone());
-        self.tracker.spawn(async move {
-            backfills::settle_tick(&client, &keys, &job, &claimed.backfill, at, &claimed.claim, settle).await;
-            held.release(&job, at, &claimed.claim);
-        });
     }
 }

@@ -197,7 +197,8 @@ impl Runs {
         if let Origin::Backfill(claim) = &tick.origin {
             tracing::info!(runs = ?going.iter().map(|run| (&run.node, run.fence)).collect::<Vec<_>>(), claimed = ?beside.claimed.iter().map(|claimed| (&claimed.node, clock::rfc3339(claimed.tick))).collect::<Vec<_>>(), "not starting a backfill tick yet: the write that listed it shows runs of the job going on other nodes, or ticks other leaders claimed; it goes back to be claimed once they end");
             self.unlist_going(tick);
-            self.settle_backfill(tick, claim, Settle::Again);
+            self.settles
+                .settle(&tick.job.name, tick.scheduled_at, claim, Settle::Again);
             return Cleared::No;
         }
         // The claims made before this run's were in its record when it was claimed, and waited

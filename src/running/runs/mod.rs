@@ -11,13 +11,13 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::clock;
-use crate::coord::backfills::{Backfills, Settle};
+use crate::coord::backfills::Settle;
 use crate::coord::groups::Groups;
 use crate::coord::pauses::Pauses;
-use crate::coord::results::ResultQueue;
 use crate::rules::config::{Delivery, Overlap};
 use crate::rules::record::{Outcome, RunRecord};
-use crate::running::notifications::Outbox;
+use crate::running::backfill_settles::BackfillSettles;
+use crate::running::report::Reports;
 use crate::running::runner::{self, Origin, Tick};
 use crate::secrets::ChildEnv;
 use overlap::{may_overlap, overlaps, Running, Skip};
@@ -59,19 +59,17 @@ pub struct Runs {
     late_room: Arc<tokio::sync::Notify>,
     /// Cancelled when the shutdown grace is over: running commands are killed.
     kill: CancellationToken,
-    results: Arc<ResultQueue>,
+    /// Where every run of this node goes once it ended, run or not.
+    reports: Reports,
     pauses: Arc<Pauses>,
     /// The node's part in the concurrency groups: grouped attempts take their slots there.
     groups: Arc<Groups>,
     /// What every command's environment starts from, made once for the node.
     child_env: Arc<ChildEnv>,
-    /// The backfills' records and the backfill ticks this node holds: a backfill run counts
-    /// its tick there when it ends.
-    backfills: Arc<Backfills>,
+    /// Gives a backfill tick that did not start back to its backfill's record.
+    settles: Arc<BackfillSettles>,
     /// Told when a job's last backfill run on this node ends.
     backfills_ended: Arc<tokio::sync::Notify>,
-    /// Where finished runs go to be told about (`notify`, `ping_url`).
-    outbox: Outbox,
 }
 
 /// Room for late ticks held by a leader while it claims them (see [`Runs::reserve_late`]).
@@ -116,30 +114,30 @@ struct JobRuns {
 }
 
 impl Runs {
-    /// Runs whose results go to `results`, and which `pauses` may stop.
+    /// Runs whose ends go to `reports`, and which `pauses` may stop; `tracker` follows every
+    /// task of theirs until the shutdown's drain.
     pub(crate) fn new(
-        results: Arc<ResultQueue>,
+        tracker: TaskTracker,
+        reports: Reports,
+        settles: Arc<BackfillSettles>,
         pauses: Arc<Pauses>,
         groups: Arc<Groups>,
         child_env: Arc<ChildEnv>,
-        backfills: Arc<Backfills>,
-        outbox: Outbox,
     ) -> Runs {
         let cores = std::thread::available_parallelism().map_or(2, usize::from);
         Runs {
-            tracker: TaskTracker::new(),
+            tracker,
             jobs: Arc::default(),
             late: Arc::new(tokio::sync::Semaphore::new(cores * LATE_RUNS_PER_CORE)),
             late_waiting: Arc::default(),
             late_room: Arc::default(),
             kill: CancellationToken::new(),
-            results,
+            reports,
             pauses,
             groups,
             child_env,
-            backfills,
+            settles,
             backfills_ended: Arc::default(),
-            outbox,
         }
     }
 
@@ -376,7 +374,8 @@ impl Runs {
             }
             Origin::Backfill(claim) => {
                 tracing::info!("not starting a backfill tick: this node no longer leads the shard, or its lease may have expired; it goes back to be claimed again");
-                self.settle_backfill(tick, claim, Settle::Again);
+                self.settles
+                    .settle(&tick.job.name, tick.scheduled_at, claim, Settle::Again);
                 return;
             }
             Origin::Schedule => {}
@@ -402,7 +401,8 @@ impl Runs {
                 until = %crate::clock::shown(pause.until),
                 "paused: the backfill tick goes back to be run once the pause ends"
             );
-            self.settle_backfill(tick, claim, Settle::Again);
+            self.settles
+                .settle(&tick.job.name, tick.scheduled_at, claim, Settle::Again);
             return true;
         }
         if self.settle(tick) {
@@ -444,41 +444,7 @@ impl Runs {
     }
 
     fn report(&self, tick: &Tick, record: RunRecord) {
-        crate::metrics::get().record_run(tick.job.job_name(), &record);
-        crate::coord::activity::record(&record);
-        self.outbox.ran(&tick.job, &record);
-        // The run goes in the queue before its answer, which is written only after what waits
-        // in the queue: a command told how its run ended finds it in `history` and `status`.
-        let answer = match &tick.origin {
-            Origin::Request(request) => Some((request, record.clone())),
-            _ => None,
-        };
-        self.results.push_run(&tick.job, record);
-        if let Some((request, record)) = answer {
-            self.results.answer(request, record);
-        }
-        if let Origin::Backfill(claim) = &tick.origin {
-            self.settle_backfill(tick, claim, Settle::Done);
-        }
-    }
-
-    /// Hands over a tick recorded without a run of this node (lost at a takeover), for the
-    /// job's notifiers.
-    pub(crate) fn tell(&self, job: &Arc<crate::rules::config::Job>, record: &RunRecord) {
-        self.outbox.ran(job, record);
-    }
-
-    /// Hands over that a takeover leaves `count` missed ticks of `job` unrun, the newest at
-    /// `newest`, for its notifiers that want `missed` events.
-    pub(crate) fn tell_missed(
-        &self,
-        job: &Arc<crate::rules::config::Job>,
-        count: usize,
-        newest: DateTime<Utc>,
-        fence: i64,
-    ) {
-        tracing::info!(job = %job.name, count, newest = %clock::rfc3339(newest), "missed ticks a takeover does not run (catch_up, starting_deadline): told to the job's notifiers");
-        self.outbox.missed(job, count, newest, fence);
+        self.reports.ran(tick, &record);
     }
 
     /// Kills every running command's process group now.

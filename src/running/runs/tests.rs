@@ -21,13 +21,20 @@ async fn shards_taking_over_together_share_the_nodes_room_for_late_ticks() {
         Duration::from_secs(3),
         Box::new(|_| None),
     ));
-    let runs = Runs::new(
+    let tracker = TaskTracker::new();
+    let settles = Arc::new(BackfillSettles::new(
+        groups.client().clone(),
+        crate::coord::keys::Keys::new("c"),
         Arc::default(),
+        tracker.clone(),
+    ));
+    let runs = Runs::new(
+        tracker,
+        Reports::new(Vec::new()),
+        settles,
         Arc::default(),
         groups,
         child_env,
-        Arc::default(),
-        crate::running::notifications::Outbox::unread(),
     );
     let first = runs.reserve_late(LATE_ROOM - 1_000).expect("room");
     // One claim may pass the room by its own size, never a second one after it.
