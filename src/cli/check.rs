@@ -169,6 +169,32 @@ fn placement(job: &Job) -> String {
     format!("{pool}{fan_out}{group}")
 }
 
+/// `check`'s last line: what the file holds, counted.
+fn summary(config: &Config) -> String {
+    let pools = match config.elections.pools.len() {
+        0 => String::new(),
+        count => format!(" and {count} pools of {} shards", config.cluster.pool_shards),
+    };
+    let groups = match config.groups.len() {
+        0 => String::new(),
+        1 => ", 1 concurrency group".to_string(),
+        count => format!(", {count} concurrency groups"),
+    };
+    let plural = |count: usize, one: &str| match count {
+        0 => String::new(),
+        1 => format!(", 1 {one}"),
+        count => format!(", {count} {one}s"),
+    };
+    let named = plural(config.blackouts.len(), "blackout") + &plural(config.notifiers.len(), "notifier");
+    format!(
+        "{}: ok: {} jobs in {} shards{pools}{groups}{named}, cluster {:?}",
+        config.path.display(),
+        config.jobs.len(),
+        config.cluster.shards,
+        config.cluster.name
+    )
+}
+
 pub fn check(args: &CheckArgs) -> Result<()> {
     let config = args.config.load()?;
     let now = Utc::now();
@@ -221,31 +247,10 @@ pub fn check(args: &CheckArgs) -> Result<()> {
     if args.json {
         writeln!(out, "{}]", if config.jobs.is_empty() { "" } else { "\n" })?;
     }
-    let pools = match config.elections.pools.len() {
-        0 => String::new(),
-        count => format!(" and {count} pools of {} shards", config.cluster.pool_shards),
-    };
-    let groups = match config.groups.len() {
-        0 => String::new(),
-        1 => ", 1 concurrency group".to_string(),
-        count => format!(", {count} concurrency groups"),
-    };
-    let plural = |count: usize, one: &str| match count {
-        0 => String::new(),
-        1 => format!(", 1 {one}"),
-        count => format!(", {count} {one}s"),
-    };
-    let named = plural(config.blackouts.len(), "blackout") + &plural(config.notifiers.len(), "notifier");
     for warning in config.warnings() {
         eprintln!("{}: warning: {warning}", config.path.display());
     }
-    let summary = format!(
-        "{}: ok: {} jobs in {} shards{pools}{groups}{named}, cluster {:?}",
-        config.path.display(),
-        config.jobs.len(),
-        config.cluster.shards,
-        config.cluster.name
-    );
+    let summary = summary(&config);
     // The summary is the command's answer: on stdout after the jobs, where `--json`'s array
     // leaves room for nothing else; warnings and errors stay on stderr.
     match args.json {

@@ -33,24 +33,11 @@ pub(super) fn validate_job(
     let name_span = name.span();
     let name = name.into_inner();
     let job = Some(name.as_str());
-    if !valid_name(&name) || name.len() > MAX_JOB_NAME {
-        return Err(source.error(
-            Some(name_span),
-            job,
-            None,
-            format!(
-                "invalid job name: use at most {MAX_JOB_NAME} letters, digits, '.', '_' and '-' (not \".\" or \"..\")"
-            ),
-        ));
-    }
+    check_job_name(source, &name, name_span)?;
     let table_span = raw.span();
     let raw = raw.into_inner();
 
-    let timezone = match &raw.timezone {
-        Some(value) => parse_zone(value.get_ref())
-            .map_err(|message| source.error(Some(value.span()), job, Some("timezone"), message))?,
-        None => cluster.timezone,
-    };
+    let timezone = job_zone(source, job, raw.timezone.as_ref(), cluster)?;
     let schedule = job_schedule(source, job, raw.schedule.as_ref(), &table_span, timezone, schedules)?;
     let command = job_command(source, job, &raw, &table_span)?;
     let timing = job_timing(source, job, &raw)?;
@@ -109,6 +96,35 @@ pub(super) fn validate_job(
         blackouts,
         notify,
         ping,
+    })
+}
+
+/// A job's name: what its keys, its API paths and its log lines are known by.
+fn check_job_name(source: &Source, name: &str, span: std::ops::Range<usize>) -> Result<(), ConfigError> {
+    if !valid_name(name) || name.len() > MAX_JOB_NAME {
+        return Err(source.error(
+            Some(span),
+            Some(name),
+            None,
+            format!(
+                "invalid job name: use at most {MAX_JOB_NAME} letters, digits, '.', '_' and '-' (not \".\" or \"..\")"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A job's `timezone`, the cluster's when not given.
+fn job_zone(
+    source: &Source,
+    job: Option<&str>,
+    raw: Option<&Spanned<String>>,
+    cluster: &Cluster,
+) -> Result<Tz, ConfigError> {
+    Ok(match raw {
+        Some(value) => parse_zone(value.get_ref())
+            .map_err(|message| source.error(Some(value.span()), job, Some("timezone"), message))?,
+        None => cluster.timezone,
     })
 }
 

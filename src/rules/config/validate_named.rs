@@ -4,11 +4,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use chrono_tz::Tz;
 use toml::Spanned;
 
 use super::error::{ConfigError, Source};
 use super::model::{Cluster, Etcd, GroupsByName};
-use super::raw::{RawBlackout, RawHeader, RawNames, RawNotify};
+use super::raw::{RawBlackout, RawHeader, RawNames, RawNotify, RawWindow};
 use super::validate::{parse_duration, secret_path, valid_name};
 use crate::rules::blackouts::{
     Blackout, Window, MAX_BLACKOUTS, MAX_BLACKOUTS_PER_JOB, MAX_DATES, MAX_WINDOW, MAX_WINDOWS,
@@ -101,77 +102,8 @@ pub(super) fn validate_blackouts(
                 .map_err(|message| source.error(Some(value.span()), None, Some(&field("timezone")), message))?,
             None => cluster.timezone,
         };
-        let windows = match blackout.windows {
-            Some(windows) => {
-                if windows.get_ref().len() > MAX_WINDOWS {
-                    return Err(source.error(
-                        Some(windows.span()),
-                        None,
-                        Some(&field("windows")),
-                        format!("{} windows; at most {MAX_WINDOWS}", windows.get_ref().len()),
-                    ));
-                }
-                let mut valid = Vec::new();
-                for window in windows.into_inner() {
-                    let (span, window) = (window.span(), window.into_inner());
-                    let missing = |what: &str, why: &str| {
-                        source.error(Some(span.clone()), None, Some(&field(&format!("windows.{what}"))), why)
-                    };
-                    let start = window.start.ok_or_else(|| {
-                        missing(
-                            "start",
-                            "missing start: the crontab expression at whose instants the window opens",
-                        )
-                    })?;
-                    let duration = window.duration.ok_or_else(|| {
-                        missing(
-                            "duration",
-                            "missing duration: a window that never ends is a pause (shardcron pause)",
-                        )
-                    })?;
-                    let schedule = Schedule::parse(start.get_ref(), zone).map_err(|err| {
-                        source.error(Some(start.span()), None, Some(&field("windows.start")), err.to_string())
-                    })?;
-                    let length = parse_duration(source, &duration, None, &field("windows.duration"), MAX_WINDOW)?;
-                    if length.is_zero() {
-                        return Err(source.error(
-                            Some(duration.span()),
-                            None,
-                            Some(&field("windows.duration")),
-                            "a window of no time covers no tick: give a duration such as \"2h\"",
-                        ));
-                    }
-                    valid.push(Window {
-                        start: Arc::new(schedule),
-                        duration: chrono::Duration::from_std(length).unwrap_or(chrono::Duration::MAX),
-                    });
-                }
-                valid
-            }
-            None => Vec::new(),
-        };
-        let mut dates = BTreeSet::new();
-        if let Some(raw_dates) = blackout.dates {
-            if raw_dates.get_ref().len() > MAX_DATES {
-                return Err(source.error(
-                    Some(raw_dates.span()),
-                    None,
-                    Some(&field("dates")),
-                    format!("{} dates; at most {MAX_DATES}", raw_dates.get_ref().len()),
-                ));
-            }
-            for date in raw_dates.into_inner() {
-                let day = chrono::NaiveDate::parse_from_str(date.get_ref(), "%Y-%m-%d").map_err(|_| {
-                    source.error(
-                        Some(date.span()),
-                        None,
-                        Some(&field("dates")),
-                        format!("{:?} is not a date: write it as YYYY-MM-DD", date.get_ref()),
-                    )
-                })?;
-                dates.insert(day);
-            }
-        }
+        let windows = blackout_windows(source, &field, blackout.windows, zone)?;
+        let dates = blackout_dates(source, &field, blackout.dates)?;
         if windows.is_empty() && dates.is_empty() {
             return Err(source.error(
                 Some(table_span),
@@ -191,6 +123,93 @@ pub(super) fn validate_blackouts(
         );
     }
     Ok(blackouts)
+}
+
+/// A blackout's `windows`, each start parsed in the blackout's `zone`.
+fn blackout_windows(
+    source: &Source,
+    field: &impl Fn(&str) -> String,
+    windows: Option<Spanned<Vec<Spanned<RawWindow>>>>,
+    zone: Tz,
+) -> Result<Vec<Window>, ConfigError> {
+    let Some(windows) = windows else {
+        return Ok(Vec::new());
+    };
+    if windows.get_ref().len() > MAX_WINDOWS {
+        return Err(source.error(
+            Some(windows.span()),
+            None,
+            Some(&field("windows")),
+            format!("{} windows; at most {MAX_WINDOWS}", windows.get_ref().len()),
+        ));
+    }
+    let mut valid = Vec::new();
+    for window in windows.into_inner() {
+        let (span, window) = (window.span(), window.into_inner());
+        let missing = |what: &str, why: &str| {
+            source.error(Some(span.clone()), None, Some(&field(&format!("windows.{what}"))), why)
+        };
+        let start = window.start.ok_or_else(|| {
+            missing(
+                "start",
+                "missing start: the crontab expression at whose instants the window opens",
+            )
+        })?;
+        let duration = window.duration.ok_or_else(|| {
+            missing(
+                "duration",
+                "missing duration: a window that never ends is a pause (shardcron pause)",
+            )
+        })?;
+        let schedule = Schedule::parse(start.get_ref(), zone)
+            .map_err(|err| source.error(Some(start.span()), None, Some(&field("windows.start")), err.to_string()))?;
+        let length = parse_duration(source, &duration, None, &field("windows.duration"), MAX_WINDOW)?;
+        if length.is_zero() {
+            return Err(source.error(
+                Some(duration.span()),
+                None,
+                Some(&field("windows.duration")),
+                "a window of no time covers no tick: give a duration such as \"2h\"",
+            ));
+        }
+        valid.push(Window {
+            start: Arc::new(schedule),
+            duration: chrono::Duration::from_std(length).unwrap_or(chrono::Duration::MAX),
+        });
+    }
+    Ok(valid)
+}
+
+/// A blackout's `dates`, each a whole day.
+fn blackout_dates(
+    source: &Source,
+    field: &impl Fn(&str) -> String,
+    raw_dates: Option<Spanned<Vec<Spanned<String>>>>,
+) -> Result<BTreeSet<chrono::NaiveDate>, ConfigError> {
+    let mut dates = BTreeSet::new();
+    let Some(raw_dates) = raw_dates else {
+        return Ok(dates);
+    };
+    if raw_dates.get_ref().len() > MAX_DATES {
+        return Err(source.error(
+            Some(raw_dates.span()),
+            None,
+            Some(&field("dates")),
+            format!("{} dates; at most {MAX_DATES}", raw_dates.get_ref().len()),
+        ));
+    }
+    for date in raw_dates.into_inner() {
+        let day = chrono::NaiveDate::parse_from_str(date.get_ref(), "%Y-%m-%d").map_err(|_| {
+            source.error(
+                Some(date.span()),
+                None,
+                Some(&field("dates")),
+                format!("{:?} is not a date: write it as YYYY-MM-DD", date.get_ref()),
+            )
+        })?;
+        dates.insert(day);
+    }
+    Ok(dates)
 }
 
 /// `[notify.<name>]`: a URL, headers whose secret values stay out of the file and never come
@@ -223,71 +242,8 @@ pub(super) fn validate_notifiers(
             )
         })?;
         check_url(url.get_ref()).map_err(|why| source.error(Some(url.span()), None, Some(&field("url")), why))?;
-        let mut headers = Vec::new();
-        if let Some(raw_headers) = notify.headers {
-            if raw_headers.get_ref().len() > MAX_HEADERS {
-                return Err(source.error(
-                    Some(raw_headers.span()),
-                    None,
-                    Some(&field("headers")),
-                    format!("{} headers; at most {MAX_HEADERS}", raw_headers.get_ref().len()),
-                ));
-            }
-            for (header, value) in raw_headers.into_inner() {
-                let header_field = field(&format!("headers.{header}"));
-                let span = value.span();
-                let error = |why: &str| source.error(Some(span.clone()), None, Some(&header_field), why);
-                if header.is_empty() || !header.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
-                    return Err(error("a header name is letters, digits and '-'"));
-                }
-                let value = match value.into_inner() {
-                    RawHeader::Text(text) if text.bytes().any(|b| b.is_ascii_control()) => {
-                        return Err(error("the value holds a control character"))
-                    }
-                    RawHeader::Text(text) => HeaderValue::Text(text),
-                    RawHeader::From(from) => match (from.env, from.file) {
-                        (Some(env), None) if !env.is_empty() => HeaderValue::Env(env),
-                        (None, Some(file)) => {
-                            secret_path(source, &Spanned::new(span.clone(), file.clone()), None, &header_field)?;
-                            HeaderValue::File(file)
-                        }
-                        _ => {
-                            return Err(error(
-                                "give the value as a string, { env = \"NAME\" } or { file = \"/path\" }",
-                            ))
-                        }
-                    },
-                };
-                let refused = match &value {
-                    HeaderValue::Env(var) => own.refuse_env(var),
-                    HeaderValue::File(path) => own.refuse_file(path),
-                    HeaderValue::Text(_) => None,
-                };
-                if let Some(why) = refused {
-                    return Err(error(&why));
-                }
-                headers.push((header, value));
-            }
-        }
-        let on = match notify.on {
-            None => Event::DEFAULT.into_iter().collect(),
-            Some(events) => {
-                let mut on = BTreeSet::new();
-                for event in events.into_inner() {
-                    let parsed = Event::parse(event.get_ref()).ok_or_else(|| {
-                        let known: Vec<&str> = Event::ALL.iter().map(|event| event.as_str()).collect();
-                        source.error(
-                            Some(event.span()),
-                            None,
-                            Some(&field("on")),
-                            format!("unknown event {:?}: one of {}", event.get_ref(), known.join(", ")),
-                        )
-                    })?;
-                    on.insert(parsed);
-                }
-                on
-            }
-        };
+        let headers = notifier_headers(source, &field, notify.headers, own)?;
+        let on = notifier_events(source, &field, notify.on)?;
         notifiers.insert(
             name.clone(),
             Arc::new(Notifier {
@@ -299,6 +255,91 @@ pub(super) fn validate_notifiers(
         );
     }
     Ok(notifiers)
+}
+
+/// A notifier's `headers`: each name checked, each value written out or read from the
+/// node's environment or a file at each send, never from what the node keeps to itself.
+fn notifier_headers(
+    source: &Source,
+    field: &impl Fn(&str) -> String,
+    raw_headers: Option<Spanned<BTreeMap<String, Spanned<RawHeader>>>>,
+    own: &OwnSecrets,
+) -> Result<Vec<(String, HeaderValue)>, ConfigError> {
+    let mut headers = Vec::new();
+    let Some(raw_headers) = raw_headers else {
+        return Ok(headers);
+    };
+    if raw_headers.get_ref().len() > MAX_HEADERS {
+        return Err(source.error(
+            Some(raw_headers.span()),
+            None,
+            Some(&field("headers")),
+            format!("{} headers; at most {MAX_HEADERS}", raw_headers.get_ref().len()),
+        ));
+    }
+    for (header, value) in raw_headers.into_inner() {
+        let header_field = field(&format!("headers.{header}"));
+        let span = value.span();
+        let error = |why: &str| source.error(Some(span.clone()), None, Some(&header_field), why);
+        if header.is_empty() || !header.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
+            return Err(error("a header name is letters, digits and '-'"));
+        }
+        let value = match value.into_inner() {
+            RawHeader::Text(text) if text.bytes().any(|b| b.is_ascii_control()) => {
+                return Err(error("the value holds a control character"))
+            }
+            RawHeader::Text(text) => HeaderValue::Text(text),
+            RawHeader::From(from) => match (from.env, from.file) {
+                (Some(env), None) if !env.is_empty() => HeaderValue::Env(env),
+                (None, Some(file)) => {
+                    secret_path(source, &Spanned::new(span.clone(), file.clone()), None, &header_field)?;
+                    HeaderValue::File(file)
+                }
+                _ => {
+                    return Err(error(
+                        "give the value as a string, { env = \"NAME\" } or { file = \"/path\" }",
+                    ))
+                }
+            },
+        };
+        let refused = match &value {
+            HeaderValue::Env(var) => own.refuse_env(var),
+            HeaderValue::File(path) => own.refuse_file(path),
+            HeaderValue::Text(_) => None,
+        };
+        if let Some(why) = refused {
+            return Err(error(&why));
+        }
+        headers.push((header, value));
+    }
+    Ok(headers)
+}
+
+/// A notifier's `on`: the events it wants, [`Event::DEFAULT`] when not given.
+fn notifier_events(
+    source: &Source,
+    field: &impl Fn(&str) -> String,
+    on: Option<Spanned<Vec<Spanned<String>>>>,
+) -> Result<BTreeSet<Event>, ConfigError> {
+    Ok(match on {
+        None => Event::DEFAULT.into_iter().collect(),
+        Some(events) => {
+            let mut on = BTreeSet::new();
+            for event in events.into_inner() {
+                let parsed = Event::parse(event.get_ref()).ok_or_else(|| {
+                    let known: Vec<&str> = Event::ALL.iter().map(|event| event.as_str()).collect();
+                    source.error(
+                        Some(event.span()),
+                        None,
+                        Some(&field("on")),
+                        format!("unknown event {:?}: one of {}", event.get_ref(), known.join(", ")),
+                    )
+                })?;
+                on.insert(parsed);
+            }
+            on
+        }
+    })
 }
 
 fn table_name(source: &Source, span: std::ops::Range<usize>, name: &str, table: &str) -> Result<(), ConfigError> {

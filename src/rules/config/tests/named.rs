@@ -64,7 +64,7 @@ fn the_clusters_blackouts_and_notifiers_come_first_then_a_jobs_own_each_once() {
 }
 
 #[test]
-fn bad_blackouts_notifiers_and_pings_name_their_field() {
+fn bad_blackout_and_notifier_tables_name_their_field() {
     let cases = [
         ("[blackouts.b]\ntimezone = \"UTC\"", "blackouts.b", "covers no time"),
         (
@@ -130,6 +130,10 @@ fn bad_blackouts_notifiers_and_pings_name_their_field() {
         assert!(err.to_string().contains(message), "{table}: {err}");
         assert_eq!(err.field.as_deref(), Some(field), "{table}: {err}");
     }
+}
+
+#[test]
+fn unknown_names_and_bad_pings_name_their_field() {
     let blackout = "[blackouts.freeze]\ndates = [\"2026-12-24\"]\n";
     for (extra, field, message) in [
         (

@@ -1,24 +1,10 @@
-//! The node's secrets (the etcd password, the API tokens) and keeping them from its jobs.
-//!
-//! A secret comes from one of three places, read once at start: an environment variable the
-//! operator names, a file, or a systemd credential (`LoadCredential=NAME:PATH`, which systemd
-//! puts in `$CREDENTIALS_DIRECTORY/NAME`), the last used only when neither of the others is
-//! given. A file that its group or others may access is refused, and a credential that others
-//! may (its group bits can be the mask of the ACL systemd gives the node's user): the secret
-//! would be one `cat` away for other users of the machine.
-//!
-//! A job runs as the node's user, so two more things keep the secrets with the node:
-//! [`ChildEnv`], the environment every child starts from, holds none of the variables that
-//! carry a secret; and [`forbid_inspection`] makes the node not dumpable, so a job cannot read
-//! the node's own environment (`/proc/<node>/environ`) or memory.
+//! Where a secret comes from (an environment variable, a file, a systemd credential) and how
+//! it is loaded, once, at start.
 
-use std::ffi::{OsStr, OsString};
-use std::fs::File;
-use std::io::Read;
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+
+use super::private_file::{read_private_file, PrivateFileError, NOT_GROUP_OR_OTHERS, NOT_OTHERS};
 
 /// The systemd credential holding the etcd password when `[etcd]` names no other source.
 pub const ETCD_PASSWORD_CREDENTIAL: &str = "etcd-password";
@@ -199,141 +185,6 @@ fn read_secret_file(what: &str, path: &Path, forbidden: u32) -> Result<String, S
     Ok(value.to_string())
 }
 
-/// Why a file that must be private to the node's user was not read.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum PrivateFileError {
-    #[error("{0}")]
-    Read(std::io::Error),
-    #[error("mode {0:04o} lets its group or others at it; `chmod 600` it")]
-    Mode(u32),
-    #[error("not a regular file")]
-    NotAFile,
-    #[error("larger than the limit")]
-    TooLarge,
-}
-
-/// Mode bits a file of secrets must not have: its group's and others'.
-pub(crate) const NOT_GROUP_OR_OTHERS: u32 = 0o077;
-/// Mode bits a systemd credential must not have: others'.
-const NOT_OTHERS: u32 = 0o007;
-
-/// Reads a regular file of at most `limit` bytes whose mode has none of the `forbidden` bits.
-///
-/// Opened without blocking (a FIFO put in its place would otherwise hang the caller) and
-/// checked on the open descriptor, so the file checked is the file read.
-pub(crate) fn read_private_file(path: &Path, limit: u64, forbidden: u32) -> Result<Vec<u8>, PrivateFileError> {
-    let file = File::options()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
-        .open(path)
-        .map_err(PrivateFileError::Read)?;
-    let meta = file.metadata().map_err(PrivateFileError::Read)?;
-    if !meta.file_type().is_file() {
-        return Err(PrivateFileError::NotAFile);
-    }
-    let mode = meta.mode() & 0o7777;
-    if mode & forbidden != 0 {
-        return Err(PrivateFileError::Mode(mode));
-    }
-    if meta.len() > limit {
-        return Err(PrivateFileError::TooLarge);
-    }
-    let mut bytes = Vec::with_capacity(meta.len() as usize);
-    // The file may grow between the check and the read: never read past the limit.
-    file.take(limit + 1)
-        .read_to_end(&mut bytes)
-        .map_err(PrivateFileError::Read)?;
-    if bytes.len() as u64 > limit {
-        return Err(PrivateFileError::TooLarge);
-    }
-    Ok(bytes)
-}
-
-/// The environment every child of the node starts from: the node's own, without the variables
-/// that hold a secret, `NOTIFY_SOCKET` (a job must not tell systemd the node is ready or
-/// stopping), `CREDENTIALS_DIRECTORY` (the node's secrets, not the job's) and every
-/// `SHARDCRON_*` (the node's own settings). Built when the node starts; a reload whose config
-/// names more secret variables (a notifier's header `{ env = "NAME" }`) [`scrub`]s them before
-/// any run of it starts. Each run adds its job's `env_file`, `env` and `CRON_*` variables.
-///
-/// A variable once scrubbed stays scrubbed, even after a reload that no longer names it: its
-/// value was a secret the operator gave the node, and it still is one (the node's environment
-/// never changes), so nothing a config does later hands it to jobs. A job that needs the value
-/// gets it from its own `env` or `env_file`.
-///
-/// [`scrub`]: ChildEnv::scrub
-#[derive(Default)]
-pub struct ChildEnv {
-    /// What a run spawned now gets. Swapped whole, so a spawn reads one consistent list.
-    vars: std::sync::RwLock<Arc<[(OsString, OsString)]>>,
-}
-
-impl std::fmt::Debug for ChildEnv {
-    /// Names only: a value may still be something an operator would rather not see logged.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_list()
-            .entries(self.vars().iter().map(|(name, _)| name))
-            .finish()
-    }
-}
-
-impl ChildEnv {
-    /// `node_env` (the node's environment) without the variables named in `secret_vars` and
-    /// those every node keeps to itself.
-    pub fn of_node(node_env: impl IntoIterator<Item = (OsString, OsString)>, secret_vars: &[&str]) -> ChildEnv {
-        let vars: Arc<[(OsString, OsString)]> = node_env
-            .into_iter()
-            .filter(|(name, _)| !kept_from_children(name, secret_vars))
-            .collect();
-        ChildEnv {
-            vars: std::sync::RwLock::new(vars),
-        }
-    }
-
-    /// Removes the variables named in `secret_vars` from every child spawned from now on; the
-    /// names of those removed now, for the log.
-    pub fn scrub<'a>(&self, secret_vars: impl IntoIterator<Item = &'a str>) -> Vec<String> {
-        let secret_vars: Vec<&str> = secret_vars.into_iter().collect();
-        let mut vars = self.vars.write().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let removed: Vec<String> = vars
-            .iter()
-            .filter(|(name, _)| kept_from_children(name, &secret_vars))
-            .map(|(name, _)| name.to_string_lossy().into_owned())
-            .collect();
-        if !removed.is_empty() {
-            *vars = vars
-                .iter()
-                .filter(|(name, _)| !kept_from_children(name, &secret_vars))
-                .cloned()
-                .collect();
-        }
-        removed
-    }
-
-    /// The variables, in the node's order, as they are now.
-    pub(crate) fn vars(&self) -> Arc<[(OsString, OsString)]> {
-        // A panic while the lock was held cannot leave the list half written: it is swapped whole.
-        Arc::clone(&self.vars.read().unwrap_or_else(std::sync::PoisonError::into_inner))
-    }
-}
-
-fn kept_from_children(name: &OsStr, secret_vars: &[&str]) -> bool {
-    let bytes = name.as_bytes();
-    bytes.starts_with(b"SHARDCRON_")
-        || bytes == b"NOTIFY_SOCKET"
-        || bytes == b"CREDENTIALS_DIRECTORY"
-        || secret_vars.iter().any(|var| var.as_bytes() == bytes)
-}
-
-/// Makes the node not dumpable: a process of the same user can then neither read
-/// `/proc/<node>/environ` nor attach to or read the node's memory, where its secrets are, and
-/// the node leaves no core dump holding them. Its children are dumpable again: the kernel resets
-/// the flag when they exec a program they may read.
-pub fn forbid_inspection() -> std::io::Result<()> {
-    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)?;
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use std::collections::HashMap;
@@ -448,56 +299,5 @@ mod tests {
         assert!(made.success());
         let err = load_from(sources(None, Some(&fifo)), env_of(&[]), None).expect_err("a FIFO");
         assert!(err.to_string().contains("not a regular file"), "{err}");
-    }
-
-    #[test]
-    fn children_get_the_node_environment_without_its_secrets_and_settings() {
-        let node_env = [
-            ("PATH", "/usr/bin"),
-            ("HOME", "/var/lib/shardcron"),
-            ("ETCD_PASS", "p"),
-            ("API_TOKEN", "t"),
-            ("SHARDCRON_CONFIG", "/etc/shardcron/jobs.toml"),
-            ("SHARDCRON_API_TOKEN_FILE", "/x"),
-            ("NOTIFY_SOCKET", "/run/systemd/notify"),
-            ("CREDENTIALS_DIRECTORY", "/run/credentials/shardcron.service"),
-            ("SHARDCRONX", "kept: not the prefix"),
-        ]
-        .map(|(name, value)| (OsString::from(name), OsString::from(value)));
-        let env = ChildEnv::of_node(node_env, &["ETCD_PASS", "API_TOKEN"]);
-        assert_eq!(names(&env), ["PATH", "HOME", "SHARDCRONX"]);
-    }
-
-    fn names(env: &ChildEnv) -> Vec<String> {
-        env.vars()
-            .iter()
-            .map(|(name, _)| name.to_string_lossy().into_owned())
-            .collect()
-    }
-
-    #[test]
-    fn a_scrubbed_variable_leaves_every_later_child_and_stays_out() {
-        let node_env = [("PATH", "/usr/bin"), ("HOOK", "h"), ("LATER", "l"), ("KEPT", "k")]
-            .map(|(name, value)| (OsString::from(name), OsString::from(value)));
-        let env = ChildEnv::of_node(node_env, &["HOOK"]);
-        let before = env.vars();
-        assert_eq!(names(&env), ["PATH", "LATER", "KEPT"]);
-        let cases: [(&[&str], &[&str], &[&str]); 4] = [
-            // (scrubbed now, removed now, left)
-            (&["LATER", "UNSET"], &["LATER"], &["PATH", "KEPT"]),
-            // A reload that names nothing more gives nothing back.
-            (&[], &[], &["PATH", "KEPT"]),
-            (&["HOOK", "LATER"], &[], &["PATH", "KEPT"]),
-            (&["KEPT"], &["KEPT"], &["PATH"]),
-        ];
-        for (scrubbed, removed, left) in cases {
-            assert_eq!(env.scrub(scrubbed.iter().copied()), removed, "{scrubbed:?}");
-            assert_eq!(names(&env), left, "{scrubbed:?}");
-        }
-        assert_eq!(
-            before.len(),
-            3,
-            "a list already handed out is never changed under its reader"
-        );
     }
 }
