@@ -6,9 +6,11 @@ use std::sync::Mutex;
 use chrono::{DateTime, Utc};
 use tokio::sync::watch;
 
-use super::record::decode;
+use super::record::BACKFILL;
+use crate::coord::etcd::CoordError;
 use crate::coord::keys::Keys;
 use crate::coord::mirror::{Mirror, Put};
+use crate::coord::record_at_key::decode;
 use crate::rules::backfill::{Backfill, InFlight};
 
 /// The backfills every node sees, kept current by a watch while the node has a session, and
@@ -120,7 +122,7 @@ impl Mirror for Backfills {
         else {
             return;
         };
-        match put.map(|put| decode(put.value)) {
+        match put.map(|put| decode::<Backfill>(BACKFILL, put.value).map_err(CoordError::from)) {
             Some(Ok(backfill)) => {
                 lock(&self.records).insert(job.to_string(), backfill);
             }

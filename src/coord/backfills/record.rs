@@ -6,6 +6,7 @@ use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnOpResponse};
 use crate::coord::election::Leadership;
 use crate::coord::etcd::{self, CoordError};
 use crate::coord::keys::Keys;
+use crate::coord::record_at_key::{encode, Change, Changed, RecordAtKey};
 use crate::rules::backfill::Backfill;
 
 /// How asking for a backfill ended.
@@ -28,12 +29,11 @@ pub(crate) enum Claimed {
     Deposed,
 }
 
-fn encode(backfill: &Backfill) -> Result<Vec<u8>, CoordError> {
-    serde_json::to_vec(backfill).map_err(|err| CoordError::Protocol(err.to_string()))
-}
+/// What a backfill record is called in errors.
+pub(super) const BACKFILL: &str = "backfill";
 
-pub(super) fn decode(value: &[u8]) -> Result<Backfill, CoordError> {
-    serde_json::from_slice(value).map_err(|err| CoordError::Protocol(format!("a backfill record etcd holds: {err}")))
+fn record<'a>(client: &'a etcd_client::Client, keys: &Keys, job: &str) -> RecordAtKey<'a, Backfill> {
+    RecordAtKey::new(client, keys.backfill(job), BACKFILL)
 }
 
 /// The job's backfill, and its record's revision; `None` if it has none.
@@ -42,11 +42,7 @@ pub(crate) async fn read(
     keys: &Keys,
     job: &str,
 ) -> Result<Option<(Backfill, i64)>, CoordError> {
-    let read = etcd::call(client.clone().get(keys.backfill(job), None)).await?;
-    read.kvs()
-        .first()
-        .map(|kv| Ok((decode(kv.value())?, kv.mod_revision())))
-        .transpose()
+    Ok(record(client, keys, job).read().await?)
 }
 
 /// Every job's backfill, by job.
@@ -61,22 +57,18 @@ pub(crate) async fn ask(
     job: &str,
     backfill: &Backfill,
 ) -> Result<Asked, CoordError> {
-    let key = keys.backfill(job);
-    let value = encode(backfill)?;
-    loop {
-        let current = read(client, keys, job).await?;
-        let guard = match &current {
-            Some((going, _)) if !going.is_over() => return Ok(Asked::Going(Box::new(going.clone()))),
-            Some((_, revision)) => Compare::mod_revision(key.as_str(), CompareOp::Equal, *revision),
-            None => Compare::version(key.as_str(), CompareOp::Equal, 0),
-        };
-        let txn = Txn::new()
-            .when([guard])
-            .and_then([TxnOp::put(key.as_str(), value.clone(), None)]);
-        if etcd::call(client.clone().txn(txn)).await?.succeeded() {
-            return Ok(Asked::Written);
-        }
-    }
+    let asked = record(client, keys, job)
+        .change(|current| {
+            Ok(match current? {
+                Some(going) if !going.is_over() => Change::Leave(Box::new(going)),
+                _ => Change::Write(backfill.clone()),
+            })
+        })
+        .await?;
+    Ok(match asked {
+        Changed::Written(_) => Asked::Written,
+        Changed::Left(going) => Asked::Going(going),
+    })
 }
 
 /// Changes `job`'s backfill `id` by `change` (which says whether it changed anything), in a
@@ -89,21 +81,18 @@ pub(crate) async fn update(
     id: Option<&str>,
     change: impl Fn(&mut Backfill) -> bool,
 ) -> Result<Option<Backfill>, CoordError> {
-    let key = keys.backfill(job);
-    loop {
-        let Some((mut backfill, revision)) = read(client, keys, job).await? else {
-            return Ok(None);
-        };
-        if id.is_some_and(|id| id != backfill.id) || !change(&mut backfill) {
-            return Ok(None);
-        }
-        let txn = Txn::new()
-            .when([Compare::mod_revision(key.as_str(), CompareOp::Equal, revision)])
-            .and_then([TxnOp::put(key.as_str(), encode(&backfill)?, None)]);
-        if etcd::call(client.clone().txn(txn)).await?.succeeded() {
-            return Ok(Some(backfill));
-        }
-    }
+    let changed = record(client, keys, job)
+        .change(|current| {
+            let Some(mut backfill) = current? else {
+                return Ok(Change::Leave(()));
+            };
+            if id.is_some_and(|id| id != backfill.id) || !change(&mut backfill) {
+                return Ok(Change::Leave(()));
+            }
+            Ok(Change::Write(backfill))
+        })
+        .await?;
+    Ok(changed.written())
 }
 
 /// Cancels `job`'s backfill: no tick is claimed after it, those in flight end as they will.
