@@ -1,6 +1,7 @@
 //! Coordination through etcd: the connection and its limits ([`etcd`]); which member each
 //! call goes to (`routing`, over the members and their health in `members` and `health`,
-//! probed by `endpoints`); the format of the cluster's records (`record_format`); the session and its
+//! probed by `endpoints`); the format of the cluster's records (`record_format`), and a JSON
+//! record at one key changed by guarded read-modify-write (`record_at_key`); the session and its
 //! lease, elections and the fleet as a pure view (`view`) kept current by `fleet` and entered
 //! in order by `joining`; the claim protocol (`claims`, on the raw transactions of `ledger`),
 //! what a leadership owes (`starts`), results and history on their way to etcd (`results`,
@@ -36,6 +37,7 @@ pub(crate) mod members;
 pub(crate) mod mirror;
 pub(crate) mod notifications;
 pub mod pauses;
+pub(crate) mod record_at_key;
 pub(crate) mod record_format;
 pub(crate) mod results;
 pub(crate) mod routing;

@@ -3,19 +3,18 @@
 //! adopting, never overwrite each other.
 
 use chrono::{DateTime, Utc};
-use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{Txn, TxnOp, TxnOpResponse};
 
 use crate::coord::etcd::{self, CoordError};
 use crate::coord::keys::Keys;
+use crate::coord::record_at_key::{decode, Change, RecordAtKey};
 use crate::rules::notify::{self, Pending, Record, Sent};
 
-fn encode(record: &Record) -> Result<Vec<u8>, CoordError> {
-    serde_json::to_vec(record).map_err(|err| CoordError::Protocol(err.to_string()))
-}
+/// What a notification record is called in errors.
+const NOTIFICATION: &str = "notification";
 
-fn decode(value: &[u8]) -> Result<Record, CoordError> {
-    serde_json::from_slice(value)
-        .map_err(|err| CoordError::Protocol(format!("a notification record etcd holds: {err}")))
+fn record<'a>(client: &'a etcd_client::Client, keys: &Keys, job: &str) -> RecordAtKey<'a, Record> {
+    RecordAtKey::new(client, keys.notify(job), NOTIFICATION)
 }
 
 /// Changes `job`'s record by `change` (which says whether it changed anything) and returns it
@@ -27,29 +26,22 @@ async fn update(
     job: &str,
     mut change: impl FnMut(&mut Record) -> bool,
 ) -> Result<Option<Record>, CoordError> {
-    let key = keys.notify(job);
-    loop {
-        let read = etcd::call(client.clone().get(key.as_str(), None)).await?;
-        let (mut record, guard) = match read.kvs().first() {
-            Some(kv) => (
-                decode(kv.value()).unwrap_or_else(|err| {
+    let changed = record(client, keys, job)
+        .change(|current| {
+            let mut record = current
+                .unwrap_or_else(|err| {
+                    let err = CoordError::from(err);
                     tracing::warn!(job, error = %err, "the job's notification record cannot be read: starting it again");
-                    Record::default()
-                }),
-                Compare::mod_revision(key.as_str(), CompareOp::Equal, kv.mod_revision()),
-            ),
-            None => (Record::default(), Compare::version(key.as_str(), CompareOp::Equal, 0)),
-        };
-        if !change(&mut record) {
-            return Ok(None);
-        }
-        let txn = Txn::new()
-            .when([guard])
-            .and_then([TxnOp::put(key.as_str(), encode(&record)?, None)]);
-        if etcd::call(client.clone().txn(txn)).await?.succeeded() {
-            return Ok(Some(record));
-        }
-    }
+                    Some(Record::default())
+                })
+                .unwrap_or_default();
+            if !change(&mut record) {
+                return Ok(Change::Leave(()));
+            }
+            Ok(Change::Write(record))
+        })
+        .await?;
+    Ok(changed.written())
 }
 
 /// Accounts for a run or a takeover's missed ticks of `job` by `change` ([`notify::account`],
@@ -105,7 +97,7 @@ pub(crate) async fn with_pending(
         for (job, read) in chunk.iter().zip(answer.op_responses()) {
             let TxnOpResponse::Get(read) = read else { continue };
             let Some(kv) = read.kvs().first() else { continue };
-            match decode(kv.value()) {
+            match decode::<Record>(NOTIFICATION, kv.value()).map_err(CoordError::from) {
                 Ok(record) if !record.pending.is_empty() => records.push((job.to_string(), record)),
                 Ok(_) => {}
                 Err(err) => tracing::debug!(job, error = %err, "a notification record that does not parse: left out"),
@@ -149,9 +141,9 @@ pub(crate) async fn still_mine(
     pending: &Pending,
     me: &str,
 ) -> Result<bool, CoordError> {
-    let read = etcd::call(client.clone().get(keys.notify(job), None)).await?;
-    let Some(kv) = read.kvs().first() else { return Ok(false) };
-    let record = decode(kv.value())?;
+    let Some((record, _)) = record(client, keys, job).read().await? else {
+        return Ok(false);
+    };
     Ok(record.pending.iter().any(|kept| same(kept, pending) && kept.node == me))
 }
 

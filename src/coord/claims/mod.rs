@@ -13,16 +13,14 @@
 
 mod book;
 mod lead;
-
-use std::sync::Arc;
-use std::time::Duration;
+mod reread;
+mod retry;
 
 use tokio_util::sync::CancellationToken;
 
 pub(crate) use book::Book;
 pub(crate) use lead::ClaimLead;
 
-use crate::backoff::{sleep_or_cancel, Backoff};
 use crate::coord::election::{self, Leadership};
 use crate::coord::etcd::ops_per_txn;
 use crate::coord::etcd::CoordError;
@@ -32,7 +30,7 @@ use crate::coord::ledger::{self, ClaimRequest};
 use crate::coord::results::ResultQueue;
 use crate::coord::session::Session;
 use crate::coord::starts::Starts;
-use crate::rules::protocol::{after_reread, going_after, next_record, Reread, Want, Won, Writer};
+use crate::rules::protocol::{going_after, next_record, Want, Won, Writer};
 use crate::rules::record::{Claim, RunRecord};
 
 /// How a claim ended when it did not claim what it was asked to: the term decides what follows.
@@ -70,9 +68,6 @@ pub(crate) struct Claimer<'a> {
     /// as released ([`Claim::released`]).
     pub(crate) releasing: bool,
 }
-
-/// Pause between attempts when etcd fails a call during a term.
-const RETRY_PAUSE: Duration = Duration::from_millis(200);
 
 impl Claimer<'_> {
     /// Reads the records of those of `indices` this leadership has not read yet.
@@ -236,63 +231,6 @@ impl Claimer<'_> {
             .collect()
     }
 
-    /// After a write that was refused or whose outcome is unknown: reads the records again and
-    /// settles each want by what they say. Returns the wants to write again.
-    async fn read_outcome(
-        &self,
-        book: &mut Book,
-        wants: &mut Vec<Want>,
-        intended: Vec<Option<Claim>>,
-        won: &mut Vec<Won>,
-        riding_starts: &mut Vec<(String, std::time::Instant)>,
-    ) -> Result<Vec<Want>, Halt> {
-        let names: Vec<&str> = wants
-            .iter()
-            .map(|want| book.entries[want.index].job.name.as_str())
-            .collect();
-        let seen = self
-            .retry(|| ledger::read_claims(self.session, self.keys, &names))
-            .await?;
-        let mut open = Vec::new();
-        for ((want, intended), seen) in wants.drain(..).zip(intended).zip(seen) {
-            let index = want.index;
-            let expected = book.entries[index].revision;
-            let job = book.entries[index].job.name.clone();
-            let carries_starts = riding_starts.iter().any(|(riding, _)| *riding == job);
-            let spec = Arc::clone(&book.entries[index].job);
-            match after_reread(&spec, want, &seen, expected, intended, carries_starts) {
-                Reread::Won {
-                    want,
-                    record,
-                    earlier: false,
-                } => self.won(book, want, record, seen.mod_revision, won),
-                Reread::Won {
-                    want,
-                    record,
-                    earlier: true,
-                } => {
-                    tracing::info!(job = %job, "an earlier attempt of this claim landed late: its ticks are ours; the starts since are written again");
-                    let (rewrite, riding): (Vec<_>, Vec<_>) =
-                        riding_starts.drain(..).partition(|(riding, _)| *riding == job);
-                    *riding_starts = riding;
-                    self.starts.unrecord(rewrite);
-                    self.won(book, want, record, seen.mod_revision, won);
-                }
-                Reread::Open(want) => open.push(want),
-                Reread::Changed { again, taken } => {
-                    book.learn(index, &seen);
-                    if taken > 0 {
-                        tracing::info!(job = %job, "tick already claimed by another leader: not running it here");
-                    }
-                    // The starts riding this write are written over the new record, or that
-                    // leader's write keeps them listed and a later leader runs them again.
-                    open.extend(again);
-                }
-            }
-        }
-        Ok(open)
-    }
-
     /// Books a write that landed: the record is `intended` at `revision`, and its new and
     /// adopted ticks are owed.
     fn won(&self, book: &mut Book, want: Want, intended: Option<Claim>, revision: i64, won: &mut Vec<Won>) {
@@ -342,20 +280,6 @@ impl Claimer<'_> {
         releasing.claim(book, &[]).await.map(drop)
     }
 
-    /// Confirms, with a linearizable read, that this leadership still leads: what lets a tick
-    /// claimed ahead start on time. A leader cut off from etcd since its claim does not start it,
-    /// so the next leader can deliver it without running it twice. Retries a failed read while
-    /// the session lasts.
-    pub(crate) async fn confirm(&self) -> Result<(), Halt> {
-        loop {
-            match election::still_leads(self.session, self.leadership).await {
-                Ok(true) => return Ok(()),
-                Ok(false) => return Err(Halt::Deposed),
-                Err(err) => self.pause_after(&err).await?,
-            }
-        }
-    }
-
     /// Sends one guarded transaction writing `intended` for `wants`, with earlier runs' results
     /// riding in the room left: the claim is a write etcd makes anyway. `Ok(None)` means a
     /// guard failed and nothing was written.
@@ -392,47 +316,6 @@ impl Claimer<'_> {
             self.results.history.put_back(entries);
         }
         outcome
-    }
-
-    /// Retries an etcd read until it succeeds or the term must end.
-    pub(crate) async fn retry<T, F, Fut>(&self, mut call: F) -> Result<T, Halt>
-    where
-        F: FnMut() -> Fut,
-        Fut: std::future::Future<Output = Result<T, CoordError>>,
-    {
-        loop {
-            match call().await {
-                Ok(value) => return Ok(value),
-                Err(err) => self.pause_after(&err).await?,
-            }
-        }
-    }
-
-    async fn pause_after(&self, err: &CoordError) -> Result<(), Halt> {
-        // etcd elected a new raft leader while the claim waited: it goes again at once, so a
-        // leader change costs a tick one claim's delay and no pause (#44).
-        if err.is_leader_change() && self.session.check_live() {
-            tracing::info!(error = %err, "etcd's raft leader changed under a claim: sending it again at once");
-            return Ok(());
-        }
-        if err.is_nospace() {
-            tracing::debug!(error = %err, "etcd is out of space: the claim waits");
-        } else if let Some(left_out) = crate::repeats::log_now("etcd call failed during a term") {
-            tracing::warn!(error = %err, left_out, "etcd call failed during the term; retrying (left_out: lines like this one not logged since the last)");
-        }
-        let pause = Backoff::new(RETRY_PAUSE, RETRY_PAUSE).next_delay();
-        if !sleep_or_cancel(pause, self.session.ended()).await {
-            return Err(if self.shutdown.is_cancelled() {
-                Halt::Stopped
-            } else {
-                Halt::SessionLost
-            });
-        }
-        if self.session.check_live() {
-            Ok(())
-        } else {
-            Err(Halt::SessionLost)
-        }
     }
 }
 

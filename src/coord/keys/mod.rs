@@ -26,9 +26,9 @@
 //! node's own elections sit beside the fleet's under one prefix, which one watch follows; a
 //! version before pools reads their `<pool>:<k>` as no shard number and leaves them alone.
 
-use std::sync::Arc;
+mod elections;
 
-use crate::rules::pools::{Election, Elections};
+pub(crate) use elections::ElectionKeys;
 
 /// Which family of elections a key belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -312,149 +312,6 @@ impl Keys {
     }
 }
 
-/// The election keys of one node's config: each election by its number (see
-/// [`crate::rules::pools`]), and back.
-#[derive(Debug, Clone)]
-pub(crate) struct ElectionKeys {
-    pub(crate) keys: Keys,
-    pub(crate) elections: Arc<Elections>,
-    /// The node whose own election [`Election::Own`] is.
-    pub(crate) node: String,
-}
-
-impl ElectionKeys {
-    /// The keys of a config of `shards` shards without pools, for `node`.
-    #[cfg(test)]
-    pub(crate) fn fleet(keys: &Keys, shards: u32, node: &str) -> ElectionKeys {
-        ElectionKeys {
-            keys: keys.clone(),
-            elections: Arc::new(Elections::new(shards, 16, &Default::default(), false)),
-            node: node.to_string(),
-        }
-    }
-
-    fn space_of(&self, number: u32) -> Option<(Space<'_>, u32, u32)> {
-        Some(match self.elections.locate(number)? {
-            Election::Fleet { shard, shards } => (Space::Fleet, shard, shards),
-            Election::Pool { pool, shard, shards } => (Space::Pool(&pool.id), shard, shards),
-            Election::Own => (Space::Own(&self.node), 0, 1),
-        })
-    }
-
-    /// The prefix of election `number`; `None` past the last.
-    pub(crate) fn prefix(&self, number: u32) -> Option<String> {
-        let (space, shard, shards) = self.space_of(number)?;
-        Some(self.keys.election_prefix_in(space, shards, shard))
-    }
-
-    /// This node's candidate key in election `number`, named for its lease.
-    pub(crate) fn candidate(&self, number: u32, lease: i64) -> Option<String> {
-        Some(format!("{}{lease:x}", self.prefix(number)?))
-    }
-
-    /// The number of the election an election key is in, when it is one of this config's (and,
-    /// for a node's own election, this node's).
-    pub(crate) fn number(&self, key: &str) -> Option<u32> {
-        match self.keys.parse_candidate(key)? {
-            (Space::Fleet, shard, shards) => self.elections.number(None, shard, shards),
-            (Space::Pool(pool), shard, shards) => self.elections.number(Some(pool), shard, shards),
-            (Space::Own(node), 0, 1) if node == self.node => self.elections.own_number(),
-            (Space::Own(_), _, _) => None,
-        }
-    }
-
-    /// The election family whose leaders' debts a record names: the pool (a node's own election
-    /// as `@<node>`; `None` for the fleet's) and its shard count.
-    pub(crate) fn family(&self, number: u32) -> (Option<String>, u32) {
-        match self.elections.locate(number) {
-            Some(Election::Pool { pool, shards, .. }) => (Some(pool.id.clone()), shards),
-            Some(Election::Own) => (Some(format!("@{}", self.node)), 1),
-            Some(Election::Fleet { shards, .. }) => (None, shards),
-            None => (None, self.elections.shards),
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{Ask, ElectionKeys, JobRecord, Keys, Space};
-
-    #[test]
-    fn layout() {
-        let keys = Keys::new("prod");
-        assert_eq!(keys.candidate(16, 3, 0x1f), "/shardcron/prod/shards/3/n16/1f");
-        assert_eq!(
-            keys.parse_candidate("/shardcron/prod/shards/3/n16/1f"),
-            Some((Space::Fleet, 3, 16))
-        );
-        assert_eq!(
-            keys.parse_candidate("/shardcron/prod/shards/db+eu:2/n4/1f"),
-            Some((Space::Pool("db+eu"), 2, 4))
-        );
-        assert_eq!(
-            keys.parse_candidate("/shardcron/prod/shards/@web-1:0/n1/1f"),
-            Some((Space::Own("web-1"), 0, 1))
-        );
-        assert_eq!(keys.job_last("backup"), "/shardcron/prod/jobs/backup/last");
-        assert_eq!(keys.node("a"), "/shardcron/prod/nodes/a");
-        assert_eq!(keys.parse_node("/shardcron/prod/nodes/a"), Some("a"));
-        assert_eq!(keys.parse_node("/shardcron/other/nodes/a"), None);
-        assert_eq!(
-            keys.parse_job_record("/shardcron/prod/jobs/backup/result"),
-            Some(("backup", JobRecord::Result))
-        );
-        assert_eq!(
-            keys.parse_job_record(&keys.job_last("a/b")),
-            Some(("a/b", JobRecord::Last))
-        );
-        assert_eq!(keys.parse_job_record("/shardcron/prod/jobs/backup/other"), None);
-        let ask = keys.ask("a", 42, Ask::Going, "x/y");
-        assert_eq!(ask, "/shardcron/prod/asks/a/42/going/x/y");
-        assert_eq!(keys.parse_ask("a", &ask), Some((42, Ask::Going, "x/y")));
-        assert_eq!(keys.parse_ask("a", "/shardcron/prod/asks/a/42/why/x"), None);
-        assert_eq!(keys.parse_ask("b", &ask), None);
-    }
-
-    #[test]
-    fn every_election_of_a_config_has_a_key_that_maps_back_to_it() {
-        use crate::rules::pools::{Elections, Tags};
-        let run_on = [
-            Tags::default(),
-            Tags::parse("web").unwrap(),
-            Tags::parse("db,eu").unwrap(),
-        ]
-        .into();
-        let elections = std::sync::Arc::new(Elections::new(4, 2, &run_on, true));
-        let ours = ElectionKeys {
-            keys: Keys::new("prod"),
-            elections: elections.clone(),
-            node: "a".into(),
-        };
-        let theirs = ElectionKeys {
-            node: "b".into(),
-            ..ours.clone()
-        };
-        assert_eq!(ours.prefix(4).unwrap(), "/shardcron/prod/shards/db+eu:0/n2/");
-        assert_eq!(ours.prefix(8).unwrap(), "/shardcron/prod/shards/@a:0/n1/");
-        for number in 0..elections.total() {
-            let key = ours.candidate(number, 0x1f).unwrap();
-            assert_eq!(ours.number(&key), Some(number), "{key}");
-            let seen_by_b = theirs.number(&key);
-            assert_eq!(
-                seen_by_b,
-                (number != 8).then_some(number),
-                "{key}: a's own election is not b's"
-            );
-        }
-        assert_eq!(ours.prefix(9), None);
-        assert_eq!(ours.number("/shardcron/prod/shards/gpu:0/n2/1f"), None);
-        assert_eq!(ours.number("/shardcron/prod/shards/web:0/n3/1f"), None);
-        assert_eq!(ours.family(6), (Some("web".into()), 2));
-        assert_eq!(ours.family(8), (Some("@a".into()), 1));
-        assert_eq!(ours.family(1), (None, 4));
-    }
-}
-
 /// What a leader asks the node of another run of its job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Ask {
@@ -472,3 +329,6 @@ impl Ask {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
