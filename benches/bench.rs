@@ -28,7 +28,7 @@
 //! ```
 
 // The benchmarks use a subset of the test harness.
-#[allow(dead_code)]
+#[allow(dead_code, unused_imports, unused_macros)]
 #[path = "../tests/support/mod.rs"]
 mod support;
 

@@ -1,14 +1,15 @@
 //! shardcron's scenario tests, in one binary: the harness and every scenario compile and link
 //! once, instead of once per scenario file. Each scenario starts its own etcd on free loopback
 //! ports (the packet-drop ones on 198.18.0.0/15 addresses of veth pairs they make, which needs
-//! root) and runs the built `shardcron` binary as its nodes. The fault scenarios (lease stall,
-//! split brain, etcd faults, bad commands, delivery, security, chaos, control, etcd space, packet
-//! drops) print every figure they measure, for the table of faults in docs/faults.md; `scripts/test` runs
-//! them a second time on etcd 3.5.1 (`SHARDCRON_TEST_ETCD`).
+//! root) and runs the built `shardcron` binary as its nodes. A scenario that injects a fault is
+//! declared with `on_both_etcds!` and runs as `<name>::etcd34` and `<name>::etcd35`, on the etcd
+//! on the PATH and on 3.5.1 (`tests/support/etcds.rs`); the fault scenarios print every figure
+//! they measure, for the table of faults in docs/faults.md.
 //!
 //! ```text
 //! cargo test --test main                       # every scenario
 //! cargo test --test main scenarios::fleet::    # one scenario file
+//! cargo test --test main etcd34                # the fault scenarios on etcd 3.4 only
 //! ```
 
 mod support;

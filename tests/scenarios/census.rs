@@ -12,7 +12,7 @@ use std::time::Duration;
 use chrono::{DateTime, DurationRound, SecondsFormat, Utc};
 
 use crate::support::receiver::Receiver;
-use crate::support::{shardcron, step, wait_for, World};
+use crate::support::{on_both_etcds, shardcron, step, wait_for, World};
 
 const EVERY_SECOND: &str = "* * * * * *";
 /// `[cluster] history`: each job (and each instance) keeps at most this many runs.
@@ -224,169 +224,170 @@ fn stop_all(world: &mut World) {
     }
 }
 
-#[test]
-fn every_prefix_is_gone_or_bounded_after_a_fleet_whose_node_ids_changed_stops() {
-    let mut world = World::new();
-    let receiver = Receiver::start();
-    let config = write_config(&world, &receiver);
-    let keys = Keys::new(&world);
+on_both_etcds! {
+    fn every_prefix_is_gone_or_bounded_after_a_fleet_whose_node_ids_changed_stops() {
+        let mut world = World::new();
+        let receiver = Receiver::start();
+        let config = write_config(&world, &receiver);
+        let keys = Keys::new(&world);
 
-    step("the first fleet, a and b, runs every feature");
-    world.node("a", &config).start();
-    world.node("b", &config).start();
-    wait_for(
-        Duration::from_secs(30),
-        "each node ran its instance of fanned and plain ran",
-        || {
-            let listed = keys.list();
-            instance_nodes(&listed, "runs/") == BTreeSet::from(["a".to_string(), "b".to_string()])
-                && listed.iter().filter(|(key, _)| key.starts_with("runs/plain/")).count() >= HISTORY
-        },
-    );
-    ok(&config, &["pause", "paused"]);
-    ok(&config, &["trigger", "manual", "--wait", "--timeout", "20s"]);
-    let minute = Utc::now()
-        .duration_trunc(chrono::Duration::minutes(1))
-        .expect("a minute");
-    ok(
-        &config,
-        &[
-            "backfill",
-            "backfilled",
-            "--from",
-            &rfc3339(minute - chrono::Duration::minutes(3)),
-            "--to",
-            &rfc3339(minute - chrono::Duration::minutes(1)),
-        ],
-    );
-    wait_for(Duration::from_secs(30), "the backfill's runs", || {
-        keys.values_under("runs/backfilled/")
-            .iter()
-            .filter(|run| run["trigger"] == "backfill")
-            .count()
-            >= 2
-    });
-    ok(&config, &["resume", "paused"]);
-    wait_for(Duration::from_secs(20), "the failing fanned-out job told", || {
-        !receiver.hits_on("/hook").is_empty()
-    });
+        step("the first fleet, a and b, runs every feature");
+        world.node("a", &config).start();
+        world.node("b", &config).start();
+        wait_for(
+            Duration::from_secs(30),
+            "each node ran its instance of fanned and plain ran",
+            || {
+                let listed = keys.list();
+                instance_nodes(&listed, "runs/") == BTreeSet::from(["a".to_string(), "b".to_string()])
+                    && listed.iter().filter(|(key, _)| key.starts_with("runs/plain/")).count() >= HISTORY
+            },
+        );
+        ok(&config, &["pause", "paused"]);
+        ok(&config, &["trigger", "manual", "--wait", "--timeout", "20s"]);
+        let minute = Utc::now()
+            .duration_trunc(chrono::Duration::minutes(1))
+            .expect("a minute");
+        ok(
+            &config,
+            &[
+                "backfill",
+                "backfilled",
+                "--from",
+                &rfc3339(minute - chrono::Duration::minutes(3)),
+                "--to",
+                &rfc3339(minute - chrono::Duration::minutes(1)),
+            ],
+        );
+        wait_for(Duration::from_secs(30), "the backfill's runs", || {
+            keys.values_under("runs/backfilled/")
+                .iter()
+                .filter(|run| run["trigger"] == "backfill")
+                .count()
+                >= 2
+        });
+        ok(&config, &["resume", "paused"]);
+        wait_for(Duration::from_secs(20), "the failing fanned-out job told", || {
+            !receiver.hits_on("/hook").is_empty()
+        });
 
-    step("the node ids change: a and b stop, c and d start");
-    stop_all(&mut world);
-    let gen_one_gone = std::time::Instant::now();
-    world.node("c", &config).start();
-    world.node("d", &config).start();
-    wait_for(Duration::from_secs(30), "c and d run their instances", || {
-        let nodes = instance_nodes(&keys.list(), "runs/");
-        nodes.contains("c") && nodes.contains("d")
-    });
-    // Gone for the retention, seen gone on every look meanwhile, and a look or two later.
-    wait_for(
-        Duration::from_secs(45),
-        "the records of a's and b's instances removed",
-        || {
-            let listed = keys.list();
-            let left: BTreeSet<String> = instance_nodes(&listed, "jobs/")
-                .union(&instance_nodes(&listed, "runs/"))
-                .cloned()
-                .collect();
-            left.iter().all(|node| node == "c" || node == "d")
-        },
-    );
-    eprintln!(
-        "gone nodes' instance records removed {:.1} s after they left (retention {RETENTION})",
-        gen_one_gone.elapsed().as_secs_f64()
-    );
+        step("the node ids change: a and b stop, c and d start");
+        stop_all(&mut world);
+        let gen_one_gone = std::time::Instant::now();
+        world.node("c", &config).start();
+        world.node("d", &config).start();
+        wait_for(Duration::from_secs(30), "c and d run their instances", || {
+            let nodes = instance_nodes(&keys.list(), "runs/");
+            nodes.contains("c") && nodes.contains("d")
+        });
+        // Gone for the retention, seen gone on every look meanwhile, and a look or two later.
+        wait_for(
+            Duration::from_secs(45),
+            "the records of a's and b's instances removed",
+            || {
+                let listed = keys.list();
+                let left: BTreeSet<String> = instance_nodes(&listed, "jobs/")
+                    .union(&instance_nodes(&listed, "runs/"))
+                    .cloned()
+                    .collect();
+                left.iter().all(|node| node == "c" || node == "d")
+            },
+        );
+        eprintln!(
+            "gone nodes' instance records removed {:.1} s after they left (retention {RETENTION})",
+            gen_one_gone.elapsed().as_secs_f64()
+        );
 
-    step("the fleet stops; its leases expire");
-    stop_all(&mut world);
-    wait_for(Duration::from_secs(10), "every lease-bound key gone", || {
-        keys.list().iter().all(|(key, _)| {
-            ![
-                "nodes/",
-                "shards/",
-                "activity/",
-                "groups/",
-                "asks/",
-                "triggers/",
-                "triggered/",
-            ]
-            .iter()
-            .any(|leased| key.starts_with(leased))
-        })
-    });
+        step("the fleet stops; its leases expire");
+        stop_all(&mut world);
+        wait_for(Duration::from_secs(10), "every lease-bound key gone", || {
+            keys.list().iter().all(|(key, _)| {
+                ![
+                    "nodes/",
+                    "shards/",
+                    "activity/",
+                    "groups/",
+                    "asks/",
+                    "triggers/",
+                    "triggered/",
+                ]
+                .iter()
+                .any(|leased| key.starts_with(leased))
+            })
+        });
 
-    step("the census");
-    let listed = keys.list();
-    let rows = census(&listed);
-    let unknown: Vec<&String> = rows.keys().filter(|prefix| prefix.starts_with("UNKNOWN")).collect();
-    assert!(unknown.is_empty(), "keys under no documented prefix: {unknown:?}");
-    // Per name under `prefix`, the keys whose rest after the name has `shape`.
-    let per_name_shaped = |prefix: &str, shape: KeyShape| -> BTreeMap<String, usize> {
-        let mut counts = BTreeMap::new();
-        for (key, _) in &listed {
-            let Some(rest) = key.strip_prefix(prefix) else { continue };
-            let segments: Vec<&str> = rest.split('/').collect();
-            if shape(&segments[1..]) {
-                *counts.entry(segments[0].to_string()).or_default() += 1;
+        step("the census");
+        let listed = keys.list();
+        let rows = census(&listed);
+        let unknown: Vec<&String> = rows.keys().filter(|prefix| prefix.starts_with("UNKNOWN")).collect();
+        assert!(unknown.is_empty(), "keys under no documented prefix: {unknown:?}");
+        // Per name under `prefix`, the keys whose rest after the name has `shape`.
+        let per_name_shaped = |prefix: &str, shape: KeyShape| -> BTreeMap<String, usize> {
+            let mut counts = BTreeMap::new();
+            for (key, _) in &listed {
+                let Some(rest) = key.strip_prefix(prefix) else { continue };
+                let segments: Vec<&str> = rest.split('/').collect();
+                if shape(&segments[1..]) {
+                    *counts.entry(segments[0].to_string()).or_default() += 1;
+                }
+            }
+            counts
+        };
+        let per_name = |prefix: &str| per_name_shaped(prefix, |_| true);
+        let configured: BTreeSet<String> = JOBS.iter().map(|job| job.to_string()).collect();
+        let of_a_configured_job = |name: &str| configured.contains(name.split('@').next().unwrap_or(name));
+        // A job's live runs, its backfill runs (a bound of their own) and the outputs kept beside
+        // either: each at most `history`.
+        let shapes: [(&str, KeyShape); 3] = [
+            ("runs", |rest| rest.len() == 1),
+            ("backfill runs", |rest| rest.first() == Some(&"+backfill")),
+            ("outputs", |rest| rest.last() == Some(&"output")),
+        ];
+        for (what, shape) in shapes {
+            for (job, count) in per_name_shaped("runs/", shape) {
+                assert!(
+                    count <= HISTORY,
+                    "runs/{job}/ holds {count} {what}, more than history = {HISTORY}"
+                );
             }
         }
-        counts
-    };
-    let per_name = |prefix: &str| per_name_shaped(prefix, |_| true);
-    let configured: BTreeSet<String> = JOBS.iter().map(|job| job.to_string()).collect();
-    let of_a_configured_job = |name: &str| configured.contains(name.split('@').next().unwrap_or(name));
-    // A job's live runs, its backfill runs (a bound of their own) and the outputs kept beside
-    // either: each at most `history`.
-    let shapes: [(&str, KeyShape); 3] = [
-        ("runs", |rest| rest.len() == 1),
-        ("backfill runs", |rest| rest.first() == Some(&"+backfill")),
-        ("outputs", |rest| rest.last() == Some(&"output")),
-    ];
-    for (what, shape) in shapes {
-        for (job, count) in per_name_shaped("runs/", shape) {
-            assert!(
-                count <= HISTORY,
-                "runs/{job}/ holds {count} {what}, more than history = {HISTORY}"
-            );
+        for job in per_name("runs/").into_keys() {
+            assert!(of_a_configured_job(&job), "runs/{job}/ of no job of the config");
         }
+        for (job, count) in per_name("jobs/") {
+            // last, result, success and manual: four records per job at most.
+            assert!(count <= 4, "jobs/{job}/ holds {count} records");
+            assert!(of_a_configured_job(&job), "jobs/{job}/ of no job of the config");
+        }
+        for (job, count) in per_name("backfills/").into_iter().chain(per_name("pauses/")) {
+            assert!(count <= 1 && configured.contains(&job), "one record per job: {job}");
+        }
+        // A resume closes the pause rather than deleting it: one closed record per job name.
+        for pause in keys.values_under("pauses/") {
+            assert!(pause["until"].is_string(), "a resumed pause is closed: {pause}");
+        }
+        assert!(rows.get("compaction").is_none_or(|(count, _)| *count == 1));
+        assert_eq!(rows.get("format").map(|(count, _)| *count), Some(1), "one format key");
+        // Instances only of the last fleet: nodes gone for less than the retention when it stopped.
+        let instance_owners: BTreeSet<String> = instance_nodes(&listed, "jobs/")
+            .union(&instance_nodes(&listed, "runs/"))
+            .cloned()
+            .collect();
+        assert_eq!(
+            instance_owners,
+            BTreeSet::from(["c".to_string(), "d".to_string()]),
+            "instance records of nodes gone longer than the retention"
+        );
+        // `/notify/<job>@<node>`: removed with the instance's other records.
+        let notify_owners = instance_nodes(&listed, "notify/");
+        assert!(
+            notify_owners.iter().all(|node| node == "c" || node == "d"),
+            "notification records of instances of nodes gone longer than the retention: {notify_owners:?}"
+        );
+        assert_eq!(
+            keys.count_under("txn-probe"),
+            0,
+            "the transaction probe key is never written"
+        );
     }
-    for job in per_name("runs/").into_keys() {
-        assert!(of_a_configured_job(&job), "runs/{job}/ of no job of the config");
-    }
-    for (job, count) in per_name("jobs/") {
-        // last, result, success and manual: four records per job at most.
-        assert!(count <= 4, "jobs/{job}/ holds {count} records");
-        assert!(of_a_configured_job(&job), "jobs/{job}/ of no job of the config");
-    }
-    for (job, count) in per_name("backfills/").into_iter().chain(per_name("pauses/")) {
-        assert!(count <= 1 && configured.contains(&job), "one record per job: {job}");
-    }
-    // A resume closes the pause rather than deleting it: one closed record per job name.
-    for pause in keys.values_under("pauses/") {
-        assert!(pause["until"].is_string(), "a resumed pause is closed: {pause}");
-    }
-    assert!(rows.get("compaction").is_none_or(|(count, _)| *count == 1));
-    assert_eq!(rows.get("format").map(|(count, _)| *count), Some(1), "one format key");
-    // Instances only of the last fleet: nodes gone for less than the retention when it stopped.
-    let instance_owners: BTreeSet<String> = instance_nodes(&listed, "jobs/")
-        .union(&instance_nodes(&listed, "runs/"))
-        .cloned()
-        .collect();
-    assert_eq!(
-        instance_owners,
-        BTreeSet::from(["c".to_string(), "d".to_string()]),
-        "instance records of nodes gone longer than the retention"
-    );
-    // `/notify/<job>@<node>`: removed with the instance's other records.
-    let notify_owners = instance_nodes(&listed, "notify/");
-    assert!(
-        notify_owners.iter().all(|node| node == "c" || node == "d"),
-        "notification records of instances of nodes gone longer than the retention: {notify_owners:?}"
-    );
-    assert_eq!(
-        keys.count_under("txn-probe"),
-        0,
-        "the transaction probe key is never written"
-    );
 }

@@ -8,64 +8,65 @@ use chrono::{DateTime, Utc};
 use crate::support::*;
 use shardcron::rules::shard::shard_of;
 
-#[test]
-fn two_nodes_lead_each_shard_once_and_set_cron_variables() {
-    let mut world = World::new();
-    let names = job_names(6, 1);
-    let config = world.write_config("jobs.toml", 4, 3, &every_second(&names, ""));
-    step("start nodes a and b");
-    world.node("a", &config).start();
-    world.node("b", &config).start();
-    step("wait until each leads two shards and stands by for the other two");
-    wait_for(Duration::from_secs(20), "a balanced fleet", || {
-        let shards = world.status(&config).shards;
-        let leads = |id: &str| {
-            shards
-                .iter()
-                .filter(|shard| shard.leader.as_deref() == Some(id))
-                .count()
-        };
-        shards.iter().all(|shard| shard.standby == 1) && leads("a") == 2 && leads("b") == 2
-    });
-    let settled = now_secs();
-    let mut leaders = std::collections::HashMap::new();
-    for shard in world.status(&config).shards {
-        leaders.insert(shard.shard, (shard.leader.unwrap(), shard.term.unwrap()));
-    }
-    wait_for(Duration::from_secs(20), "every job ran 3 times since", || {
-        every_job_ran_since(&world.runs(), &names, settled, 3)
-    });
-    for node in &world.nodes {
-        node.signal(libc::SIGTERM);
-    }
-    for node in &mut world.nodes {
-        assert_eq!(
-            node.wait_exit(Duration::from_secs(15)),
-            Some(0),
-            "node {} exits cleanly on SIGTERM",
-            node.id
-        );
-    }
-    step("each tick ran once, with the variables of its shard's leader");
-    let runs = world.runs();
-    for name in &names {
-        assert_each_tick_once(&runs, name, 1);
-    }
-    for run in &runs {
-        assert_eq!(run.shard, shard_of(&run.job, 4), "{run:?}");
-        assert_eq!(
-            run.tick.timestamp_subsec_nanos(),
-            0,
-            "{run:?}: CRON_SCHEDULED_AT is the tick"
-        );
-        assert!((0.0..1.0).contains(&run.lateness()), "{run:?} started at its tick");
-        if run.started > settled {
-            let (leader, term) = &leaders[&run.shard];
+on_both_etcds! {
+    fn two_nodes_lead_each_shard_once_and_set_cron_variables() {
+        let mut world = World::new();
+        let names = job_names(6, 1);
+        let config = world.write_config("jobs.toml", 4, 3, &every_second(&names, ""));
+        step("start nodes a and b");
+        world.node("a", &config).start();
+        world.node("b", &config).start();
+        step("wait until each leads two shards and stands by for the other two");
+        wait_for(Duration::from_secs(20), "a balanced fleet", || {
+            let shards = world.status(&config).shards;
+            let leads = |id: &str| {
+                shards
+                    .iter()
+                    .filter(|shard| shard.leader.as_deref() == Some(id))
+                    .count()
+            };
+            shards.iter().all(|shard| shard.standby == 1) && leads("a") == 2 && leads("b") == 2
+        });
+        let settled = now_secs();
+        let mut leaders = std::collections::HashMap::new();
+        for shard in world.status(&config).shards {
+            leaders.insert(shard.shard, (shard.leader.unwrap(), shard.term.unwrap()));
+        }
+        wait_for(Duration::from_secs(20), "every job ran 3 times since", || {
+            every_job_ran_since(&world.runs(), &names, settled, 3)
+        });
+        for node in &world.nodes {
+            node.signal(libc::SIGTERM);
+        }
+        for node in &mut world.nodes {
             assert_eq!(
-                (&run.node, run.term),
-                (leader, *term),
-                "{run:?} carries its leader's node and term"
+                node.wait_exit(Duration::from_secs(15)),
+                Some(0),
+                "node {} exits cleanly on SIGTERM",
+                node.id
             );
+        }
+        step("each tick ran once, with the variables of its shard's leader");
+        let runs = world.runs();
+        for name in &names {
+            assert_each_tick_once(&runs, name, 1);
+        }
+        for run in &runs {
+            assert_eq!(run.shard, shard_of(&run.job, 4), "{run:?}");
+            assert_eq!(
+                run.tick.timestamp_subsec_nanos(),
+                0,
+                "{run:?}: CRON_SCHEDULED_AT is the tick"
+            );
+            assert!((0.0..1.0).contains(&run.lateness()), "{run:?} started at its tick");
+            if run.started > settled {
+                let (leader, term) = &leaders[&run.shard];
+                assert_eq!(
+                    (&run.node, run.term),
+                    (leader, *term),
+                    "{run:?} carries its leader's node and term"
+                );
+            }
         }
     }
 }
@@ -76,95 +77,98 @@ fn leader_and_standby(world: &mut World, ttl: u64, extra: &str) -> Roles {
     world.leader_and_standby(&config)
 }
 
-#[test]
-fn sigkill_of_the_leader_moves_its_shard_within_ttl_and_loses_no_tick() {
-    let mut world = World::new();
-    let ttl = 2;
-    let roles = leader_and_standby(&mut world, ttl, "catch_up = \"all\"");
-    let old_fence = world.runs().iter().map(|run| run.fence).max().unwrap();
-    let old_term = newest_term(&world.runs());
-    sleep_to_mid_second();
-    step("SIGKILL the leader");
-    let killed_at = now_secs();
-    world.nodes[roles.leader].signal(libc::SIGKILL);
-    wait_for(Duration::from_secs(15), "the standby runs 3 ticks", || {
-        world
-            .runs()
-            .iter()
-            .filter(|run| run.node == roles.standby_id && run.started > killed_at)
-            .count()
-            >= 3
-    });
-    let runs = world.runs();
-    let takeover = first_start_after(&runs, &roles.standby_id, killed_at) - killed_at;
-    eprintln!("takeover after SIGKILL: {takeover:.3} s (TTL {ttl} s)");
-    assert!(
-        takeover <= ttl as f64 + 1.0,
-        "the standby ran its first tick {takeover:.3} s after the kill"
-    );
-    let ticks = assert_each_tick_once(&runs, "tick", 1);
-    assert!(ticks.len() >= 5);
-    assert!(
-        runs.iter()
-            .filter(|run| run.started > killed_at)
-            .all(|run| run.fence > old_fence && run.term > old_term),
-        "the new leader's fences and term are larger"
-    );
-    assert_fences_never_go_down(&runs);
+on_both_etcds! {
+    fn sigkill_of_the_leader_moves_its_shard_within_ttl_and_loses_no_tick() {
+        let mut world = World::new();
+        let ttl = 2;
+        let roles = leader_and_standby(&mut world, ttl, "catch_up = \"all\"");
+        let old_fence = world.runs().iter().map(|run| run.fence).max().unwrap();
+        let old_term = newest_term(&world.runs());
+        sleep_to_mid_second();
+        step("SIGKILL the leader");
+        let killed_at = now_secs();
+        world.nodes[roles.leader].signal(libc::SIGKILL);
+        wait_for(Duration::from_secs(15), "the standby runs 3 ticks", || {
+            world
+                .runs()
+                .iter()
+                .filter(|run| run.node == roles.standby_id && run.started > killed_at)
+                .count()
+                >= 3
+        });
+        let runs = world.runs();
+        let takeover = first_start_after(&runs, &roles.standby_id, killed_at) - killed_at;
+        eprintln!("takeover after SIGKILL: {takeover:.3} s (TTL {ttl} s)");
+        assert!(
+            takeover <= ttl as f64 + 1.0,
+            "the standby ran its first tick {takeover:.3} s after the kill"
+        );
+        let ticks = assert_each_tick_once(&runs, "tick", 1);
+        assert!(ticks.len() >= 5);
+        assert!(
+            runs.iter()
+                .filter(|run| run.started > killed_at)
+                .all(|run| run.fence > old_fence && run.term > old_term),
+            "the new leader's fences and term are larger"
+        );
+        assert_fences_never_go_down(&runs);
+    }
 }
 
-#[test]
-fn sigstop_of_the_leader_never_runs_its_old_term_after_takeover() {
-    let mut world = World::new();
-    let ttl = 2;
-    let roles = leader_and_standby(&mut world, ttl, "catch_up = \"all\"");
-    let old_term = newest_term(&world.runs());
-    sleep_to_mid_second();
-    step("SIGSTOP the leader for 2×TTL");
-    let stopped_at = now_secs();
-    world.nodes[roles.leader].signal(libc::SIGSTOP);
-    std::thread::sleep(Duration::from_secs(2 * ttl));
-    step("SIGCONT the leader");
-    world.nodes[roles.leader].signal(libc::SIGCONT);
-    let resumed = now_secs();
-    wait_for(Duration::from_secs(15), "runs go on for 3 s after the resume", || {
-        world.runs().iter().any(|run| run.started > resumed + 3.0)
-    });
-    let runs = world.runs();
-    let takeover = first_start_after(&runs, &roles.standby_id, stopped_at);
-    assert!(takeover < resumed, "the standby took over while the leader was stopped");
-    assert_no_run_of_term_after(&runs, old_term, takeover);
-    assert_fences_never_go_down(&runs);
-    assert_each_tick_once(&runs, "tick", 1);
-    assert!(
-        world.nodes[roles.leader].log_text().contains("session lost"),
-        "the stopped leader logs why its terms ended"
-    );
+on_both_etcds! {
+    fn sigstop_of_the_leader_never_runs_its_old_term_after_takeover() {
+        let mut world = World::new();
+        let ttl = 2;
+        let roles = leader_and_standby(&mut world, ttl, "catch_up = \"all\"");
+        let old_term = newest_term(&world.runs());
+        sleep_to_mid_second();
+        step("SIGSTOP the leader for 2×TTL");
+        let stopped_at = now_secs();
+        world.nodes[roles.leader].signal(libc::SIGSTOP);
+        std::thread::sleep(Duration::from_secs(2 * ttl));
+        step("SIGCONT the leader");
+        world.nodes[roles.leader].signal(libc::SIGCONT);
+        let resumed = now_secs();
+        wait_for(Duration::from_secs(15), "runs go on for 3 s after the resume", || {
+            world.runs().iter().any(|run| run.started > resumed + 3.0)
+        });
+        let runs = world.runs();
+        let takeover = first_start_after(&runs, &roles.standby_id, stopped_at);
+        assert!(takeover < resumed, "the standby took over while the leader was stopped");
+        assert_no_run_of_term_after(&runs, old_term, takeover);
+        assert_fences_never_go_down(&runs);
+        assert_each_tick_once(&runs, "tick", 1);
+        assert!(
+            world.nodes[roles.leader].log_text().contains("session lost"),
+            "the stopped leader logs why its terms ended"
+        );
+    }
 }
 
-#[test]
-fn sigterm_of_the_leader_hands_over_without_missing_a_tick() {
-    let mut world = World::new();
-    // A long TTL: only the revoke on shutdown can make the handoff this fast.
-    let roles = leader_and_standby(&mut world, 10, "");
-    sleep_to_mid_second();
-    step("SIGTERM the leader");
-    let stopped_at = now_secs();
-    world.nodes[roles.leader].signal(libc::SIGTERM);
-    assert_eq!(world.nodes[roles.leader].wait_exit(Duration::from_secs(10)), Some(0));
-    wait_for(Duration::from_secs(10), "the standby runs 3 ticks", || {
-        world
-            .runs()
-            .iter()
-            .filter(|run| run.node == roles.standby_id && run.started > stopped_at)
-            .count()
-            >= 3
-    });
-    let runs = world.runs();
-    let first = first_start_after(&runs, &roles.standby_id, stopped_at);
-    eprintln!("first run on the standby {:.3} s after SIGTERM", first - stopped_at);
-    assert!(first - stopped_at < 1.0, "the standby runs the next tick");
-    assert_each_tick_once(&runs, "tick", 1);
+on_both_etcds! {
+    fn sigterm_of_the_leader_hands_over_without_missing_a_tick() {
+        let mut world = World::new();
+        // A long TTL: only the revoke on shutdown can make the handoff this fast.
+        let roles = leader_and_standby(&mut world, 10, "");
+        sleep_to_mid_second();
+        step("SIGTERM the leader");
+        let stopped_at = now_secs();
+        world.nodes[roles.leader].signal(libc::SIGTERM);
+        assert_eq!(world.nodes[roles.leader].wait_exit(Duration::from_secs(10)), Some(0));
+        wait_for(Duration::from_secs(10), "the standby runs 3 ticks", || {
+            world
+                .runs()
+                .iter()
+                .filter(|run| run.node == roles.standby_id && run.started > stopped_at)
+                .count()
+                >= 3
+        });
+        let runs = world.runs();
+        let first = first_start_after(&runs, &roles.standby_id, stopped_at);
+        eprintln!("first run on the standby {:.3} s after SIGTERM", first - stopped_at);
+        assert!(first - stopped_at < 1.0, "the standby runs the next tick");
+        assert_each_tick_once(&runs, "tick", 1);
+    }
 }
 
 #[test]
@@ -222,116 +226,118 @@ fn overlap_skip_skips_ticks_while_a_run_goes_and_allow_runs_them_all() {
         .contains("skipped: the previous run of this job on this node was still going at this tick"));
 }
 
-#[test]
-fn a_skip_job_longer_than_its_period_drains_a_caught_up_backlog() {
-    let mut world = World::new();
-    let names = vec!["slow".to_string()];
-    let config = world.write_config_running(
-        "jobs.toml",
-        1,
-        2,
-        &every_second(&names, "catch_up = \"all\""),
-        &format!("{}; sleep 1.4", world.record_command()),
-    );
-    world.node("a", &config).start();
-    wait_for(Duration::from_secs(20), "slow ran twice", || world.runs().len() >= 2);
-    step("stop a for 6 s: b catches up the missed ticks, 1.4 s each, while live ticks come due");
-    world.nodes[0].signal(libc::SIGTERM);
-    assert_eq!(world.nodes[0].wait_exit(Duration::from_secs(15)), Some(0));
-    std::thread::sleep(Duration::from_secs(6));
-    let restarted = now_secs();
-    world.node("b", &config).start();
-    // Run in turn, the backlog and the ticks queued behind it would start ever later: each run
-    // outlasts the period by 0.4 s. Skipping the queued ticks their next tick has outrun lets a
-    // live tick start on time again once the caught-up ticks have run.
-    wait_for(
-        Duration::from_secs(40),
-        "a run after the catch-up starts within 1 s of its tick",
-        || {
-            let runs = world.runs();
-            let caught_up = runs
-                .iter()
-                .filter(|run| run.node == "b" && run.tick.timestamp() as f64 <= restarted)
-                .count();
-            caught_up >= 5
-                && runs
+on_both_etcds! {
+    fn a_skip_job_longer_than_its_period_drains_a_caught_up_backlog() {
+        let mut world = World::new();
+        let names = vec!["slow".to_string()];
+        let config = world.write_config_running(
+            "jobs.toml",
+            1,
+            2,
+            &every_second(&names, "catch_up = \"all\""),
+            &format!("{}; sleep 1.4", world.record_command()),
+        );
+        world.node("a", &config).start();
+        wait_for(Duration::from_secs(20), "slow ran twice", || world.runs().len() >= 2);
+        step("stop a for 6 s: b catches up the missed ticks, 1.4 s each, while live ticks come due");
+        world.nodes[0].signal(libc::SIGTERM);
+        assert_eq!(world.nodes[0].wait_exit(Duration::from_secs(15)), Some(0));
+        std::thread::sleep(Duration::from_secs(6));
+        let restarted = now_secs();
+        world.node("b", &config).start();
+        // Run in turn, the backlog and the ticks queued behind it would start ever later: each run
+        // outlasts the period by 0.4 s. Skipping the queued ticks their next tick has outrun lets a
+        // live tick start on time again once the caught-up ticks have run.
+        wait_for(
+            Duration::from_secs(40),
+            "a run after the catch-up starts within 1 s of its tick",
+            || {
+                let runs = world.runs();
+                let caught_up = runs
                     .iter()
-                    .any(|run| run.node == "b" && run.tick.timestamp() as f64 > restarted + 1.0 && run.lateness() < 1.0)
-        },
-    );
-    let runs = world.runs();
-    let late: Vec<f64> = runs.iter().filter(|run| run.node == "b").map(Run::lateness).collect();
-    eprintln!("slow on b, lateness of each run in start order: {late:.2?}");
-    assert!(world.nodes[1]
-        .log_text()
-        .contains("skipped: it waited behind a backlog"));
+                    .filter(|run| run.node == "b" && run.tick.timestamp() as f64 <= restarted)
+                    .count();
+                caught_up >= 5
+                    && runs
+                        .iter()
+                        .any(|run| run.node == "b" && run.tick.timestamp() as f64 > restarted + 1.0 && run.lateness() < 1.0)
+            },
+        );
+        let runs = world.runs();
+        let late: Vec<f64> = runs.iter().filter(|run| run.node == "b").map(Run::lateness).collect();
+        eprintln!("slow on b, lateness of each run in start order: {late:.2?}");
+        assert!(world.nodes[1]
+            .log_text()
+            .contains("skipped: it waited behind a backlog"));
+    }
 }
 
-#[test]
-fn a_takeover_runs_a_large_backlog_a_few_at_a_time_and_all_of_it() {
-    let mut world = World::new();
-    // The node lets 4 late runs per core go at once; more jobs than that owe a backlog.
-    let limit = 4 * std::thread::available_parallelism().map_or(2, usize::from);
-    let names = job_names(limit + 16, 2);
-    let config = world.write_config_running(
-        "jobs.toml",
-        1,
-        2,
-        &every_second(&names, "catch_up = \"all\"\noverlap = \"allow\""),
-        &format!("{}; sleep 0.5", world.record_command()),
-    );
-    world.node("a", &config).start();
-    wait_for(Duration::from_secs(30), "every job ran", || {
-        every_job_ran_since(&world.runs(), &names, 0.0, 1)
-    });
-    world.nodes[0].signal(libc::SIGTERM);
-    assert_eq!(world.nodes[0].wait_exit(Duration::from_secs(15)), Some(0));
-    std::thread::sleep(Duration::from_secs(4));
-    let restarted = now_secs();
-    world.node("b", &config).start();
-    let last_on_a = |runs: &[Run], name: &str| {
-        runs.iter()
-            .filter(|run| run.job == name && run.node == "a")
-            .map(|run| run.tick.timestamp())
-            .max()
-            .expect("a ran it")
-    };
-    let missed = |runs: &[Run], name: &str| (last_on_a(runs, name) + 1..=restarted as i64).collect::<Vec<i64>>();
-    wait_for(Duration::from_secs(60), "every missed tick ran on b", || {
+on_both_etcds! {
+    fn a_takeover_runs_a_large_backlog_a_few_at_a_time_and_all_of_it() {
+        let mut world = World::new();
+        // The node lets 4 late runs per core go at once; more jobs than that owe a backlog.
+        let limit = 4 * std::thread::available_parallelism().map_or(2, usize::from);
+        let names = job_names(limit + 16, 2);
+        let config = world.write_config_running(
+            "jobs.toml",
+            1,
+            2,
+            &every_second(&names, "catch_up = \"all\"\noverlap = \"allow\""),
+            &format!("{}; sleep 0.5", world.record_command()),
+        );
+        world.node("a", &config).start();
+        wait_for(Duration::from_secs(30), "every job ran", || {
+            every_job_ran_since(&world.runs(), &names, 0.0, 1)
+        });
+        world.nodes[0].signal(libc::SIGTERM);
+        assert_eq!(world.nodes[0].wait_exit(Duration::from_secs(15)), Some(0));
+        std::thread::sleep(Duration::from_secs(4));
+        let restarted = now_secs();
+        world.node("b", &config).start();
+        let last_on_a = |runs: &[Run], name: &str| {
+            runs.iter()
+                .filter(|run| run.job == name && run.node == "a")
+                .map(|run| run.tick.timestamp())
+                .max()
+                .expect("a ran it")
+        };
+        let missed = |runs: &[Run], name: &str| (last_on_a(runs, name) + 1..=restarted as i64).collect::<Vec<i64>>();
+        wait_for(Duration::from_secs(60), "every missed tick ran on b", || {
+            let runs = world.runs();
+            names.iter().all(|name| {
+                missed(&runs, name)
+                    .iter()
+                    .all(|tick| runs.iter().any(|run| &run.job == name && run.tick.timestamp() == *tick))
+            })
+        });
         let runs = world.runs();
-        names.iter().all(|name| {
-            missed(&runs, name)
-                .iter()
-                .all(|tick| runs.iter().any(|run| &run.job == name && run.tick.timestamp() == *tick))
-        })
-    });
-    let runs = world.runs();
-    let mut late: Vec<f64> = runs
-        .iter()
-        .filter(|run| run.node == "b" && (run.tick.timestamp() as f64) < restarted)
-        .map(|run| run.started)
-        .collect();
-    late.sort_by(f64::total_cmp);
-    assert!(late.len() > limit, "{} late runs", late.len());
-    // Each run holds its permit for at least 0.5 s, so no more than `limit` start within any
-    // shorter window.
-    let most = late
-        .iter()
-        .enumerate()
-        .map(|(index, start)| late[index..].iter().take_while(|other| **other < start + 0.45).count())
-        .max()
-        .unwrap_or(0);
-    assert!(
-        most <= limit,
-        "{most} late runs started within 0.45 s; at most {limit} may run at once"
-    );
-    for name in &names {
-        for tick in missed(&runs, name) {
-            let ran = runs
-                .iter()
-                .filter(|run| &run.job == name && run.tick.timestamp() == tick)
-                .count();
-            assert_eq!(ran, 1, "{name} ran its tick {tick} {ran} times");
+        let mut late: Vec<f64> = runs
+            .iter()
+            .filter(|run| run.node == "b" && (run.tick.timestamp() as f64) < restarted)
+            .map(|run| run.started)
+            .collect();
+        late.sort_by(f64::total_cmp);
+        assert!(late.len() > limit, "{} late runs", late.len());
+        // Each run holds its permit for at least 0.5 s, so no more than `limit` start within any
+        // shorter window.
+        let most = late
+            .iter()
+            .enumerate()
+            .map(|(index, start)| late[index..].iter().take_while(|other| **other < start + 0.45).count())
+            .max()
+            .unwrap_or(0);
+        assert!(
+            most <= limit,
+            "{most} late runs started within 0.45 s; at most {limit} may run at once"
+        );
+        for name in &names {
+            for tick in missed(&runs, name) {
+                let ran = runs
+                    .iter()
+                    .filter(|run| &run.job == name && run.tick.timestamp() == tick)
+                    .count();
+                assert_eq!(ran, 1, "{name} ran its tick {tick} {ran} times");
+            }
         }
     }
 }
@@ -430,69 +436,71 @@ fn a_backlog_larger_than_the_nodes_room_is_claimed_in_parts_while_other_jobs_fir
     }
 }
 
-/// A leader stalled within its lease still leads: the ticks due while it was stopped came due
-/// while it led, so it owes every one, whatever `catch_up` says (that is for time no leader
-/// had). They are claimed together after the stall and run late, each once.
-#[test]
-fn a_leader_stalled_within_its_lease_runs_every_tick_due_meanwhile_once() {
-    let mut world = World::new();
-    // The lease outlasts the stall, so the leader goes on leading.
-    let ttl = 12;
-    let names = vec!["none".to_string()];
-    let config = world.write_config("jobs.toml", 1, ttl, &every_second(&names, "catch_up = \"none\""));
-    world.node("a", &config).start();
-    wait_for(Duration::from_secs(20), "a runs ticks", || world.runs().len() >= 2);
-    sleep_to_mid_second();
-    let stopped_at = now_secs();
-    world.nodes[0].signal(libc::SIGSTOP);
-    step("SIGSTOP the leader for 5 s, within its lease");
-    std::thread::sleep(Duration::from_secs(5));
-    world.nodes[0].signal(libc::SIGCONT);
-    let resumed = now_secs();
-    wait_for(Duration::from_secs(20), "runs go on for 2 s after the resume", || {
-        world.runs().iter().any(|run| run.started > resumed + 2.0)
-    });
-    let runs = world.runs();
-    let ticks = assert_each_tick_once(&runs, "none", 1);
-    let stalled: Vec<&DateTime<Utc>> = ticks
-        .iter()
-        .filter(|tick| (tick.timestamp() as f64) > stopped_at && (tick.timestamp() as f64) < resumed)
-        .collect();
-    assert!(stalled.len() >= 4, "the ticks of the stall ran: {stalled:?}");
-    assert!(world.nodes[0].log_text().contains("this leader fell behind"));
+on_both_etcds! {
+    /// A leader stalled within its lease still leads: the ticks due while it was stopped came due
+    /// while it led, so it owes every one, whatever `catch_up` says (that is for time no leader
+    /// had). They are claimed together after the stall and run late, each once.
+    fn a_leader_stalled_within_its_lease_runs_every_tick_due_meanwhile_once() {
+        let mut world = World::new();
+        // The lease outlasts the stall, so the leader goes on leading.
+        let ttl = 12;
+        let names = vec!["none".to_string()];
+        let config = world.write_config("jobs.toml", 1, ttl, &every_second(&names, "catch_up = \"none\""));
+        world.node("a", &config).start();
+        wait_for(Duration::from_secs(20), "a runs ticks", || world.runs().len() >= 2);
+        sleep_to_mid_second();
+        let stopped_at = now_secs();
+        world.nodes[0].signal(libc::SIGSTOP);
+        step("SIGSTOP the leader for 5 s, within its lease");
+        std::thread::sleep(Duration::from_secs(5));
+        world.nodes[0].signal(libc::SIGCONT);
+        let resumed = now_secs();
+        wait_for(Duration::from_secs(20), "runs go on for 2 s after the resume", || {
+            world.runs().iter().any(|run| run.started > resumed + 2.0)
+        });
+        let runs = world.runs();
+        let ticks = assert_each_tick_once(&runs, "none", 1);
+        let stalled: Vec<&DateTime<Utc>> = ticks
+            .iter()
+            .filter(|tick| (tick.timestamp() as f64) > stopped_at && (tick.timestamp() as f64) < resumed)
+            .collect();
+        assert!(stalled.len() >= 4, "the ticks of the stall ran: {stalled:?}");
+        assert!(world.nodes[0].log_text().contains("this leader fell behind"));
+    }
 }
 
-#[test]
-fn a_schedule_change_catches_up_no_tick_the_old_schedule_never_had() {
-    let mut world = World::new();
-    let every_five = world.write_config("five.toml", 1, 2, &[("j", "*/5 * * * * *", "catch_up = \"all\"")]);
-    world.node("a", &every_five).start();
-    wait_for(Duration::from_secs(20), "j ran once", || !world.runs().is_empty());
-    world.nodes[0].signal(libc::SIGTERM);
-    assert_eq!(world.nodes[0].wait_exit(Duration::from_secs(15)), Some(0));
-    let last_old = world.runs().iter().map(|run| run.tick).max().expect("a run");
-    // Long enough after the last tick that the new schedule would have had ticks in between.
-    let start_after = last_old.timestamp() as f64 + 3.5;
-    std::thread::sleep(Duration::from_secs_f64((start_after - now_secs()).max(0.0)));
-    step("b starts with j every second");
-    let every_second = world.write_config("second.toml", 1, 2, &[("j", EVERY_SECOND, "catch_up = \"all\"")]);
-    let started = now_secs();
-    world.node("b", &every_second).start();
-    wait_for(Duration::from_secs(20), "b runs j twice", || {
-        world.runs().iter().filter(|run| run.node == "b").count() >= 2
-    });
-    let caught_up: Vec<Run> = world
-        .runs()
-        .into_iter()
-        .filter(|run| run.node == "b" && (run.tick.timestamp() as f64) < started)
-        .collect();
-    assert!(
-        caught_up.is_empty(),
-        "ticks of the new schedule from before it was in force ran: {caught_up:#?}"
-    );
-    assert!(world.nodes[1]
-        .log_text()
-        .contains("the schedule changed since the last claim"));
+on_both_etcds! {
+    fn a_schedule_change_catches_up_no_tick_the_old_schedule_never_had() {
+        let mut world = World::new();
+        let every_five = world.write_config("five.toml", 1, 2, &[("j", "*/5 * * * * *", "catch_up = \"all\"")]);
+        world.node("a", &every_five).start();
+        wait_for(Duration::from_secs(20), "j ran once", || !world.runs().is_empty());
+        world.nodes[0].signal(libc::SIGTERM);
+        assert_eq!(world.nodes[0].wait_exit(Duration::from_secs(15)), Some(0));
+        let last_old = world.runs().iter().map(|run| run.tick).max().expect("a run");
+        // Long enough after the last tick that the new schedule would have had ticks in between.
+        let start_after = last_old.timestamp() as f64 + 3.5;
+        std::thread::sleep(Duration::from_secs_f64((start_after - now_secs()).max(0.0)));
+        step("b starts with j every second");
+        let every_second = world.write_config("second.toml", 1, 2, &[("j", EVERY_SECOND, "catch_up = \"all\"")]);
+        let started = now_secs();
+        world.node("b", &every_second).start();
+        wait_for(Duration::from_secs(20), "b runs j twice", || {
+            world.runs().iter().filter(|run| run.node == "b").count() >= 2
+        });
+        let caught_up: Vec<Run> = world
+            .runs()
+            .into_iter()
+            .filter(|run| run.node == "b" && (run.tick.timestamp() as f64) < started)
+            .collect();
+        assert!(
+            caught_up.is_empty(),
+            "ticks of the new schedule from before it was in force ran: {caught_up:#?}"
+        );
+        assert!(world.nodes[1]
+            .log_text()
+            .contains("the schedule changed since the last claim"));
+    }
 }
 
 /// Late runs that never end (no `timeout`) on every late permit of the node: another job's

@@ -68,85 +68,86 @@ fn cost(world: &World, runs: &[Run], from: f64, to: f64) -> Cost {
     }
 }
 
-#[test]
-fn routine_etcd_maintenance_moves_no_shard() {
-    // On an etcd older than the 3.5.1 build, the members are upgraded to it one by one (a
-    // rolling restart with a new binary); on 3.5.1 itself they are restarted one by one.
-    let target = upgrade_target();
-    let upgrade = etcd_version(&etcd_bin()) != etcd_version(&target);
-    let (mut world, names) = fleet_running();
-    let follower = {
-        let leader = world.etcd.leader_member().expect("etcd has a leader");
-        (leader + 1) % 3
-    };
-    let follower_stall = now_secs();
-    stall(&mut world, follower, "a follower", FOLLOWER_STALL, |world| {
-        // `status` names the member each node talks to: none the stalled one, a few seconds in.
-        let stalled = world.etcd.client_url_of(follower);
-        let healthy = world.etcd.client_url_of((follower + 1) % 3);
-        let config = world.dir.path().join("jobs.toml");
-        wait_for(Duration::from_secs(5), "no node talks to the stalled member", || {
-            let output = shardcron(&config, &["status", "--json", "--endpoints", &healthy]);
-            let status: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap_or_default();
-            let talking: Vec<&str> = status["nodes"]
-                .as_array()
-                .map(|nodes| nodes.iter().filter_map(|node| node["etcd"].as_str()).collect())
-                .unwrap_or_default();
-            talking.len() == 3 && !talking.contains(&stalled.as_str())
+on_both_etcds! {
+    fn routine_etcd_maintenance_moves_no_shard() {
+        // On an etcd older than the 3.5.1 build, the members are upgraded to it one by one (a
+        // rolling restart with a new binary); on 3.5.1 itself they are restarted one by one.
+        let target = upgrade_target();
+        let upgrade = etcd_version(&etcd_bin()) != etcd_version(&target);
+        let (mut world, names) = fleet_running();
+        let follower = {
+            let leader = world.etcd.leader_member().expect("etcd has a leader");
+            (leader + 1) % 3
+        };
+        let follower_stall = now_secs();
+        stall(&mut world, follower, "a follower", FOLLOWER_STALL, |world| {
+            // `status` names the member each node talks to: none the stalled one, a few seconds in.
+            let stalled = world.etcd.client_url_of(follower);
+            let healthy = world.etcd.client_url_of((follower + 1) % 3);
+            let config = world.dir.path().join("jobs.toml");
+            wait_for(Duration::from_secs(5), "no node talks to the stalled member", || {
+                let output = shardcron(&config, &["status", "--json", "--endpoints", &healthy]);
+                let status: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap_or_default();
+                let talking: Vec<&str> = status["nodes"]
+                    .as_array()
+                    .map(|nodes| nodes.iter().filter_map(|node| node["etcd"].as_str()).collect())
+                    .unwrap_or_default();
+                talking.len() == 3 && !talking.contains(&stalled.as_str())
+            });
         });
-    });
-    let leader = world.etcd.leader_member().expect("etcd has a leader");
-    let leader_stall = now_secs();
-    stall(&mut world, leader, "the raft leader", LEADER_STALL, |_| {});
-    let restarts = now_secs();
-    rolling_restart(&mut world, upgrade.then_some(target.as_path()));
-    let end = stop_after_more_runs(&mut world, &names);
-    let runs = check_every_tick(&world, &names);
-    let restart = match upgrade {
-        true => format!(
-            "rolling upgrade of the 3 members to {}",
-            etcd_version(&target).unwrap_or_default()
-        ),
-        false => "rolling restart of the 3 members".to_owned(),
-    };
-    let phases = [
-        (
-            format!("follower member{follower} stalled {FOLLOWER_STALL:?}"),
-            follower_stall,
-            leader_stall,
-        ),
-        (
-            format!("raft leader member{leader} stalled {LEADER_STALL:?}"),
-            leader_stall,
-            restarts,
-        ),
-        (restart, restarts, end),
-        ("the whole window".to_owned(), follower_stall, end),
-    ];
-    let costs: Vec<Cost> = phases
-        .iter()
-        .map(|(what, from, to)| {
-            let cost = cost(&world, &runs, *from, *to);
-            eprintln!(
-                "{what} (TTL {TTL} s): {} (job, tick), {} session(s) lost, {} handoff(s), lateness p99 {:.2} s, max {:.2} s",
-                cost.ticks, cost.sessions_lost, cost.handoffs, cost.lateness_p99, cost.lateness_max
+        let leader = world.etcd.leader_member().expect("etcd has a leader");
+        let leader_stall = now_secs();
+        stall(&mut world, leader, "the raft leader", LEADER_STALL, |_| {});
+        let restarts = now_secs();
+        rolling_restart(&mut world, upgrade.then_some(target.as_path()));
+        let end = stop_after_more_runs(&mut world, &names);
+        let runs = check_every_tick(&world, &names);
+        let restart = match upgrade {
+            true => format!(
+                "rolling upgrade of the 3 members to {}",
+                etcd_version(&target).unwrap_or_default()
+            ),
+            false => "rolling restart of the 3 members".to_owned(),
+        };
+        let phases = [
+            (
+                format!("follower member{follower} stalled {FOLLOWER_STALL:?}"),
+                follower_stall,
+                leader_stall,
+            ),
+            (
+                format!("raft leader member{leader} stalled {LEADER_STALL:?}"),
+                leader_stall,
+                restarts,
+            ),
+            (restart, restarts, end),
+            ("the whole window".to_owned(), follower_stall, end),
+        ];
+        let costs: Vec<Cost> = phases
+            .iter()
+            .map(|(what, from, to)| {
+                let cost = cost(&world, &runs, *from, *to);
+                eprintln!(
+                    "{what} (TTL {TTL} s): {} (job, tick), {} session(s) lost, {} handoff(s), lateness p99 {:.2} s, max {:.2} s",
+                    cost.ticks, cost.sessions_lost, cost.handoffs, cost.lateness_p99, cost.lateness_max
+                );
+                cost
+            })
+            .collect();
+        let whole = &costs[3];
+        assert_eq!(whole.sessions_lost, 0, "sessions lost to routine maintenance");
+        assert_eq!(whole.handoffs, 0, "shards moved for routine maintenance");
+        // No tick later than 2 s; and none later than half a second but those a raft election
+        // holds: etcd takes no write and serves no linearizable read until it has a leader again.
+        assert!(whole.lateness_max <= 2.0, "a tick {:.2} s late", whole.lateness_max);
+        for index in [0, 2] {
+            let (what, ..) = &phases[index];
+            assert!(
+                costs[index].lateness_p99 <= 0.5,
+                "{what}: lateness p99 {:.2} s",
+                costs[index].lateness_p99
             );
-            cost
-        })
-        .collect();
-    let whole = &costs[3];
-    assert_eq!(whole.sessions_lost, 0, "sessions lost to routine maintenance");
-    assert_eq!(whole.handoffs, 0, "shards moved for routine maintenance");
-    // No tick later than 2 s; and none later than half a second but those a raft election
-    // holds: etcd takes no write and serves no linearizable read until it has a leader again.
-    assert!(whole.lateness_max <= 2.0, "a tick {:.2} s late", whole.lateness_max);
-    for index in [0, 2] {
-        let (what, ..) = &phases[index];
-        assert!(
-            costs[index].lateness_p99 <= 0.5,
-            "{what}: lateness p99 {:.2} s",
-            costs[index].lateness_p99
-        );
+        }
     }
 }
 

@@ -245,146 +245,149 @@ fn the_api_reads_like_the_cli_and_guards_its_writes() {
     );
 }
 
-/// The per-job gauges come from the shard's leader only, and a new leader continues the last
-/// success from etcd even when every run it makes fails.
-#[test]
-fn the_last_success_gauge_survives_a_failover() {
-    let mut world = World::new();
-    let switch = world.dir.path().join("succeed");
-    std::fs::write(&switch, "").expect("switch");
-    let command = format!("test -e {}", switch.display());
-    let config = world.write_config_running("jobs.toml", 1, 1, &[("flaky", EVERY_SECOND, "")], &command);
-    let ports = [
-        shardcron::etcd_server::free_port().expect("port"),
-        shardcron::etcd_server::free_port().expect("port"),
-    ];
-    for (id, port) in ["a", "b"].iter().zip(ports) {
-        world
-            .node(id, &config)
-            .args(&["--http-addr", &port.to_string()])
-            .start();
+on_both_etcds! {
+    /// The per-job gauges come from the shard's leader only, and a new leader continues the last
+    /// success from etcd even when every run it makes fails.
+    fn the_last_success_gauge_survives_a_failover() {
+        let mut world = World::new();
+        let switch = world.dir.path().join("succeed");
+        std::fs::write(&switch, "").expect("switch");
+        let command = format!("test -e {}", switch.display());
+        let config = world.write_config_running("jobs.toml", 1, 1, &[("flaky", EVERY_SECOND, "")], &command);
+        let ports = [
+            shardcron::etcd_server::free_port().expect("port"),
+            shardcron::etcd_server::free_port().expect("port"),
+        ];
+        for (id, port) in ["a", "b"].iter().zip(ports) {
+            world
+                .node(id, &config)
+                .args(&["--http-addr", &port.to_string()])
+                .start();
+            wait_ready(port);
+        }
+        let gauge = |port: u16, name: &str| sample(&http_get(port, "/metrics").1, &format!("{name}{{job=\"flaky\"}}"));
+        let leader = || world.leader_of(&config, 0).map(|(node, _)| node);
+        wait_for(Duration::from_secs(20), "the leader exports a last success", || {
+            leader().is_some_and(|node| {
+                let port = ports[usize::from(node == "b")];
+                gauge(port, "shardcron_job_last_success_timestamp_seconds").is_some()
+            })
+        });
+        let first = leader().expect("a leader");
+        let (first_port, other_port) = if first == "a" {
+            (ports[0], ports[1])
+        } else {
+            (ports[1], ports[0])
+        };
+        assert_eq!(
+            gauge(other_port, "shardcron_job_last_success_timestamp_seconds"),
+            None,
+            "only the leader exports a job's gauges"
+        );
+        let interval = gauge(first_port, "shardcron_job_interval_seconds");
+        assert_eq!(interval, Some(1.0));
+        let next = gauge(first_port, "shardcron_job_next_run_timestamp_seconds").expect("next run");
+        assert!(
+            (next - now_secs()).abs() < 5.0,
+            "the next run is about now: {next} vs {}",
+            now_secs()
+        );
+
+        std::fs::remove_file(&switch).expect("from now on every run fails");
+        wait_for(Duration::from_secs(10), "a run failed", || {
+            sample(
+                &http_get(first_port, "/metrics").1,
+                "shardcron_runs_total{job=\"flaky\",result=\"failure\"}",
+            )
+            .is_some()
+        });
+        // A result reaches etcd with a claim, up to 1.5 s after its run: a SIGKILL before then loses
+        // it, and the next leader rightly continues from the success before. Kill once the leader's
+        // last success is there (read again each time: a run that began before the switch went may
+        // still have succeeded after the first failure was counted).
+        let mut last_success = 0.0;
+        wait_for(Duration::from_secs(10), "the last success is in etcd", || {
+            last_success = gauge(first_port, "shardcron_job_last_success_timestamp_seconds").expect("last success");
+            world
+                .etcd_value("/shardcron/test/jobs/flaky/success")
+                .and_then(|value| serde_json::from_slice::<shardcron::rules::record::RunRecord>(&value).ok())
+                .is_some_and(|record| record.finished_at.timestamp_millis() as f64 / 1000.0 == last_success)
+        });
+        let index = world
+            .nodes
+            .iter()
+            .position(|node| node.id == first)
+            .expect("leader node");
+        world.nodes[index].signal(libc::SIGKILL);
+        wait_for(
+            Duration::from_secs(30),
+            "the other node leads and exports the last success",
+            || gauge(other_port, "shardcron_job_last_success_timestamp_seconds").is_some(),
+        );
+        assert_eq!(
+            gauge(other_port, "shardcron_job_last_success_timestamp_seconds"),
+            Some(last_success),
+            "the new leader continues the last success from etcd (all of its own runs fail)"
+        );
+    }
+}
+
+on_both_etcds! {
+    fn readyz_follows_the_node_through_an_etcd_outage() {
+        let mut world = World::new();
+        let config = world.write_config("jobs.toml", 2, 2, &[("tick", EVERY_SECOND, "")]);
+        let port = world.node("a", &config).start_serving();
+        world.etcd.kill();
+        wait_for(
+            Duration::from_secs(30),
+            "the node is not ready while etcd is down",
+            || http_get(port, "/readyz").0.contains(" 503 "),
+        );
+        let (_, reason) = http_get(port, "/readyz");
+        assert!(
+            reason.starts_with("session lost") || reason.starts_with("etcd unreachable"),
+            "{reason}"
+        );
+        assert!(http_get(port, "/healthz").0.contains(" 200 "), "alive while not ready");
+        world.etcd.restart().expect("restart etcd");
         wait_ready(port);
     }
-    let gauge = |port: u16, name: &str| sample(&http_get(port, "/metrics").1, &format!("{name}{{job=\"flaky\"}}"));
-    let leader = || world.leader_of(&config, 0).map(|(node, _)| node);
-    wait_for(Duration::from_secs(20), "the leader exports a last success", || {
-        leader().is_some_and(|node| {
-            let port = ports[usize::from(node == "b")];
-            gauge(port, "shardcron_job_last_success_timestamp_seconds").is_some()
-        })
-    });
-    let first = leader().expect("a leader");
-    let (first_port, other_port) = if first == "a" {
-        (ports[0], ports[1])
-    } else {
-        (ports[1], ports[0])
-    };
-    assert_eq!(
-        gauge(other_port, "shardcron_job_last_success_timestamp_seconds"),
-        None,
-        "only the leader exports a job's gauges"
-    );
-    let interval = gauge(first_port, "shardcron_job_interval_seconds");
-    assert_eq!(interval, Some(1.0));
-    let next = gauge(first_port, "shardcron_job_next_run_timestamp_seconds").expect("next run");
-    assert!(
-        (next - now_secs()).abs() < 5.0,
-        "the next run is about now: {next} vs {}",
-        now_secs()
-    );
-
-    std::fs::remove_file(&switch).expect("from now on every run fails");
-    wait_for(Duration::from_secs(10), "a run failed", || {
-        sample(
-            &http_get(first_port, "/metrics").1,
-            "shardcron_runs_total{job=\"flaky\",result=\"failure\"}",
-        )
-        .is_some()
-    });
-    // A result reaches etcd with a claim, up to 1.5 s after its run: a SIGKILL before then loses
-    // it, and the next leader rightly continues from the success before. Kill once the leader's
-    // last success is there (read again each time: a run that began before the switch went may
-    // still have succeeded after the first failure was counted).
-    let mut last_success = 0.0;
-    wait_for(Duration::from_secs(10), "the last success is in etcd", || {
-        last_success = gauge(first_port, "shardcron_job_last_success_timestamp_seconds").expect("last success");
-        world
-            .etcd_value("/shardcron/test/jobs/flaky/success")
-            .and_then(|value| serde_json::from_slice::<shardcron::rules::record::RunRecord>(&value).ok())
-            .is_some_and(|record| record.finished_at.timestamp_millis() as f64 / 1000.0 == last_success)
-    });
-    let index = world
-        .nodes
-        .iter()
-        .position(|node| node.id == first)
-        .expect("leader node");
-    world.nodes[index].signal(libc::SIGKILL);
-    wait_for(
-        Duration::from_secs(30),
-        "the other node leads and exports the last success",
-        || gauge(other_port, "shardcron_job_last_success_timestamp_seconds").is_some(),
-    );
-    assert_eq!(
-        gauge(other_port, "shardcron_job_last_success_timestamp_seconds"),
-        Some(last_success),
-        "the new leader continues the last success from etcd (all of its own runs fail)"
-    );
 }
 
-#[test]
-fn readyz_follows_the_node_through_an_etcd_outage() {
-    let mut world = World::new();
-    let config = world.write_config("jobs.toml", 2, 2, &[("tick", EVERY_SECOND, "")]);
-    let port = world.node("a", &config).start_serving();
-    world.etcd.kill();
-    wait_for(
-        Duration::from_secs(30),
-        "the node is not ready while etcd is down",
-        || http_get(port, "/readyz").0.contains(" 503 "),
-    );
-    let (_, reason) = http_get(port, "/readyz");
-    assert!(
-        reason.starts_with("session lost") || reason.starts_with("etcd unreachable"),
-        "{reason}"
-    );
-    assert!(http_get(port, "/healthz").0.contains(" 200 "), "alive while not ready");
-    world.etcd.restart().expect("restart etcd");
-    wait_ready(port);
-}
-
-#[test]
-fn systemd_hears_ready_reloading_and_stopping() {
-    let mut world = World::new();
-    let config = world.write_config("jobs.toml", 2, 2, &[("tick", EVERY_SECOND, "")]);
-    let socket_path = world.dir.path().join("notify.sock");
-    let socket = UnixDatagram::bind(&socket_path).expect("notify socket");
-    socket.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
-    let node = world
-        .node("a", &config)
-        .env(&[("NOTIFY_SOCKET", socket_path.to_str().expect("path"))])
-        .start();
-    let mut heard = Vec::new();
-    let hear_until = |wanted: &str, heard: &mut Vec<String>| {
-        let mut buffer = [0u8; 4096];
-        loop {
-            let read = socket
-                .recv(&mut buffer)
-                .unwrap_or_else(|err| panic!("no {wanted} from the node ({err}); heard {heard:?}"));
-            let message = String::from_utf8_lossy(&buffer[..read]).to_string();
-            heard.push(message.clone());
-            if message.lines().any(|line| line == wanted) {
-                return;
+on_both_etcds! {
+    fn systemd_hears_ready_reloading_and_stopping() {
+        let mut world = World::new();
+        let config = world.write_config("jobs.toml", 2, 2, &[("tick", EVERY_SECOND, "")]);
+        let socket_path = world.dir.path().join("notify.sock");
+        let socket = UnixDatagram::bind(&socket_path).expect("notify socket");
+        socket.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
+        let node = world
+            .node("a", &config)
+            .env(&[("NOTIFY_SOCKET", socket_path.to_str().expect("path"))])
+            .start();
+        let mut heard = Vec::new();
+        let hear_until = |wanted: &str, heard: &mut Vec<String>| {
+            let mut buffer = [0u8; 4096];
+            loop {
+                let read = socket
+                    .recv(&mut buffer)
+                    .unwrap_or_else(|err| panic!("no {wanted} from the node ({err}); heard {heard:?}"));
+                let message = String::from_utf8_lossy(&buffer[..read]).to_string();
+                heard.push(message.clone());
+                if message.lines().any(|line| line == wanted) {
+                    return;
+                }
             }
-        }
-    };
-    hear_until("READY=1", &mut heard);
-    world.nodes[node].signal(libc::SIGHUP);
-    hear_until("RELOADING=1", &mut heard);
-    hear_until("READY=1", &mut heard);
-    world.nodes[node].signal(libc::SIGTERM);
-    hear_until("STOPPING=1", &mut heard);
-    assert!(
-        world.nodes[node].wait_exit(Duration::from_secs(20)).is_some(),
-        "the node stopped"
-    );
+        };
+        hear_until("READY=1", &mut heard);
+        world.nodes[node].signal(libc::SIGHUP);
+        hear_until("RELOADING=1", &mut heard);
+        hear_until("READY=1", &mut heard);
+        world.nodes[node].signal(libc::SIGTERM);
+        hear_until("STOPPING=1", &mut heard);
+        assert!(
+            world.nodes[node].wait_exit(Duration::from_secs(20)).is_some(),
+            "the node stopped"
+        );
+    }
 }

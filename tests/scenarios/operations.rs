@@ -6,73 +6,74 @@ use std::time::Duration;
 use crate::support::*;
 use shardcron::rules::record::Outcome;
 
-#[test]
-fn retries_replace_and_kill_grace_do_what_the_config_says() {
-    let mut world = World::new();
-    let record = world.record_command();
-    let config = world.write_config_tables(
-        "jobs.toml",
-        2,
-        3,
-        &[
-            (
-                "flaky",
-                format!(
-                    "schedule = \"*/4 * * * * *\"\ncommand = '[ \"$CRON_ATTEMPT\" -ge 3 ] || exit 1; {record}'\nretries = 3\nretry_backoff = \"200ms\""
+on_both_etcds! {
+    fn retries_replace_and_kill_grace_do_what_the_config_says() {
+        let mut world = World::new();
+        let record = world.record_command();
+        let config = world.write_config_tables(
+            "jobs.toml",
+            2,
+            3,
+            &[
+                (
+                    "flaky",
+                    format!(
+                        "schedule = \"*/4 * * * * *\"\ncommand = '[ \"$CRON_ATTEMPT\" -ge 3 ] || exit 1; {record}'\nretries = 3\nretry_backoff = \"200ms\""
+                    ),
                 ),
-            ),
-            (
-                "replaced",
-                "schedule = \"*/3 * * * * *\"\ncommand = 'sleep 30'\noverlap = \"replace\"\nkill_grace = \"1s\"".into(),
-            ),
-            (
-                "stubborn",
-                "schedule = \"*/5 * * * * *\"\ncommand = \"trap '' TERM; sleep 30\"\ntimeout = \"1s\"\nkill_grace = \"1s\"".into(),
-            ),
-        ],
-    );
-    world.node("a", &config).start();
-    wait_for(Duration::from_secs(40), "each job's result is recorded", || {
-        let status = world.status(&config);
-        last_run(&status, "flaky").is_some_and(|run| run.attempts == 3)
-            && last_run(&status, "replaced").is_some_and(|run| run.outcome == Outcome::Replaced)
-            && last_run(&status, "stubborn").is_some_and(|run| run.outcome == Outcome::Timeout)
-    });
-
-    step("flaky: two failed attempts, retried within the tick, the third succeeds");
-    let flaky = last_run(&world.status(&config), "flaky").expect("flaky's last run");
-    assert_eq!(
-        (flaky.outcome, flaky.exit_code),
-        (Outcome::Exited, Some(0)),
-        "{flaky:?}"
-    );
-    let runs = world.runs();
-    let flaky_ticks: Vec<_> = runs
-        .iter()
-        .filter(|run| run.job == "flaky")
-        .map(|run| run.tick)
-        .collect();
-    let mut unique = flaky_ticks.clone();
-    unique.dedup();
-    assert_eq!(flaky_ticks, unique, "one successful attempt per tick");
-    let log = world.nodes[0].log_text();
-    for attempt in [1, 2] {
-        assert!(
-            log.lines()
-                .any(|line| line.contains("attempt failed; retrying") && line.contains(&format!("attempt={attempt}"))),
-            "attempt {attempt} is logged as retried"
+                (
+                    "replaced",
+                    "schedule = \"*/3 * * * * *\"\ncommand = 'sleep 30'\noverlap = \"replace\"\nkill_grace = \"1s\"".into(),
+                ),
+                (
+                    "stubborn",
+                    "schedule = \"*/5 * * * * *\"\ncommand = \"trap '' TERM; sleep 30\"\ntimeout = \"1s\"\nkill_grace = \"1s\"".into(),
+                ),
+            ],
         );
+        world.node("a", &config).start();
+        wait_for(Duration::from_secs(40), "each job's result is recorded", || {
+            let status = world.status(&config);
+            last_run(&status, "flaky").is_some_and(|run| run.attempts == 3)
+                && last_run(&status, "replaced").is_some_and(|run| run.outcome == Outcome::Replaced)
+                && last_run(&status, "stubborn").is_some_and(|run| run.outcome == Outcome::Timeout)
+        });
+
+        step("flaky: two failed attempts, retried within the tick, the third succeeds");
+        let flaky = last_run(&world.status(&config), "flaky").expect("flaky's last run");
+        assert_eq!(
+            (flaky.outcome, flaky.exit_code),
+            (Outcome::Exited, Some(0)),
+            "{flaky:?}"
+        );
+        let runs = world.runs();
+        let flaky_ticks: Vec<_> = runs
+            .iter()
+            .filter(|run| run.job == "flaky")
+            .map(|run| run.tick)
+            .collect();
+        let mut unique = flaky_ticks.clone();
+        unique.dedup();
+        assert_eq!(flaky_ticks, unique, "one successful attempt per tick");
+        let log = world.nodes[0].log_text();
+        for attempt in [1, 2] {
+            assert!(
+                log.lines()
+                    .any(|line| line.contains("attempt failed; retrying") && line.contains(&format!("attempt={attempt}"))),
+                "attempt {attempt} is logged as retried"
+            );
+        }
+
+        step("replaced: each tick stops the previous run after SIGTERM");
+        let replaced = last_run(&world.status(&config), "replaced").expect("replaced's last run");
+        assert!(replaced.duration_ms < 5_000, "{replaced:?}");
+        assert!(log.contains("replaced by a newer tick"));
+
+        step("stubborn: SIGTERM at the 1 s timeout, SIGKILL after the 1 s kill_grace");
+        let stubborn = last_run(&world.status(&config), "stubborn").expect("stubborn's last run");
+        let took = stubborn.duration_ms;
+        assert!((2_000..5_000).contains(&took), "{stubborn:?}");
     }
-
-    step("replaced: each tick stops the previous run after SIGTERM");
-    let replaced = last_run(&world.status(&config), "replaced").expect("replaced's last run");
-    assert!(replaced.duration_ms < 5_000, "{replaced:?}");
-    assert!(log.contains("replaced by a newer tick"));
-
-    step("stubborn: SIGTERM at the 1 s timeout, SIGKILL after the 1 s kill_grace");
-    let stubborn = last_run(&world.status(&config), "stubborn").expect("stubborn's last run");
-    let took = stubborn.duration_ms;
-    assert!((2_000..5_000).contains(&took), "{stubborn:?}");
 }
 
 #[test]
@@ -295,11 +296,8 @@ fn a_log_destination_that_stops_reading_holds_up_neither_runs_nor_the_lease() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("start shardcron run");
-    world.nodes.push(Node {
-        id: "a".into(),
-        child,
-        log: world.dir.path().join("unread.log"),
-    });
+    let log = world.dir.path().join("unread.log");
+    world.adopt("a", child, log);
     wait_for(Duration::from_secs(30), "every job runs", || {
         every_job_ran_since(&world.runs(), &names, 0.0, 1)
     });

@@ -133,45 +133,46 @@ fn a_run_keeps_the_tail_of_each_stream_in_its_history_and_the_api_serves_one_run
     assert!(log.contains("a line on stderr"), "log_output = \"all\" logs each line");
 }
 
-/// Neither the output a run keeps nor a notifier that wants every event adds an etcd write to a
-/// run that changes nothing (a success after a success): with both against neither.
-#[test]
-fn keeping_output_or_having_a_notifier_adds_no_etcd_write_per_run() {
-    let mut world = World::new();
-    let receiver = crate::support::receiver::Receiver::start();
-    let command = format!("{}; yes 0123456789 | head -n 1000", world.record_command());
-    let names: Vec<String> = (0..4).map(|index| format!("print{index}")).collect();
-    let tables = |extra: &'static str| -> Vec<(&str, &str, &str)> {
-        names.iter().map(|name| (name.as_str(), "* * * * * *", extra)).collect()
-    };
-    let kept = world.write_config_running("kept.toml", 1, 2, &tables("notify = [\"ops\"]"), &command);
-    let hook = format!(
-        "[notify.ops]\nurl = \"{}\"\non = [\"failure\", \"recovered\", \"lost\", \"skipped\", \"group_full\", \"missed\"]\n",
-        receiver.url("/hook")
-    );
-    std::fs::write(&kept, std::fs::read_to_string(&kept).expect("config") + &hook).expect("config");
-    let none = world.write_config_running("none.toml", 1, 2, &tables("output_tail = 0"), &command);
-    step("4 per-second jobs printing 11 KB each, keeping the default 4 KiB tail, with a notifier wanting every event");
-    world.node("a", &kept).start();
-    let with_tail = world.writes_per_run(4);
-    world.nodes[0].signal(libc::SIGTERM);
-    assert!(
-        world.nodes[0].wait_exit(Duration::from_secs(30)).is_some(),
-        "node a stopped"
-    );
-    step("the same keeping none (output_tail = 0)");
-    world.node("b", &none).start();
-    let without = world.writes_per_run(4);
-    eprintln!(
-        "etcd writes per run: {with_tail:.3} keeping 4 KiB of output with a notifier, {without:.3} keeping none without"
-    );
-    assert!(
-        with_tail <= without + 0.1,
-        "keeping output or a notifier costs etcd writes: {with_tail:.3} per run against {without:.3}"
-    );
-    assert!(
-        receiver.hits().is_empty(),
-        "successes after successes told: {:?}",
-        receiver.hits().len()
-    );
+on_both_etcds! {
+    /// Neither the output a run keeps nor a notifier that wants every event adds an etcd write to a
+    /// run that changes nothing (a success after a success): with both against neither.
+    fn keeping_output_or_having_a_notifier_adds_no_etcd_write_per_run() {
+        let mut world = World::new();
+        let receiver = crate::support::receiver::Receiver::start();
+        let command = format!("{}; yes 0123456789 | head -n 1000", world.record_command());
+        let names: Vec<String> = (0..4).map(|index| format!("print{index}")).collect();
+        let tables = |extra: &'static str| -> Vec<(&str, &str, &str)> {
+            names.iter().map(|name| (name.as_str(), "* * * * * *", extra)).collect()
+        };
+        let kept = world.write_config_running("kept.toml", 1, 2, &tables("notify = [\"ops\"]"), &command);
+        let hook = format!(
+            "[notify.ops]\nurl = \"{}\"\non = [\"failure\", \"recovered\", \"lost\", \"skipped\", \"group_full\", \"missed\"]\n",
+            receiver.url("/hook")
+        );
+        std::fs::write(&kept, std::fs::read_to_string(&kept).expect("config") + &hook).expect("config");
+        let none = world.write_config_running("none.toml", 1, 2, &tables("output_tail = 0"), &command);
+        step("4 per-second jobs printing 11 KB each, keeping the default 4 KiB tail, with a notifier wanting every event");
+        world.node("a", &kept).start();
+        let with_tail = world.writes_per_run(4);
+        world.nodes[0].signal(libc::SIGTERM);
+        assert!(
+            world.nodes[0].wait_exit(Duration::from_secs(30)).is_some(),
+            "node a stopped"
+        );
+        step("the same keeping none (output_tail = 0)");
+        world.node("b", &none).start();
+        let without = world.writes_per_run(4);
+        eprintln!(
+            "etcd writes per run: {with_tail:.3} keeping 4 KiB of output with a notifier, {without:.3} keeping none without"
+        );
+        assert!(
+            with_tail <= without + 0.1,
+            "keeping output or a notifier costs etcd writes: {with_tail:.3} per run against {without:.3}"
+        );
+        assert!(
+            receiver.hits().is_empty(),
+            "successes after successes told: {:?}",
+            receiver.hits().len()
+        );
+    }
 }

@@ -158,160 +158,163 @@ fn assert_one_at_a_time(runs: &[Stamped]) {
     }
 }
 
-#[test]
-fn a_manual_run_going_on_under_the_grace_keeps_the_successors_ticks_from_starting_beside_it() {
-    let mut world = World::new();
-    let (config, stamps) = skip_job(&mut world, 2, 8);
-    wait_for(Duration::from_secs(30), "a scheduled run of long", || {
-        !stamped(&stamps).is_empty()
-    });
-    // Between two scheduled runs, so the manual one is not skipped beside one on its node.
-    let odd = (now_secs().floor() as i64) | 1;
-    std::thread::sleep(Duration::from_secs_f64((odd as f64 + 2.0 + 0.1 - now_secs()).max(0.0)));
-    step("trigger long by hand");
-    let out = shardcron(&config, &["trigger", "long"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let manual = sigterm_a_second_into(&mut world, &stamps, "manual");
-    wait_for(
-        Duration::from_secs(40),
-        "the manual run ended and the successor ran two ticks after it",
-        || other_nodes_runs_after(&stamps, &manual) >= 2,
-    );
-    let runs = stamped(&stamps);
-    let ended = runs
-        .iter()
-        .find(|run| run.fence == manual.fence)
-        .and_then(|run| run.ended)
-        .expect("ended");
-    eprintln!(
-        "manual run {:.2} s, {} runs in the window; the successor's first start {:.2} s after it ended",
-        ended - manual.started,
-        runs.len(),
-        runs.iter()
-            .filter(|run| run.node != manual.node && run.started >= manual.started)
-            .map(|run| run.started - ended)
-            .fold(f64::INFINITY, f64::min)
-    );
-    assert_one_at_a_time(&runs);
-}
-
-#[test]
-fn a_run_going_on_under_the_grace_is_not_taken_for_ended_by_its_nodes_later_records() {
-    let mut world = World::new();
-    // Scheduled runs of 9 s every 2 s: before its SIGTERM the node skips a tick beside its run
-    // and records a manual run skipped beside it, each with a higher fence than the run's.
-    let (config, stamps) = skip_job_long_when(&mut world, 2, 9, "schedule");
-    let first = {
+on_both_etcds! {
+    fn a_manual_run_going_on_under_the_grace_keeps_the_successors_ticks_from_starting_beside_it() {
+        let mut world = World::new();
+        let (config, stamps) = skip_job(&mut world, 2, 8);
         wait_for(Duration::from_secs(30), "a scheduled run of long", || {
             !stamped(&stamps).is_empty()
         });
-        stamped(&stamps).remove(0)
-    };
-    std::thread::sleep(Duration::from_secs_f64((first.started + 2.5 - now_secs()).max(0.0)));
-    step("trigger long by hand beside its going run");
-    let out = shardcron(&config, &["trigger", "long"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    std::thread::sleep(Duration::from_secs_f64((first.started + 3.5 - now_secs()).max(0.0)));
-    let node = world
-        .nodes
-        .iter()
-        .position(|node| node.id == first.node)
-        .expect("its node");
-    step(&format!("SIGTERM {} 3.5 s into its run of {}", first.node, first.tick));
-    world.nodes[node].signal(libc::SIGTERM);
-    wait_for(
-        Duration::from_secs(40),
-        "the run ended and the successor ran a tick after it",
-        || other_nodes_runs_after(&stamps, &first) >= 1,
-    );
-    let runs = stamped(&stamps);
-    eprintln!(
-        "{} runs in the window: {:?}",
-        runs.len(),
-        runs.iter()
-            .map(|run| (
-                run.trigger.as_str(),
-                run.node.as_str(),
-                run.fence,
-                run.started,
-                run.ended
-            ))
-            .collect::<Vec<_>>()
-    );
-    assert_one_at_a_time(&runs);
+        // Between two scheduled runs, so the manual one is not skipped beside one on its node.
+        let odd = (now_secs().floor() as i64) | 1;
+        std::thread::sleep(Duration::from_secs_f64((odd as f64 + 2.0 + 0.1 - now_secs()).max(0.0)));
+        step("trigger long by hand");
+        let out = shardcron(&config, &["trigger", "long"]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let manual = sigterm_a_second_into(&mut world, &stamps, "manual");
+        wait_for(
+            Duration::from_secs(40),
+            "the manual run ended and the successor ran two ticks after it",
+            || other_nodes_runs_after(&stamps, &manual) >= 2,
+        );
+        let runs = stamped(&stamps);
+        let ended = runs
+            .iter()
+            .find(|run| run.fence == manual.fence)
+            .and_then(|run| run.ended)
+            .expect("ended");
+        eprintln!(
+            "manual run {:.2} s, {} runs in the window; the successor's first start {:.2} s after it ended",
+            ended - manual.started,
+            runs.len(),
+            runs.iter()
+                .filter(|run| run.node != manual.node && run.started >= manual.started)
+                .map(|run| run.started - ended)
+                .fold(f64::INFINITY, f64::min)
+        );
+        assert_one_at_a_time(&runs);
+    }
 }
 
-#[test]
-fn a_backfill_run_going_on_under_the_grace_is_neither_run_again_nor_joined_by_live_ticks() {
-    let mut world = World::new();
-    // A backfill waits while a live tick of the job runs or waits on its node: live ticks 10 s
-    // apart leave it room.
-    let (config, stamps) = skip_job(&mut world, 10, 6);
-    wait_for(Duration::from_secs(30), "a scheduled run of long", || {
-        !stamped(&stamps).is_empty()
-    });
-    let from = (Utc::now() - chrono::Duration::seconds(120))
-        .duration_trunc(chrono::Duration::seconds(10))
-        .expect("whole ten seconds");
-    let range: Vec<DateTime<Utc>> = (0..3).map(|at| from + chrono::Duration::seconds(10 * at)).collect();
-    let to = from + chrono::Duration::seconds(30);
-    step(&format!("backfill long's 3 ticks from {from}"));
-    let rfc3339 = |at: DateTime<Utc>| at.to_rfc3339_opts(SecondsFormat::Secs, true);
-    let out = shardcron(
-        &config,
-        &[
-            "backfill",
-            "long",
-            "--from",
-            &rfc3339(from),
-            "--to",
-            &rfc3339(to),
-            "--detach",
-        ],
-    );
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let first = sigterm_a_second_into(&mut world, &stamps, "backfill");
-    wait_for(Duration::from_secs(60), "each backfill tick ran to its end", || {
+on_both_etcds! {
+    fn a_run_going_on_under_the_grace_is_not_taken_for_ended_by_its_nodes_later_records() {
+        let mut world = World::new();
+        // Scheduled runs of 9 s every 2 s: before its SIGTERM the node skips a tick beside its run
+        // and records a manual run skipped beside it, each with a higher fence than the run's.
+        let (config, stamps) = skip_job_long_when(&mut world, 2, 9, "schedule");
+        let first = {
+            wait_for(Duration::from_secs(30), "a scheduled run of long", || {
+                !stamped(&stamps).is_empty()
+            });
+            stamped(&stamps).remove(0)
+        };
+        std::thread::sleep(Duration::from_secs_f64((first.started + 2.5 - now_secs()).max(0.0)));
+        step("trigger long by hand beside its going run");
+        let out = shardcron(&config, &["trigger", "long"]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        std::thread::sleep(Duration::from_secs_f64((first.started + 3.5 - now_secs()).max(0.0)));
+        let node = world
+            .nodes
+            .iter()
+            .position(|node| node.id == first.node)
+            .expect("its node");
+        step(&format!("SIGTERM {} 3.5 s into its run of {}", first.node, first.tick));
+        world.nodes[node].signal(libc::SIGTERM);
+        wait_for(
+            Duration::from_secs(40),
+            "the run ended and the successor ran a tick after it",
+            || other_nodes_runs_after(&stamps, &first) >= 1,
+        );
         let runs = stamped(&stamps);
-        range.iter().all(|tick| {
-            runs.iter()
-                .any(|run| run.trigger == "backfill" && run.tick == *tick && run.ended.is_some())
-        })
-    });
-    // Two more live runs after the last backfill run, so a live tick that started beside it
-    // would be in the window.
-    let last_end = stamped(&stamps)
-        .iter()
-        .filter(|run| run.trigger == "backfill")
-        .filter_map(|run| run.ended)
-        .fold(0.0, f64::max);
-    wait_for(Duration::from_secs(40), "two live runs after the backfill", || {
-        stamped(&stamps)
-            .iter()
-            .filter(|run| run.trigger == "schedule" && run.started > last_end && run.ended.is_some())
-            .count()
-            >= 2
-    });
-    let runs = stamped(&stamps);
-    for tick in &range {
-        let of_tick: Vec<&Stamped> = runs
-            .iter()
-            .filter(|run| run.trigger == "backfill" && run.tick == *tick)
-            .collect();
         eprintln!(
-            "backfill tick {tick}: {:?}",
-            of_tick
-                .iter()
-                .map(|run| (run.node.as_str(), run.fence, run.redelivered))
+            "{} runs in the window: {:?}",
+            runs.len(),
+            runs.iter()
+                .map(|run| (
+                    run.trigger.as_str(),
+                    run.node.as_str(),
+                    run.fence,
+                    run.started,
+                    run.ended
+                ))
                 .collect::<Vec<_>>()
         );
-        assert_eq!(
-            of_tick.len(),
-            1,
-            "backfill tick {tick} ran {} times (the first on {} went on under the grace): {of_tick:?}",
-            of_tick.len(),
-            first.node
-        );
+        assert_one_at_a_time(&runs);
     }
-    assert_one_at_a_time(&runs);
+}
+
+on_both_etcds! {
+    fn a_backfill_run_going_on_under_the_grace_is_neither_run_again_nor_joined_by_live_ticks() {
+        let mut world = World::new();
+        // A backfill waits while a live tick of the job runs or waits on its node: live ticks 10 s
+        // apart leave it room.
+        let (config, stamps) = skip_job(&mut world, 10, 6);
+        wait_for(Duration::from_secs(30), "a scheduled run of long", || {
+            !stamped(&stamps).is_empty()
+        });
+        let from = (Utc::now() - chrono::Duration::seconds(120))
+            .duration_trunc(chrono::Duration::seconds(10))
+            .expect("whole ten seconds");
+        let range: Vec<DateTime<Utc>> = (0..3).map(|at| from + chrono::Duration::seconds(10 * at)).collect();
+        let to = from + chrono::Duration::seconds(30);
+        step(&format!("backfill long's 3 ticks from {from}"));
+        let rfc3339 = |at: DateTime<Utc>| at.to_rfc3339_opts(SecondsFormat::Secs, true);
+        let out = shardcron(
+            &config,
+            &[
+                "backfill",
+                "long",
+                "--from",
+                &rfc3339(from),
+                "--to",
+                &rfc3339(to),
+                "--detach",
+            ],
+        );
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let first = sigterm_a_second_into(&mut world, &stamps, "backfill");
+        wait_for(Duration::from_secs(60), "each backfill tick ran to its end", || {
+            let runs = stamped(&stamps);
+            range.iter().all(|tick| {
+                runs.iter()
+                    .any(|run| run.trigger == "backfill" && run.tick == *tick && run.ended.is_some())
+            })
+        });
+        // Two more live runs after the last backfill run, so a live tick that started beside it
+        // would be in the window.
+        let last_end = stamped(&stamps)
+            .iter()
+            .filter(|run| run.trigger == "backfill")
+            .filter_map(|run| run.ended)
+            .fold(0.0, f64::max);
+        wait_for(Duration::from_secs(40), "two live runs after the backfill", || {
+            stamped(&stamps)
+                .iter()
+                .filter(|run| run.trigger == "schedule" && run.started > last_end && run.ended.is_some())
+                .count()
+                >= 2
+        });
+        let runs = stamped(&stamps);
+        for tick in &range {
+            let of_tick: Vec<&Stamped> = runs
+                .iter()
+                .filter(|run| run.trigger == "backfill" && run.tick == *tick)
+                .collect();
+            eprintln!(
+                "backfill tick {tick}: {:?}",
+                of_tick
+                    .iter()
+                    .map(|run| (run.node.as_str(), run.fence, run.redelivered))
+                    .collect::<Vec<_>>()
+            );
+            assert_eq!(
+                of_tick.len(),
+                1,
+                "backfill tick {tick} ran {} times (the first on {} went on under the grace): {of_tick:?}",
+                of_tick.len(),
+                first.node
+            );
+        }
+        assert_one_at_a_time(&runs);
+    }
 }

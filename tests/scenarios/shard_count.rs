@@ -135,12 +135,14 @@ fn roll_from_four_to_seven_shards(signal: libc::c_int) {
     );
 }
 
-#[test]
-fn a_rolling_change_of_shards_with_sigterm_runs_or_records_every_tick() {
-    roll_from_four_to_seven_shards(libc::SIGTERM);
+on_both_etcds! {
+    fn a_rolling_change_of_shards_with_sigterm_runs_or_records_every_tick() {
+        roll_from_four_to_seven_shards(libc::SIGTERM);
+    }
 }
 
-#[test]
-fn a_rolling_change_of_shards_with_sigkill_runs_or_records_every_tick() {
-    roll_from_four_to_seven_shards(libc::SIGKILL);
+on_both_etcds! {
+    fn a_rolling_change_of_shards_with_sigkill_runs_or_records_every_tick() {
+        roll_from_four_to_seven_shards(libc::SIGKILL);
+    }
 }

@@ -385,196 +385,197 @@ fn heartbeats(text: &str) -> Vec<(chrono::DateTime<chrono::Utc>, String, i64)> {
         .collect()
 }
 
-#[test]
-fn the_readme_tour_works_as_pasted() {
-    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
-    let steps = tour_steps(&readme);
-    assert!(steps.len() >= 10, "the tour's steps: {steps:#?}");
-    let host = hostname::get().unwrap().to_string_lossy().into_owned();
-    let mut shell = Shell::new();
-    let mut dev: Option<Dev> = None;
-    let mut readme_pids = BTreeMap::new();
-    let mut here_pids: BTreeMap<String, String> = BTreeMap::new();
-    let mut killed_at = None;
-    let mut killed_node: Option<String> = None;
-    let mut mismatches = Vec::new();
-    for item in &steps {
-        let shown = shapes(&item.shown, &host);
-        match item.command.as_deref() {
-            Some(line) if line.starts_with("shardcron dev") => {
-                step(&format!("$ {line}"));
-                if let Some(running) = dev.take() {
-                    running.interrupt();
-                }
-                let started = shell.start_dev(line);
-                // What dev prints comes in over a few seconds: every line the README shows.
-                let _ = wait_within(Duration::from_secs(30), || {
-                    shown.is_subset(&shapes(&started.lines(), &host))
-                });
-                let printed = started.lines();
-                if let Some(export) = printed.iter().find_map(|line| line.strip_prefix("export ")) {
-                    let (name, value) = export.split_once('=').expect("NAME=value");
-                    shell.exported = vec![(name.to_string(), value.to_string())];
-                }
-                let taken = !shell.exported.is_empty();
-                let printed_shapes = shapes(&printed, &host);
-                let missing: Vec<&String> = shown
-                    .difference(&printed_shapes)
-                    .filter(|shape| !(taken && shape.starts_with("shardcron dev: etcd serves")))
-                    .collect();
-                if !missing.is_empty() {
-                    mismatches.push(format!(
-                        "$ {line}\n  the README shows, dev did not print: {missing:#?}\n  dev printed:\n{}",
-                        printed.join("\n")
-                    ));
-                }
-                readme_pids = pids(&item.shown);
-                here_pids = pids(&printed).into_iter().map(|(pid, id)| (id, pid)).collect();
-                dev = Some(started);
-            }
-            Some(line) if line.starts_with("kill ") => {
-                step(&format!("$ {line}"));
-                let running = dev.as_ref().expect("the tour kills a node of its dev");
-                wait_for(Duration::from_secs(30), "a heartbeat before the kill", || {
-                    !heartbeats(&running.output()).is_empty()
-                });
-                assert!(
-                    line.split_whitespace()
-                        .last()
-                        .is_some_and(|pid| readme_pids.contains_key(pid)),
-                    "the README kills a pid its dev output listed: {line}"
-                );
-                // Not quite the README's node: the one leading heartbeat's shard, so the check
-                // below sees a job of every 5 s taken over, whichever node leads it; and 300 ms
-                // before a tick of it, which its leader may have claimed ahead: that tick falls
-                // due while no node leads, and the new leader must run it.
-                let leader = heartbeat_leader(&shell);
-                let now = chrono::Utc::now();
-                let next_tick = 5_000 - now.timestamp_millis().rem_euclid(5_000);
-                std::thread::sleep(Duration::from_millis((next_tick - 300).rem_euclid(5_000) as u64));
-                let pid = here_pids
-                    .get(&leader)
-                    .unwrap_or_else(|| panic!("no pid for {leader}: {here_pids:?}"));
-                let (code, printed) = shell.run(&format!("kill -9 {pid}"));
-                assert_eq!(code, Some(0), "{line}: {printed:?}");
-                killed_at = Some(chrono::Utc::now());
-                killed_node = Some(leader.clone());
-                println!("killed {leader} (pid {pid}), heartbeat's leader, at {killed_at:?}");
-            }
-            Some(line) => {
-                step(&format!("$ {line}"));
-                let deadline = Instant::now() + Duration::from_secs(if only_reads(line) { 30 } else { 0 });
-                let (code, printed) = loop {
-                    let (code, printed) = shell.run(line);
-                    if code == Some(0) && shapes(&printed, &host) == shown || Instant::now() >= deadline {
-                        break (code, printed);
+on_both_etcds! {
+    fn the_readme_tour_works_as_pasted() {
+        let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+        let steps = tour_steps(&readme);
+        assert!(steps.len() >= 10, "the tour's steps: {steps:#?}");
+        let host = hostname::get().unwrap().to_string_lossy().into_owned();
+        let mut shell = Shell::new();
+        let mut dev: Option<Dev> = None;
+        let mut readme_pids = BTreeMap::new();
+        let mut here_pids: BTreeMap<String, String> = BTreeMap::new();
+        let mut killed_at = None;
+        let mut killed_node: Option<String> = None;
+        let mut mismatches = Vec::new();
+        for item in &steps {
+            let shown = shapes(&item.shown, &host);
+            match item.command.as_deref() {
+                Some(line) if line.starts_with("shardcron dev") => {
+                    step(&format!("$ {line}"));
+                    if let Some(running) = dev.take() {
+                        running.interrupt();
                     }
-                    std::thread::sleep(Duration::from_millis(500));
-                };
-                let here = shapes(&printed, &host);
-                if code != Some(0) || here != shown {
-                    mismatches.push(format!(
-                        "$ {line}\n  exit {code:?}\n  only in the README: {:#?}\n  only printed: {:#?}\n  printed:\n{}",
-                        shown.difference(&here).collect::<Vec<_>>(),
-                        here.difference(&shown).collect::<Vec<_>>(),
-                        printed.join("\n")
-                    ));
+                    let started = shell.start_dev(line);
+                    // What dev prints comes in over a few seconds: every line the README shows.
+                    let _ = wait_within(Duration::from_secs(30), || {
+                        shown.is_subset(&shapes(&started.lines(), &host))
+                    });
+                    let printed = started.lines();
+                    if let Some(export) = printed.iter().find_map(|line| line.strip_prefix("export ")) {
+                        let (name, value) = export.split_once('=').expect("NAME=value");
+                        shell.exported = vec![(name.to_string(), value.to_string())];
+                    }
+                    let taken = !shell.exported.is_empty();
+                    let printed_shapes = shapes(&printed, &host);
+                    let missing: Vec<&String> = shown
+                        .difference(&printed_shapes)
+                        .filter(|shape| !(taken && shape.starts_with("shardcron dev: etcd serves")))
+                        .collect();
+                    if !missing.is_empty() {
+                        mismatches.push(format!(
+                            "$ {line}\n  the README shows, dev did not print: {missing:#?}\n  dev printed:\n{}",
+                            printed.join("\n")
+                        ));
+                    }
+                    readme_pids = pids(&item.shown);
+                    here_pids = pids(&printed).into_iter().map(|(pid, id)| (id, pid)).collect();
+                    dev = Some(started);
                 }
-            }
-            None => {
-                let running = dev.as_ref().expect("a block of dev's output follows a dev");
-                let _ = wait_within(Duration::from_secs(30), || {
-                    shown.is_subset(&shapes(&running.lines(), &host))
-                });
-                let printed_shapes = shapes(&running.lines(), &host);
-                let missing: Vec<&String> = shown.difference(&printed_shapes).collect();
-                if !missing.is_empty() {
-                    mismatches.push(format!(
-                        "dev's output\n  the README shows, dev did not print: {missing:#?}\n  dev printed:\n{}",
-                        running.output()
-                    ));
+                Some(line) if line.starts_with("kill ") => {
+                    step(&format!("$ {line}"));
+                    let running = dev.as_ref().expect("the tour kills a node of its dev");
+                    wait_for(Duration::from_secs(30), "a heartbeat before the kill", || {
+                        !heartbeats(&running.output()).is_empty()
+                    });
+                    assert!(
+                        line.split_whitespace()
+                            .last()
+                            .is_some_and(|pid| readme_pids.contains_key(pid)),
+                        "the README kills a pid its dev output listed: {line}"
+                    );
+                    // Not quite the README's node: the one leading heartbeat's shard, so the check
+                    // below sees a job of every 5 s taken over, whichever node leads it; and 300 ms
+                    // before a tick of it, which its leader may have claimed ahead: that tick falls
+                    // due while no node leads, and the new leader must run it.
+                    let leader = heartbeat_leader(&shell);
+                    let now = chrono::Utc::now();
+                    let next_tick = 5_000 - now.timestamp_millis().rem_euclid(5_000);
+                    std::thread::sleep(Duration::from_millis((next_tick - 300).rem_euclid(5_000) as u64));
+                    let pid = here_pids
+                        .get(&leader)
+                        .unwrap_or_else(|| panic!("no pid for {leader}: {here_pids:?}"));
+                    let (code, printed) = shell.run(&format!("kill -9 {pid}"));
+                    assert_eq!(code, Some(0), "{line}: {printed:?}");
+                    killed_at = Some(chrono::Utc::now());
+                    killed_node = Some(leader.clone());
+                    println!("killed {leader} (pid {pid}), heartbeat's leader, at {killed_at:?}");
+                }
+                Some(line) => {
+                    step(&format!("$ {line}"));
+                    let deadline = Instant::now() + Duration::from_secs(if only_reads(line) { 30 } else { 0 });
+                    let (code, printed) = loop {
+                        let (code, printed) = shell.run(line);
+                        if code == Some(0) && shapes(&printed, &host) == shown || Instant::now() >= deadline {
+                            break (code, printed);
+                        }
+                        std::thread::sleep(Duration::from_millis(500));
+                    };
+                    let here = shapes(&printed, &host);
+                    if code != Some(0) || here != shown {
+                        mismatches.push(format!(
+                            "$ {line}\n  exit {code:?}\n  only in the README: {:#?}\n  only printed: {:#?}\n  printed:\n{}",
+                            shown.difference(&here).collect::<Vec<_>>(),
+                            here.difference(&shown).collect::<Vec<_>>(),
+                            printed.join("\n")
+                        ));
+                    }
+                }
+                None => {
+                    let running = dev.as_ref().expect("a block of dev's output follows a dev");
+                    let _ = wait_within(Duration::from_secs(30), || {
+                        shown.is_subset(&shapes(&running.lines(), &host))
+                    });
+                    let printed_shapes = shapes(&running.lines(), &host);
+                    let missing: Vec<&String> = shown.difference(&printed_shapes).collect();
+                    if !missing.is_empty() {
+                        mismatches.push(format!(
+                            "dev's output\n  the README shows, dev did not print: {missing:#?}\n  dev printed:\n{}",
+                            running.output()
+                        ));
+                    }
                 }
             }
         }
-    }
-    let killed_at = killed_at.expect("the tour kills a node");
-    let mut running = dev.take().expect("the tour ends with dev running");
-    let killed = killed_node.expect("the tour kills a node");
-    step(&format!("typed into dev: a name off by one, then `start {killed}`"));
-    let typed = running.child.stdin.as_mut().expect("dev's stdin");
-    writeln!(typed, "start dev-0\nstart {killed}").expect("type into dev");
-    wait_for(Duration::from_secs(30), "the killed node started again", || {
-        let output = running.output();
-        output.contains(&format!("started {killed}, pid"))
-            && output.contains(&format!("{killed} | "))
-            && output
-                .lines()
-                .any(|line| line.starts_with(&format!("{killed} | ")) && line.contains("session open"))
-    });
-    assert!(
-        running.output().contains("no node \"dev-0\"; did you mean \"dev-1\"?"),
-        "a mistyped node is named, with the one meant:\n{}",
-        running.output()
-    );
-    step("every heartbeat tick from the three nodes' start to a tick after the takeover runs once");
-    let lease = Duration::from_secs(5);
-    // The first tick due after the lease ran out: the new leader's own, after the one that fell
-    // due while no node led.
-    let after_takeover = killed_at + chrono::Duration::from_std(lease + Duration::from_secs(1)).unwrap();
-    wait_for(Duration::from_secs(40), "a heartbeat after the takeover", || {
-        heartbeats(&running.output())
-            .iter()
-            .any(|(tick, _, _)| *tick >= after_takeover)
-    });
-    let text = running.interrupt();
-    assert!(
-        mismatches.is_empty(),
-        "the README's tour drifted from the program:\n{}",
-        mismatches.join("\n\n")
-    );
-    let ran = heartbeats(&text);
-    // heartbeat is at-least-once: a tick the killed node had started but not yet recorded as
-    // started runs again, only as the new leader's redelivery (its log says so) with a higher
-    // fence. Anything else seen twice, or a tick never run, is a failure.
-    let redelivered: BTreeSet<chrono::DateTime<chrono::Utc>> = text
-        .lines()
-        .filter(|line| line.contains("delivering again ticks") && line.contains("job=heartbeat"))
-        .filter_map(|line| {
-            line.split(" first=")
-                .nth(1)?
-                .split_whitespace()
-                .next()
-                .map(String::from)
-        })
-        .filter_map(|tick| chrono::DateTime::parse_from_rfc3339(&tick).ok())
-        .map(|tick| tick.with_timezone(&chrono::Utc))
-        .collect();
-    let mut runs: BTreeMap<chrono::DateTime<chrono::Utc>, Vec<(i64, &str)>> = BTreeMap::new();
-    for (tick, node, fence) in &ran {
-        runs.entry(*tick).or_default().push((*fence, node));
-    }
-    let first = *runs.keys().next().expect("heartbeats ran");
-    let last = *runs.keys().next_back().unwrap();
-    let (mut tick, mut checked, mut again) = (first, 0, 0);
-    while tick <= last {
-        let each = runs.get(&tick).cloned().unwrap_or_default();
-        let once = each.len() == 1;
-        let redelivery = each.len() == 2 && redelivered.contains(&tick) && each[0].0 < each[1].0;
+        let killed_at = killed_at.expect("the tour kills a node");
+        let mut running = dev.take().expect("the tour ends with dev running");
+        let killed = killed_node.expect("the tour kills a node");
+        step(&format!("typed into dev: a name off by one, then `start {killed}`"));
+        let typed = running.child.stdin.as_mut().expect("dev's stdin");
+        writeln!(typed, "start dev-0\nstart {killed}").expect("type into dev");
+        wait_for(Duration::from_secs(30), "the killed node started again", || {
+            let output = running.output();
+            output.contains(&format!("started {killed}, pid"))
+                && output.contains(&format!("{killed} | "))
+                && output
+                    .lines()
+                    .any(|line| line.starts_with(&format!("{killed} | ")) && line.contains("session open"))
+        });
         assert!(
-            once || redelivery,
-            "heartbeat's tick {tick} ran as (fence, node) {each:?}, killed at {killed_at}; redelivered: {redelivered:?}"
+            running.output().contains("no node \"dev-0\"; did you mean \"dev-1\"?"),
+            "a mistyped node is named, with the one meant:\n{}",
+            running.output()
         );
-        again += usize::from(redelivery);
-        checked += 1;
-        tick += chrono::Duration::seconds(5);
+        step("every heartbeat tick from the three nodes' start to a tick after the takeover runs once");
+        let lease = Duration::from_secs(5);
+        // The first tick due after the lease ran out: the new leader's own, after the one that fell
+        // due while no node led.
+        let after_takeover = killed_at + chrono::Duration::from_std(lease + Duration::from_secs(1)).unwrap();
+        wait_for(Duration::from_secs(40), "a heartbeat after the takeover", || {
+            heartbeats(&running.output())
+                .iter()
+                .any(|(tick, _, _)| *tick >= after_takeover)
+        });
+        let text = running.interrupt();
+        assert!(
+            mismatches.is_empty(),
+            "the README's tour drifted from the program:\n{}",
+            mismatches.join("\n\n")
+        );
+        let ran = heartbeats(&text);
+        // heartbeat is at-least-once: a tick the killed node had started but not yet recorded as
+        // started runs again, only as the new leader's redelivery (its log says so) with a higher
+        // fence. Anything else seen twice, or a tick never run, is a failure.
+        let redelivered: BTreeSet<chrono::DateTime<chrono::Utc>> = text
+            .lines()
+            .filter(|line| line.contains("delivering again ticks") && line.contains("job=heartbeat"))
+            .filter_map(|line| {
+                line.split(" first=")
+                    .nth(1)?
+                    .split_whitespace()
+                    .next()
+                    .map(String::from)
+            })
+            .filter_map(|tick| chrono::DateTime::parse_from_rfc3339(&tick).ok())
+            .map(|tick| tick.with_timezone(&chrono::Utc))
+            .collect();
+        let mut runs: BTreeMap<chrono::DateTime<chrono::Utc>, Vec<(i64, &str)>> = BTreeMap::new();
+        for (tick, node, fence) in &ran {
+            runs.entry(*tick).or_default().push((*fence, node));
+        }
+        let first = *runs.keys().next().expect("heartbeats ran");
+        let last = *runs.keys().next_back().unwrap();
+        let (mut tick, mut checked, mut again) = (first, 0, 0);
+        while tick <= last {
+            let each = runs.get(&tick).cloned().unwrap_or_default();
+            let once = each.len() == 1;
+            let redelivery = each.len() == 2 && redelivered.contains(&tick) && each[0].0 < each[1].0;
+            assert!(
+                once || redelivery,
+                "heartbeat's tick {tick} ran as (fence, node) {each:?}, killed at {killed_at}; redelivered: {redelivered:?}"
+            );
+            again += usize::from(redelivery);
+            checked += 1;
+            tick += chrono::Duration::seconds(5);
+        }
+        println!(
+            "heartbeat: {checked} ticks from {first} to {last}, each run once ({again} again as a redelivery with a higher fence), a node killed at {killed_at}"
+        );
+        assert!(
+            first < killed_at && last > killed_at,
+            "the window straddles the kill: {first}..{last}, killed at {killed_at}"
+        );
     }
-    println!(
-        "heartbeat: {checked} ticks from {first} to {last}, each run once ({again} again as a redelivery with a higher fence), a node killed at {killed_at}"
-    );
-    assert!(
-        first < killed_at && last > killed_at,
-        "the window straddles the kill: {first}..{last}, killed at {killed_at}"
-    );
 }
 
 #[test]

@@ -6,6 +6,7 @@
 //! etcd in `proxy`, the fenced-SQLite downstream in `fenced`, and the network namespaces whose packets a test drops in `netns`.
 
 pub mod browser;
+pub mod etcds;
 pub mod fenced;
 pub mod netns;
 mod node;
@@ -13,6 +14,8 @@ pub mod proxy;
 pub mod receiver;
 mod runs;
 
+pub use etcds::etcd_bin;
+pub(crate) use etcds::on_both_etcds;
 pub use node::{Node, NodeBuilder};
 pub use runs::*;
 
@@ -45,11 +48,6 @@ pub fn every_second<'a>(names: &'a [String], extra: &'a str) -> Vec<(&'a str, &'
     names.iter().map(|name| (name.as_str(), EVERY_SECOND, extra)).collect()
 }
 
-/// The etcd binary this run's scenarios start: `SHARDCRON_TEST_ETCD`, else `etcd` on the PATH.
-pub fn etcd_bin() -> PathBuf {
-    shardcron::etcd_server::test_etcd_bin()
-}
-
 /// The version `bin --version` prints (`3.4.23`), for the figures a scenario prints.
 pub fn etcd_version(bin: &Path) -> Option<String> {
     let out = Command::new(bin).arg("--version").output().ok()?;
@@ -76,6 +74,8 @@ pub struct World {
     pub etcd: EtcdServer,
     pub dir: tempfile::TempDir,
     pub nodes: Vec<Node>,
+    /// Whether this world's scenario may inject faults: it runs on both etcds (`etcds`).
+    faults_allowed: bool,
 }
 
 impl World {
@@ -101,6 +101,7 @@ impl World {
             etcd,
             dir,
             nodes: Vec::new(),
+            faults_allowed: etcds::declared_on_both(),
         }
     }
 

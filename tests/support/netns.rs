@@ -25,6 +25,8 @@ pub struct Netns {
     pub root_addr: Ipv4Addr,
     /// The address of the namespace's end: what the host connects to.
     pub ns_addr: Ipv4Addr,
+    /// Whether the scenario that made this namespace may inject faults (`super::etcds`).
+    faults_allowed: bool,
 }
 
 /// Asserts this process can make namespaces and filters: these scenarios need root and
@@ -84,6 +86,7 @@ impl Netns {
             root_veth: format!("sc{pid}r{count}"),
             root_addr: Ipv4Addr::from(base + 1),
             ns_addr: Ipv4Addr::from(base + 2),
+            faults_allowed: super::etcds::declared_on_both(),
         };
         let inner = "sc-inner";
         run("ip", &["netns", "add", &net.name]);
@@ -190,6 +193,7 @@ impl Netns {
 
     /// Drops every packet on the pair from now on, in both directions, silently.
     pub fn drop_packets(&self) {
+        super::etcds::allow_fault(self.faults_allowed, "packets dropped");
         for direction in ["ingress", "egress"] {
             run(
                 "tc",

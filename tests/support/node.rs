@@ -123,8 +123,21 @@ impl<'w> NodeBuilder<'w> {
             .stderr(log_file)
             .spawn()
             .expect("start shardcron run");
-        world.nodes.push(Node { id, child, log });
-        world.nodes.len() - 1
+        world.adopt(&id, child, log)
+    }
+}
+
+impl World {
+    /// Makes `child`, a node the test started itself, one of this world's nodes, logging to `log`.
+    pub fn adopt(&mut self, id: &str, child: Child, log: PathBuf) -> usize {
+        let faults_allowed = self.faults_allowed;
+        self.nodes.push(Node {
+            id: id.to_string(),
+            child,
+            log,
+            faults_allowed,
+        });
+        self.nodes.len() - 1
     }
 }
 
@@ -133,10 +146,14 @@ pub struct Node {
     pub id: String,
     pub child: Child,
     pub log: PathBuf,
+    faults_allowed: bool,
 }
 
 impl Node {
     pub fn signal(&self, signal: libc::c_int) {
+        if [libc::SIGKILL, libc::SIGSTOP, libc::SIGTERM, libc::SIGINT].contains(&signal) {
+            super::etcds::allow_fault(self.faults_allowed, &format!("signal {signal} to node {}", self.id));
+        }
         // SAFETY: kill(2) on our own child's pid.
         unsafe {
             libc::kill(self.child.id() as libc::pid_t, signal);

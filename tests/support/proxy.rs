@@ -19,6 +19,8 @@ pub struct Proxy {
     delay_ms: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
     trap: Arc<Trap>,
+    /// Whether the scenario that made this proxy may inject faults (`super::etcds`).
+    faults_allowed: bool,
 }
 
 /// The request whose reply is to be held back: the first one, sent after the trap was armed,
@@ -90,6 +92,7 @@ impl Proxy {
             delay_ms,
             stop,
             trap,
+            faults_allowed: super::etcds::declared_on_both(),
         }
     }
 
@@ -99,6 +102,7 @@ impl Proxy {
     /// its call fail; its later calls on that connection are answered once the hold ends. Once
     /// only: arm it again for another.
     pub fn hold_reply_to(&self, patterns: &[&[u8]], hold: Duration) {
+        super::etcds::allow_fault(self.faults_allowed, "a proxy holding a reply");
         let patterns = patterns.iter().map(|pattern| pattern.to_vec()).collect();
         *self.trap.armed.lock().expect("trap lock") = Some((patterns, hold));
     }
@@ -111,6 +115,7 @@ impl Proxy {
     /// Holds every chunk `delay` before passing it on, in each direction: a round trip to etcd
     /// takes at least twice that.
     pub fn slow(&self, delay: Duration) {
+        super::etcds::allow_fault(self.faults_allowed, "a proxy slowing etcd");
         self.delay_ms.store(delay.as_millis() as u64, Ordering::Relaxed);
     }
 
@@ -120,6 +125,7 @@ impl Proxy {
 
     /// Holds back every byte in both directions until [`Proxy::heal`].
     pub fn cut(&self) {
+        super::etcds::allow_fault(self.faults_allowed, "a proxy cutting a node off");
         *self.cut.0.lock().expect("cut lock") = true;
     }
 
