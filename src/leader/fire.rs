@@ -11,7 +11,7 @@ use tokio::sync::watch;
 use tokio_util::task::AbortOnDropHandle;
 
 use super::wake::{self, Known};
-use super::{read_successes, Backlog, Late, Term, TermEnd, WonTicks};
+use super::{read_successes, Backlog, Term, TermEnd, WonTicks};
 use crate::clock;
 use crate::coord::claims::{Book, Claimer};
 use crate::coord::results::RIDE_WINDOW;
@@ -20,6 +20,7 @@ use crate::rules::catch_up::MAX_OWED;
 use crate::rules::config::Delivery;
 use crate::rules::config::Loaded;
 use crate::rules::protocol::counts_gone;
+use crate::running::runner::Arrival;
 
 /// How late an instant may be before the firing loop takes it for a forward step of the wall
 /// clock, or a stall, and catches up what passed instead of firing it: more than an etcd
@@ -301,9 +302,9 @@ impl Term {
             crate::metrics::get().lateness.observe(lateness.as_secs_f64());
             let job = book.job(index);
             let late = if self.starts.take_redelivery(&job.name, due) {
-                Late::Redelivered
+                Arrival::Redelivered
             } else {
-                Late::OnTime
+                Arrival::Scheduled
             };
             self.node.runs.start(vec![self.tick(book, index, due, fence, late)]);
         }

@@ -234,14 +234,3 @@ async fn read_successes(client: etcd_client::Client, keys: crate::coord::keys::K
         tracing::debug!(error = %err, "cannot read the jobs' last successes; their gauges start from this node's runs");
     }
 }
-
-/// How a tick comes to run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub(super) enum Late {
-    /// Claimed just before it was due.
-    OnTime,
-    /// Missed while the shard had no leader.
-    CaughtUp,
-    /// Claimed by an earlier leader that never started it.
-    Redelivered,
-}

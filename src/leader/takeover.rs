@@ -2,10 +2,11 @@
 //! ticks missed while the shard had no leader.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 
-use super::{Late, Term};
+use super::Term;
 use crate::clock;
 use crate::coord::claims::{Book, Claimer, Halt};
 use crate::coord::etcd::ops_per_txn;
@@ -13,8 +14,10 @@ use crate::coord::view::FleetView;
 use crate::rules::catch_up::{any_due_since, misses_any, MAX_CATCH_UP};
 use crate::rules::config::Job;
 use crate::rules::protocol::takeover::{self, Known, Leader, Plan};
+use crate::rules::protocol::write::Won;
 use crate::rules::protocol::{Owner, Want};
 use crate::rules::record::{Claim, Debt, Outcome, RunRecord, Trigger};
+use crate::running::runner::Arrival;
 
 /// Per job (by index in the book): the revision of the record that listed them, and the pending
 /// ticks of earlier leaders this one records lost, with the leader that owed each.
@@ -30,7 +33,7 @@ impl Term {
     /// says, and the ticks missed before `took_over` (the takeover, or the end of a stall) run
     /// as each job's `catch_up` says. Returns the jobs settled, which fire from now on. A job
     /// that owes late runs while the node has no room for more of them (see
-    /// [`crate::running::runs::LATE_ROOM`]) stays in `behind` until the leader has room to claim it; its
+    /// `running::runs::late::LATE_ROOM`) stays in `behind` until the leader has room to claim it; its
     /// ticks due meanwhile join its backlog, every one of them ([`crate::rules::catch_up::due_since`]).
     /// A job may owe at most [`crate::rules::catch_up::MAX_OWED`] ticks at once: one whose backlog is
     /// longer is claimed in part and joins `refilling`, to claim the rest as its ticks start.
@@ -207,61 +210,75 @@ impl Term {
                 .await?;
         }
         for won in claimer.claim(book, wants).await? {
-            let job = book.job(won.index);
             if let Some((debts, records)) = recorded.remove(&won.index) {
-                for (debt, ticks) in debts.iter().filter(|(debt, _)| won.settles.contains(&Owner::of(debt))) {
-                    for tick in ticks {
-                        tracing::warn!(job = %job.name, tick = %crate::clock::rfc3339(*tick), term = debt.term, node = %debt.node, delivery = ?job.delivery, "lost: a tick its leader claimed and never started, not run again");
-                    }
-                }
-                for record in &records {
-                    self.node.reports.recorded_lost(job, record);
-                }
+                self.recorded_lost(book.job(won.index), &won, &debts, &records);
             }
             let never_started = never_started.remove(&won.index).unwrap_or_default();
-            // An earlier leader's tick that is not due yet is owed now and fires on time from
-            // the queue; unless that leader released it, its clock may have run ahead of ours
-            // and started it, so it runs as a redelivery.
-            let (adopted, not_due): (Vec<DateTime<Utc>>, Vec<DateTime<Utc>>) =
-                won.adopt.iter().partition(|tick| **tick <= now);
-            for tick in not_due.iter().filter(|tick| !never_started.contains(tick)) {
-                self.starts.redeliver(&job.name, *tick);
-            }
-            for tick in adopted.iter().filter(|tick| !never_started.contains(tick)) {
-                self.starts.adopted_maybe_started(&job.name, *tick);
-            }
-            if won.fresh.is_empty() && adopted.is_empty() {
-                continue;
-            }
-            let mut ticks: Vec<(DateTime<Utc>, Late)> = adopted
-                .iter()
-                .map(|tick| {
-                    let late = if never_started.contains(tick) {
-                        Late::CaughtUp
-                    } else {
-                        Late::Redelivered
-                    };
-                    (*tick, late)
-                })
-                .chain(won.fresh.iter().map(|tick| (*tick, Late::CaughtUp)))
-                .collect();
-            ticks.sort();
-            ticks.dedup_by_key(|(tick, _)| *tick);
-            if let Some(first) = adopted.first() {
-                tracing::warn!(job = %job.name, ticks = adopted.len(), first = %crate::clock::rfc3339(*first), "delivering again ticks that an earlier leader claimed and whose start it never recorded");
-            }
-            if !won.fresh.is_empty() {
-                tracing::info!(job = %job.name, ticks = won.fresh.len(), first = %crate::clock::rfc3339(won.fresh[0]), policy = ?job.catch_up, "catching up missed ticks");
-                crate::metrics::get().catch_up_runs.inc_by(won.fresh.len() as u64);
-            }
-            self.node.runs.start(
-                ticks
-                    .into_iter()
-                    .map(|(tick, late)| self.tick(book, won.index, tick, won.fence, late))
-                    .collect(),
-            );
+            self.start_won(book, &won, &never_started, now);
         }
         Ok(())
+    }
+
+    /// Logs and reports the ticks of `job` its earlier leaders claimed and never started, which
+    /// `won` settles as lost (written before the claim).
+    fn recorded_lost(&self, job: &Arc<Job>, won: &Won, debts: &[(Debt, Vec<DateTime<Utc>>)], records: &[RunRecord]) {
+        for (debt, ticks) in debts.iter().filter(|(debt, _)| won.settles.contains(&Owner::of(debt))) {
+            for tick in ticks {
+                tracing::warn!(job = %job.name, tick = %crate::clock::rfc3339(*tick), term = debt.term, node = %debt.node, delivery = ?job.delivery, "lost: a tick its leader claimed and never started, not run again");
+            }
+        }
+        for record in records {
+            self.node.reports.recorded_lost(job, record);
+        }
+    }
+
+    /// Starts what `won` delivers of its job: the ticks an earlier leader claimed (redelivered,
+    /// or caught up if they never started) and the missed ones it claimed fresh; an adopted tick
+    /// not due yet is owed and fires on time.
+    fn start_won(&self, book: &Book, won: &Won, never_started: &BTreeSet<DateTime<Utc>>, now: DateTime<Utc>) {
+        let job = book.job(won.index);
+        // An earlier leader's tick that is not due yet is owed now and fires on time from
+        // the queue; unless that leader released it, its clock may have run ahead of ours
+        // and started it, so it runs as a redelivery.
+        let (adopted, not_due): (Vec<DateTime<Utc>>, Vec<DateTime<Utc>>) =
+            won.adopt.iter().partition(|tick| **tick <= now);
+        for tick in not_due.iter().filter(|tick| !never_started.contains(tick)) {
+            self.starts.redeliver(&job.name, *tick);
+        }
+        for tick in adopted.iter().filter(|tick| !never_started.contains(tick)) {
+            self.starts.adopted_maybe_started(&job.name, *tick);
+        }
+        if won.fresh.is_empty() && adopted.is_empty() {
+            return;
+        }
+        let mut ticks: Vec<(DateTime<Utc>, Arrival)> = adopted
+            .iter()
+            .map(|tick| {
+                let arrival = if never_started.contains(tick) {
+                    Arrival::CaughtUp
+                } else {
+                    Arrival::Redelivered
+                };
+                (*tick, arrival)
+            })
+            .chain(won.fresh.iter().map(|tick| (*tick, Arrival::CaughtUp)))
+            .collect();
+        // A tick both owed and missed runs caught up, not flagged redelivered.
+        ticks.sort_by_key(|(tick, arrival)| (*tick, *arrival == Arrival::Redelivered));
+        ticks.dedup_by_key(|(tick, _)| *tick);
+        if let Some(first) = adopted.first() {
+            tracing::warn!(job = %job.name, ticks = adopted.len(), first = %crate::clock::rfc3339(*first), "delivering again ticks that an earlier leader claimed and whose start it never recorded");
+        }
+        if !won.fresh.is_empty() {
+            tracing::info!(job = %job.name, ticks = won.fresh.len(), first = %crate::clock::rfc3339(won.fresh[0]), policy = ?job.catch_up, "catching up missed ticks");
+            crate::metrics::get().catch_up_runs.inc_by(won.fresh.len() as u64);
+        }
+        self.node.runs.start(
+            ticks
+                .into_iter()
+                .map(|(tick, arrival)| self.tick(book, won.index, tick, won.fence, arrival))
+                .collect(),
+        );
     }
 }
 

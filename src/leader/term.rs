@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use tokio::sync::watch;
 
 use super::fire::Queue;
-use super::{Late, TermEnd, WonTicks, SPAWNS_SETTLE};
+use super::{TermEnd, WonTicks, SPAWNS_SETTLE};
 use crate::clock;
 use crate::context::NodeContext;
 use crate::coord::claims::{Book, Claimer, Halt};
@@ -23,7 +23,7 @@ use crate::rules::config::{Job, Overlap};
 use crate::rules::protocol::elsewhere::{self, ClaimedTick};
 use crate::rules::protocol::Want;
 use crate::rules::record::{Claim, Going};
-use crate::running::runner::{Origin, Tick};
+use crate::running::runner::{Arrival, Tick};
 
 /// One leadership of one shard.
 pub(super) struct Term {
@@ -126,7 +126,7 @@ impl Term {
                 .fresh
                 .iter()
                 .filter(|tick| **tick < due)
-                .map(|tick| self.tick(book, won.index, *tick, won.fence, Late::CaughtUp))
+                .map(|tick| self.tick(book, won.index, *tick, won.fence, Arrival::CaughtUp))
                 .collect();
             if !late.is_empty() {
                 self.node.runs.start(late);
@@ -169,7 +169,14 @@ impl Term {
     }
 
     /// A tick of the job at `index` of `book` to start, won with `fence`.
-    pub(super) fn tick(&self, book: &Book, index: usize, scheduled_at: DateTime<Utc>, fence: i64, late: Late) -> Tick {
+    pub(super) fn tick(
+        &self,
+        book: &Book,
+        index: usize,
+        scheduled_at: DateTime<Utc>,
+        fence: i64,
+        arrival: Arrival,
+    ) -> Tick {
         let entry = &book.entries()[index];
         let job = &entry.job;
         Tick {
@@ -179,9 +186,7 @@ impl Term {
             term: self.leadership.term,
             node: self.node.node_id.clone(),
             starts: Arc::clone(&self.starts),
-            caught_up: late != Late::OnTime,
-            redelivered: late == Late::Redelivered,
-            origin: Origin::Schedule,
+            arrival,
             elsewhere: self.elsewhere(job, entry.record()),
             claimed_elsewhere: self.claimed_elsewhere(job, entry.record()),
         }
@@ -256,10 +261,10 @@ impl Term {
                         .triggered_runs
                         .get_or_create(&crate::metrics::JobLabel::new(job.job_name()))
                         .inc();
-                    self.node.runs.start(vec![Tick {
-                        origin: Origin::Request(request.id.clone()),
-                        ..self.tick(book, index, request.requested_at, fence, Late::OnTime)
-                    }]);
+                    let arrival = Arrival::Manual(request.id.clone());
+                    self.node
+                        .runs
+                        .start(vec![self.tick(book, index, request.requested_at, fence, arrival)]);
                 }
                 Taken::Gone => {
                     tracing::info!(job = %job.name, request = %request.id, "a run asked for by hand was withdrawn or taken by another leader")

@@ -10,7 +10,7 @@ use tokio_util::task::TaskTracker;
 use crate::coord::backfills::{self, Backfills, Settle};
 use crate::coord::keys::Keys;
 use crate::running::report::{Finished, RunSink};
-use crate::running::runner::{BackfillClaim, Origin};
+use crate::running::runner::BackfillClaim;
 
 pub(crate) struct BackfillSettles {
     client: etcd_client::Client,
@@ -45,7 +45,7 @@ impl BackfillSettles {
 /// A backfill tick that ended, run or recorded without a run, is done.
 impl RunSink for BackfillSettles {
     fn finished(&self, run: &Finished<'_>) {
-        if let Some(Origin::Backfill(claimed)) = run.origin {
+        if let Some(claimed) = run.arrival.and_then(|arrival| arrival.backfill_claim()) {
             self.settle(&run.job.name, run.record.scheduled_at, claimed, Settle::Done);
         }
     }

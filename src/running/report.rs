@@ -17,7 +17,7 @@ use crate::metrics::Metrics;
 use crate::rules::config::Job;
 use crate::rules::record::RunRecord;
 use crate::running::notifications::Outbox;
-use crate::running::runner::{Origin, Tick};
+use crate::running::runner::{Arrival, Tick};
 
 /// A finished run, as its sinks see it.
 pub(crate) struct Finished<'a> {
@@ -26,7 +26,7 @@ pub(crate) struct Finished<'a> {
     /// How the tick came to this node, when this node ran it or recorded it without a run;
     /// `None` for a tick a takeover records lost for an earlier leader, whose record and
     /// history entry that takeover has written already.
-    pub(crate) origin: Option<&'a Origin>,
+    pub(crate) arrival: Option<&'a Arrival>,
 }
 
 /// One place a finished run goes.
@@ -53,7 +53,7 @@ impl Reports {
         self.each(&Finished {
             job: &tick.job,
             record,
-            origin: Some(&tick.origin),
+            arrival: Some(&tick.arrival),
         });
     }
 
@@ -63,7 +63,7 @@ impl Reports {
         self.each(&Finished {
             job,
             record,
-            origin: None,
+            arrival: None,
         });
     }
 
@@ -122,9 +122,9 @@ impl RunSink for Outbox {
 /// its run ended finds it in `history` and `status`.
 impl RunSink for ResultQueue {
     fn finished(&self, run: &Finished<'_>) {
-        let Some(origin) = run.origin else { return };
+        let Some(arrival) = run.arrival else { return };
         self.push_run(run.job, run.record.clone());
-        if let Origin::Request(request) = origin {
+        if let Some(request) = arrival.request() {
             self.answer(request, run.record.clone());
         }
     }

@@ -161,7 +161,7 @@ impl Attempt<'_> {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        if tick.redelivered {
+        if tick.arrival.redelivered() {
             command.env("CRON_REDELIVERED", "1");
         } else {
             command.env_remove("CRON_REDELIVERED");

@@ -6,15 +6,19 @@
 //! to the node's log in the run's span; a timeout or a forced shutdown kills the whole process
 //! group, so nothing the command started outlives it.
 //!
+//! - `arrival`: how a run came to this node, and what differs by it.
 //! - `attempt`: one attempt, in named steps: the env_file, the spawn behind the lease gate,
 //!   the wait, the record.
 //! - `child`: the command as a process and its group: spawn, signals, waits.
 //! - `output`: the child's first line (the gate's) and its output lines forwarded to the log.
 
+mod arrival;
 mod attempt;
 mod child;
 mod output;
 pub mod slot;
+
+pub use arrival::{Arrival, BackfillClaim, NotStarted};
 
 use std::sync::Arc;
 
@@ -47,12 +51,9 @@ pub struct Tick {
     /// What the leadership that claimed this tick owes: the tick starts only through it, and
     /// no retry starts once the leadership ended or its lease may have expired.
     pub starts: Arc<Starts>,
-    /// A missed tick that a new leader runs late, not a live one.
-    pub caught_up: bool,
-    /// An earlier leader claimed this tick and never started it.
-    pub redelivered: bool,
-    /// What asked for the run: the schedule, a request by hand, or a backfill.
-    pub origin: Origin,
+    /// How the run came: a tick of the schedule (on time, caught up, redelivered), a request
+    /// by hand, or a backfill.
+    pub arrival: Arrival,
     /// Runs of the job going on other nodes as its record lists them, not seen ended: a tick
     /// of an `overlap = "skip"` or `"replace"` job waits for them (or skips, or has them
     /// stopped) before it starts.
@@ -66,67 +67,16 @@ pub struct Tick {
     pub claimed_elsewhere: Vec<ClaimedTick>,
 }
 
-/// What asked for a run.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Origin {
-    /// A tick of the job's schedule, owed to the job's record.
-    Schedule,
-    /// `shardcron trigger`: the id of the request the run answers.
-    Request(String),
-    /// `shardcron backfill`: the backfill whose record counts the tick, and which claim of it.
-    Backfill(BackfillClaim),
-}
-
-/// A backfill tick's claim: the backfill's id and the claim's own.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BackfillClaim {
-    pub backfill: String,
-    pub claim: String,
-}
-
-/// What each kind of run obeys, decided here once for every kind (the table in
-/// docs/how-it-works.md, "Every kind of run"); the rest of the code asks, never branches on
-/// the kind for these.
-impl Origin {
-    /// Whether the run takes its job's turn on this node: it waits behind the job's run going
-    /// here, the `overlap` policy applies to it, and its run sets how long the job takes. A
-    /// backfill's run takes none (`--parallel` may run several): it is claimed only while no
-    /// live run of the job goes or waits here, and live ticks wait for it instead.
-    pub fn takes_turn(&self) -> bool {
-        !matches!(self, Origin::Backfill(_))
-    }
-
-    /// Whether a blackout covering its tick skips it: a run asked for by hand is an operator's
-    /// own choice and goes ahead; a backfill's historic tick inside one is skipped as it was.
-    pub fn kept_out_by_blackouts(&self) -> bool {
-        !matches!(self, Origin::Request(_))
-    }
-}
-
 impl Tick {
     /// `CRON_TRIGGER`: a tick of the schedule, a run asked for by `shardcron trigger`, or a past
     /// tick run again by `shardcron backfill`.
     pub fn trigger(&self) -> Trigger {
-        match self.origin {
-            Origin::Schedule => Trigger::Schedule,
-            Origin::Request(_) => Trigger::Manual,
-            Origin::Backfill(_) => Trigger::Backfill,
-        }
+        self.arrival.trigger()
     }
 
-    /// When the tick counts as due, for pauses and a concurrency group's line and wait: its
-    /// tick, or `now` for a backfill's, whose tick is long past (a pause that ended, or a
-    /// deadline from then, must not settle it).
+    /// When the tick counts as due, for pauses and a concurrency group's line and wait.
     pub fn due_at(&self, now: DateTime<Utc>) -> DateTime<Utc> {
-        match self.origin {
-            Origin::Backfill(_) => now,
-            _ => self.scheduled_at,
-        }
-    }
-
-    /// A run no record of the schedule owes: it starts without a ticket of its leadership.
-    pub fn is_asked(&self) -> bool {
-        self.origin != Origin::Schedule
+        self.arrival.due_at(self.scheduled_at, now)
     }
 
     /// The tick, or a requested run's request time to the millisecond.

@@ -12,8 +12,7 @@ impl Runs {
         if overlap == Overlap::Allow {
             return true;
         }
-        let jobs = self.jobs.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        jobs.get(job).is_none_or(|runs| runs.pending == runs.backfilling)
+        self.jobs.only_backfills(job)
     }
 
     /// Waits until no backfill run of `job` goes on this node.
@@ -22,10 +21,7 @@ impl Runs {
             let ended = self.backfills_ended.notified();
             tokio::pin!(ended);
             ended.as_mut().enable();
-            let going = {
-                let jobs = self.jobs.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-                jobs.get(job).map_or(0, |runs| runs.backfilling)
-            };
+            let going = self.jobs.backfilling(job);
             if going == 0 {
                 return;
             }
@@ -40,15 +36,7 @@ impl Runs {
 
     /// A backfill sequence of `job` is over.
     pub(super) fn leave_backfill(&self, job: &str) {
-        let mut jobs = self.jobs.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(entry) = jobs.get_mut(job) {
-            entry.pending = entry.pending.saturating_sub(1);
-            entry.backfilling = entry.backfilling.saturating_sub(1);
-            if entry.pending == 0 {
-                jobs.remove(job);
-            }
-        }
-        drop(jobs);
+        self.jobs.leave_backfill(job);
         self.backfills_ended.notify_waiters();
     }
 }

@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 use super::overlap::Skip;
 use super::Runs;
 use crate::clock;
-use crate::coord::backfills::Settle;
 use crate::coord::going::{self, ClaimShown, RunsHere};
 use crate::coord::keys::Ask;
 use crate::coord::session::Session;
@@ -19,7 +18,7 @@ use crate::coord::starts::StartedHere;
 use crate::rules::config::Overlap;
 use crate::rules::protocol::elsewhere::{self, ClaimedTick, Verdict};
 use crate::rules::record::Going;
-use crate::running::runner::{self, Origin, Tick};
+use crate::running::runner::{self, NotStarted, Tick};
 
 /// How often a tick waiting for another node's run looks whether it still goes.
 const LOOK_EVERY: Duration = Duration::from_millis(500);
@@ -40,6 +39,15 @@ const ASK_AGAIN: Duration = Duration::from_secs(1);
 /// Waiting longer can wait forever: that tick may itself wait for a tick of this node queued
 /// behind this run (each leader waits for the claims made before its own).
 const CLAIMED_SINCE_WAIT: Duration = Duration::from_secs(5);
+
+/// What a tick waiting for one run on another node asked of that run's node.
+#[derive(Default)]
+struct Asks {
+    /// Asked to stop it (`overlap = "replace"`), once.
+    stop: bool,
+    /// When it was last asked whether the run still goes.
+    going: Option<Instant>,
+}
 
 /// What came of waiting for the runs going on other nodes.
 pub(super) enum Cleared {
@@ -71,8 +79,7 @@ impl Runs {
         let mut asked: Vec<&Going> = Vec::new();
         let mut cleared = Cleared::Yes;
         'runs: for run in &runs {
-            let mut stop_asked = false;
-            let mut going_asked: Option<Instant> = None;
+            let mut asks = Asks::default();
             loop {
                 // etcd out of reach: not known, as far as this node can tell.
                 let shown = going::look(self.groups.client(), self.groups.keys(), &job.name, run).await;
@@ -84,7 +91,7 @@ impl Runs {
                     }
                     Verdict::WentOnFor(age)
                         if job.overlap == Overlap::Skip
-                            && !first.caught_up
+                            && !first.arrival.runs_late()
                             && elsewhere::skips_beside(run, age, first.scheduled_at) =>
                     {
                         let why = Skip::Elsewhere {
@@ -97,27 +104,8 @@ impl Runs {
                     }
                     Verdict::WentOnFor(_) | Verdict::Unknown => {}
                 }
-                if let Some(lease) = self.groups.lease_now() {
-                    let (client, keys, lease) = (self.groups.client(), self.groups.keys(), lease.lease());
-                    if job.overlap == Overlap::Replace && !stop_asked {
-                        stop_asked = going::ask(client, keys, &job.name, run, Ask::Stop, lease).await.is_ok();
-                        if stop_asked {
-                            runner::span(first).in_scope(|| tracing::info!(node = %run.node, previous_tick = %crate::clock::rfc3339(run.tick), "asked the node running this job's previous run to stop it (overlap = \"replace\")"));
-                        }
-                    }
-                    if going_asked.is_none_or(|at| at.elapsed() >= ASK_AGAIN)
-                        && going::ask(client, keys, &job.name, run, Ask::Going, lease)
-                            .await
-                            .is_ok()
-                    {
-                        if going_asked.is_none() {
-                            runner::span(first).in_scope(|| tracing::info!(node = %run.node, previous_tick = %crate::clock::rfc3339(run.tick), fence = run.fence, "waiting: the job's record lists its previous run going on another node and etcd shows no end of it; asked that node whether it still goes"));
-                        }
-                        going_asked = Some(Instant::now());
-                    }
-                    if (stop_asked || going_asked.is_some()) && !asked.contains(&run) {
-                        asked.push(run);
-                    }
+                if self.ask_about(first, run, &mut asks).await && !asked.contains(&run) {
+                    asked.push(run);
                 }
                 tokio::select! {
                     _ = tokio::time::sleep(LOOK_EVERY) => {}
@@ -145,6 +133,34 @@ impl Runs {
         cleared
     }
 
+    /// Asks `run`'s node whether it still goes (again once an answer aged [`ASK_AGAIN`]), and for
+    /// `overlap = "replace"` once to stop it, on the lease this node lists its runs on; whether
+    /// anything was asked that is to be withdrawn later.
+    async fn ask_about(&self, first: &Tick, run: &Going, asks: &mut Asks) -> bool {
+        let Some(lease) = self.groups.lease_now() else {
+            return false;
+        };
+        let job = &first.job;
+        let (client, keys, lease) = (self.groups.client(), self.groups.keys(), lease.lease());
+        if job.overlap == Overlap::Replace && !asks.stop {
+            asks.stop = going::ask(client, keys, &job.name, run, Ask::Stop, lease).await.is_ok();
+            if asks.stop {
+                runner::span(first).in_scope(|| tracing::info!(node = %run.node, previous_tick = %crate::clock::rfc3339(run.tick), "asked the node running this job's previous run to stop it (overlap = \"replace\")"));
+            }
+        }
+        if asks.going.is_none_or(|at| at.elapsed() >= ASK_AGAIN)
+            && going::ask(client, keys, &job.name, run, Ask::Going, lease)
+                .await
+                .is_ok()
+        {
+            if asks.going.is_none() {
+                runner::span(first).in_scope(|| tracing::info!(node = %run.node, previous_tick = %crate::clock::rfc3339(run.tick), fence = run.fence, "waiting: the job's record lists its previous run going on another node and etcd shows no end of it; asked that node whether it still goes"));
+            }
+            asks.going = Some(Instant::now());
+        }
+        asks.stop || asks.going.is_some()
+    }
+
     /// Lists `tick`'s run as going on this node in the job's records, for other nodes' leaders
     /// to see; for `overlap = "skip"` and `"replace"` jobs that run on more than this node, and
     /// every kind of run of them. Returns the lease it is listed on: once that lapses, other
@@ -165,8 +181,9 @@ impl Runs {
         // A scheduled run's start is written with its ticket's; a run that took none is
         // written on its own, so a handoff or a graceful stop does not hide it, and waits for
         // that write.
-        let new = tick.starts.here().run_going(&job.name, going, tick.is_asked());
-        if new && tick.is_asked() {
+        let on_its_own = !tick.arrival.owed_to_schedule();
+        let new = tick.starts.here().run_going(&job.name, going, on_its_own);
+        if new && on_its_own {
             tick.starts.listed(&job.name);
         }
         Some(lease)
@@ -180,7 +197,7 @@ impl Runs {
     /// while any shows, claimed again once its leader sees them end.
     pub(super) async fn listed_first(&self, tick: &Tick) -> Cleared {
         let job = &tick.job;
-        if !tick.is_asked() || self.list_going(tick).is_none() {
+        if tick.arrival.owed_to_schedule() || self.list_going(tick).is_none() {
             return Cleared::Yes;
         }
         let here = tick.starts.here();
@@ -194,11 +211,10 @@ impl Runs {
         if going.is_empty() && beside.claimed.is_empty() {
             return Cleared::Yes;
         }
-        if let Origin::Backfill(claim) = &tick.origin {
+        if tick.arrival.not_started() == NotStarted::GivenBack {
             tracing::info!(runs = ?going.iter().map(|run| (&run.node, run.fence)).collect::<Vec<_>>(), claimed = ?beside.claimed.iter().map(|claimed| (&claimed.node, clock::rfc3339(claimed.tick))).collect::<Vec<_>>(), "not starting a backfill tick yet: the write that listed it shows runs of the job going on other nodes, or ticks other leaders claimed; it goes back to be claimed once they end");
             self.unlist_going(tick);
-            self.settles
-                .settle(&tick.job.name, tick.scheduled_at, claim, Settle::Again);
+            self.give_back(tick);
             return Cleared::No;
         }
         // The claims made before this run's were in its record when it was claimed, and waited
@@ -307,12 +323,12 @@ pub(crate) struct AskedHere {
 
 impl RunsHere for AskedHere {
     fn stop(&self, job: &str, fence: i64) {
-        let mut jobs = self.runs.jobs.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(entry) = jobs.get_mut(job) {
-            if entry.running.is_some_and(|running| running.fence == fence) {
-                tracing::info!(job, fence, "another node's leader asks for this run to stop, to start the job's next tick (overlap = \"replace\")");
-                entry.replace.cancel();
-            }
+        if self.runs.jobs.replace_run(job, fence) {
+            tracing::info!(
+                job,
+                fence,
+                "another node's leader asks for this run to stop, to start the job's next tick (overlap = \"replace\")"
+            );
         }
     }
 

@@ -1,12 +1,9 @@
 //! The runs of this node: starting them with the overlap policy, waiting for them at
 //! shutdown, and handing their results to the [`crate::coord::results`] queue.
 
-use std::collections::HashMap;
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -14,26 +11,26 @@ use crate::clock;
 use crate::coord::backfills::Settle;
 use crate::coord::groups::Groups;
 use crate::coord::pauses::Pauses;
-use crate::rules::config::{Delivery, Overlap};
+use crate::rules::config::Delivery;
 use crate::rules::record::{Outcome, RunRecord};
 use crate::running::backfill_settles::BackfillSettles;
 use crate::running::report::Reports;
-use crate::running::runner::{self, Origin, Tick};
+use crate::running::runner::{self, NotStarted, Tick};
 use crate::secrets::ChildEnv;
-use overlap::{may_overlap, overlaps, Running, Skip};
+pub(crate) use late::LateReservation;
+use late::LateRoom;
+use overlap::Skip;
+use table::{Entered, Entry, JobTable};
 
 mod backfill;
 mod elsewhere;
+mod late;
 pub(crate) use elsewhere::AskedHere;
 mod overlap;
 mod sequence;
+mod table;
 #[cfg(test)]
 mod tests;
-
-/// Caught-up and redelivered runs that may go at once on a node, per core: a takeover after a
-/// long outage may owe a backlog to every one of 100,000 jobs, and starting them all together
-/// would bury the machine (and the node's lease renewals) under processes. Live ticks never wait.
-const LATE_RUNS_PER_CORE: usize = 4;
 
 /// At most how long a late run holds its permit. The permits keep a backlog from starting
 /// thousands of processes at once; a run that has gone on this long is past that burst, and
@@ -41,22 +38,14 @@ const LATE_RUNS_PER_CORE: usize = 4;
 /// of the node for good.
 const LATE_PERMIT_HOLD: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// How many caught-up and redelivered ticks may wait for a permit on a node before a leader
-/// claims more of its backlog: a takeover that owes 100 ticks to each of 100,000 jobs claims and
-/// holds them a part at a time, not ten million at once.
-pub const LATE_ROOM: usize = 10_000;
-
 /// Runs started on this node. Cheap to clone.
 #[derive(Clone)]
 pub struct Runs {
     tracker: TaskTracker,
-    jobs: Arc<Mutex<HashMap<String, JobRuns>>>,
-    /// Permits for caught-up and redelivered runs (see [`LATE_RUNS_PER_CORE`]).
-    late: Arc<tokio::sync::Semaphore>,
-    /// Caught-up and redelivered ticks handed over and not taken up yet (see [`LATE_ROOM`]).
-    late_waiting: Arc<std::sync::atomic::AtomicUsize>,
-    /// Told when `late_waiting` drops below [`LATE_ROOM`].
-    late_room: Arc<tokio::sync::Notify>,
+    /// Each job's runs here: the run going, the turn, the sequences waiting.
+    jobs: Arc<JobTable>,
+    /// The permits caught-up and redelivered ticks run with, and the room for them.
+    late: Arc<LateRoom>,
     /// Cancelled when the shutdown grace is over: running commands are killed.
     kill: CancellationToken,
     /// Where every run of this node goes once it ended, run or not.
@@ -72,47 +61,6 @@ pub struct Runs {
     backfills_ended: Arc<tokio::sync::Notify>,
 }
 
-/// Room for late ticks held by a leader while it claims them (see [`Runs::reserve_late`]).
-pub(crate) struct LateReservation {
-    runs: Runs,
-    ticks: usize,
-}
-
-impl Drop for LateReservation {
-    fn drop(&mut self) {
-        self.runs.release_late(self.ticks);
-    }
-}
-
-/// A sequence of one job's ticks, counted in its runs: what it waits for before it runs.
-struct Entry {
-    /// The job's turn and this sequence's number, unless `overlap = "allow"`.
-    turn: Option<(Arc<tokio::sync::Mutex<()>>, u64)>,
-    /// The run going when the sequence came, if it may overlap its first tick.
-    met: Option<Running>,
-}
-
-/// One job's runs on this node.
-#[derive(Default)]
-struct JobRuns {
-    /// Sequences started or waiting; the entry is dropped at zero.
-    pending: usize,
-    /// The run going now, if any.
-    running: Option<Running>,
-    /// Held by the running sequence: a `skip` or `replace` job runs one tick at a time, in order.
-    turn: Arc<tokio::sync::Mutex<()>>,
-    /// Numbers sequences in the order they were started; the newest one is `newest`.
-    newest: u64,
-    /// Cancelled to stop the sequence that holds the turn (a newer tick replaces it).
-    replace: CancellationToken,
-    /// How long the job's last run on this node took: a backlog grows only behind runs longer
-    /// than the job's period.
-    last_took: Option<chrono::Duration>,
-    /// Of `pending`, the backfill runs: they take no turn, and the job's live ticks wait for
-    /// them to end.
-    backfilling: usize,
-}
-
 impl Runs {
     /// Runs whose ends go to `reports`, and which `pauses` may stop; `tracker` follows every
     /// task of theirs until the shutdown's drain.
@@ -124,13 +72,10 @@ impl Runs {
         groups: Arc<Groups>,
         child_env: Arc<ChildEnv>,
     ) -> Runs {
-        let cores = std::thread::available_parallelism().map_or(2, usize::from);
         Runs {
             tracker,
             jobs: Arc::default(),
-            late: Arc::new(tokio::sync::Semaphore::new(cores * LATE_RUNS_PER_CORE)),
-            late_waiting: Arc::default(),
-            late_room: Arc::default(),
+            late: Arc::new(LateRoom::new()),
             kill: CancellationToken::new(),
             reports,
             pauses,
@@ -152,8 +97,8 @@ impl Runs {
             .filter(|tick| !runner::span(tick).in_scope(|| self.blacked_out(tick) || self.paused(tick)))
             .collect();
         let Some(entry) = self.enter(&ticks) else { return };
-        let late = ticks.iter().filter(|tick| tick.caught_up).count();
-        self.late_waiting.fetch_add(late, Ordering::SeqCst);
+        let late = ticks.iter().filter(|tick| tick.arrival.runs_late()).count();
+        self.late.handed_over(late);
         self.tracker.spawn(self.clone().sequence(ticks, entry));
     }
 
@@ -161,43 +106,27 @@ impl Runs {
     /// if there are no ticks, or they are skipped at once.
     fn enter(&self, ticks: &[Tick]) -> Option<Entry> {
         let first = ticks.first()?;
-        let job = &first.job;
-        let mut jobs = self.jobs.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let runs = jobs.entry(job.name.clone()).or_default();
-        if !first.origin.takes_turn() {
-            runs.pending += 1;
-            runs.backfilling += 1;
-            return Some(Entry { turn: None, met: None });
-        }
-        let now = clock::now();
-        // The run going when this one came, if it may overlap it: decided once that run has
-        // ended or has run the time between the two ticks.
-        let mut met = None;
-        match job.overlap {
-            Overlap::Skip
-                if runs
-                    .running
-                    .is_some_and(|running| overlaps(running, first.scheduled_at, now)) =>
-            {
-                drop(jobs);
-                self.skip_all(ticks, Skip::Overlapped);
-                return None;
-            }
-            Overlap::Skip if ticks.iter().all(|tick| !tick.caught_up) => {
-                met = runs.running.filter(|running| may_overlap(*running, first.scheduled_at));
-            }
-            Overlap::Replace if runs.pending > 0 => {
+        let late = ticks.iter().any(|tick| tick.arrival.runs_late());
+        let entered = self.jobs.enter(
+            &first.job,
+            first.arrival.takes_turn(),
+            late,
+            first.scheduled_at,
+            clock::now(),
+        );
+        match entered {
+            Entered::Counted(entry) => Some(entry),
+            Entered::Replacing(entry) => {
                 runner::span(first).in_scope(|| {
                     tracing::info!("replacing the job's running run with this tick (overlap = \"replace\")");
                 });
-                runs.replace.cancel();
+                Some(entry)
             }
-            _ => {}
+            Entered::Overlapped => {
+                self.skip_all(ticks, Skip::Overlapped);
+                None
+            }
         }
-        runs.pending += 1;
-        runs.newest += 1;
-        let turn = (job.overlap != Overlap::Allow).then(|| (Arc::clone(&runs.turn), runs.newest));
-        Some(Entry { turn, met })
     }
 
     /// Records each of `ticks` skipped, in its run's span.
@@ -230,131 +159,28 @@ impl Runs {
         self.report(tick, not_run(tick, Outcome::Skipped));
     }
 
-    /// A sequence of the job's ticks is over: the job's entry goes once none is left.
-    fn release_turn(&self, job: &str) {
-        let mut jobs = self.jobs.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(entry) = jobs.get_mut(job) {
-            entry.pending = entry.pending.saturating_sub(1);
-            if entry.pending == 0 {
-                jobs.remove(job);
-            }
-        }
-    }
-
-    /// Whether fewer than [`LATE_ROOM`] late ticks wait on this node.
+    /// Whether fewer than [`late::LATE_ROOM`] late ticks wait on this node.
     pub fn has_late_room(&self) -> bool {
-        self.late_waiting.load(Ordering::SeqCst) < LATE_ROOM
+        self.late.has_room()
     }
 
     /// Waits until [`Runs::has_late_room`].
     pub async fn late_room(&self) {
-        loop {
-            let notified = self.late_room.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if self.has_late_room() {
-                return;
-            }
-            notified.await;
-        }
+        self.late.wait_for_room().await;
     }
 
-    /// Holds room for `ticks` late ticks about to be claimed, if fewer than [`LATE_ROOM`] wait:
-    /// several shards taking over at once share the room instead of each finding it empty
-    /// before any of their runs is counted. The room is held until the reservation is dropped,
-    /// by which time [`Runs::start`] counts the ticks that started.
+    /// Holds room for `ticks` late ticks about to be claimed (see [`LateRoom::reserve`]).
     pub(crate) fn reserve_late(&self, ticks: usize) -> Option<LateReservation> {
-        let mut waiting = self.late_waiting.load(Ordering::SeqCst);
-        loop {
-            if waiting >= LATE_ROOM {
-                return None;
-            }
-            match self
-                .late_waiting
-                .compare_exchange(waiting, waiting + ticks, Ordering::SeqCst, Ordering::SeqCst)
-            {
-                Ok(_) => {
-                    return Some(LateReservation {
-                        runs: self.clone(),
-                        ticks,
-                    })
-                }
-                Err(now) => waiting = now,
-            }
-        }
-    }
-
-    fn release_late(&self, ticks: usize) {
-        let before = self.late_waiting.fetch_sub(ticks, Ordering::SeqCst);
-        if before >= LATE_ROOM && before - ticks < LATE_ROOM {
-            self.late_room.notify_waiters();
-        }
-    }
-
-    fn late_taken_up(&self) {
-        self.release_late(1);
-    }
-
-    /// Called by a sequence once it holds the job's turn: the token that stops it, stored so a
-    /// newer `replace` tick can cancel it. A `replace` sequence started before the newest one
-    /// starts out replaced, whatever order the two reached the turn in.
-    fn take_turn(&self, job: &str, overlap: Overlap, ticket: u64) -> CancellationToken {
-        let token = CancellationToken::new();
-        let mut jobs = self.jobs.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(entry) = jobs.get_mut(job) {
-            if overlap == Overlap::Replace && ticket < entry.newest {
-                token.cancel();
-            }
-            entry.replace = token.clone();
-        }
-        token
-    }
-
-    fn took(&self, job: &str, took: chrono::Duration) {
-        let mut jobs = self.jobs.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(entry) = jobs.get_mut(job) {
-            entry.last_took = Some(took);
-        }
-    }
-
-    /// Whether `met`, the run a tick of `scheduled_at` came upon, still goes and now overlaps
-    /// that tick for certain.
-    fn still_overlaps(&self, job: &str, met: Running, scheduled_at: DateTime<Utc>) -> bool {
-        let jobs = self.jobs.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        jobs.get(job)
-            .and_then(|entry| entry.running)
-            .is_some_and(|running| running == met && overlaps(running, scheduled_at, clock::now()))
-    }
-
-    fn last_took(&self, job: &str) -> Option<chrono::Duration> {
-        let jobs = self.jobs.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        jobs.get(job).and_then(|entry| entry.last_took)
-    }
-
-    fn mark_running(&self, job: &str, running: Option<Running>) {
-        let mut jobs = self.jobs.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(entry) = jobs.get_mut(job) {
-            let in_flight = &crate::metrics::get().runs_in_flight;
-            match (entry.running.is_some(), running.is_some()) {
-                (false, true) => {
-                    in_flight.inc();
-                }
-                (true, false) => {
-                    in_flight.dec();
-                }
-                _ => {}
-            }
-            entry.running = running;
-        }
+        self.late.reserve(ticks)
     }
 
     /// Whether `tick` may be settled without a run now (see [`crate::coord::starts::Starts::settle`]).
     fn settle(&self, tick: &Tick) -> bool {
         // A requested or backfilled run is no tick of the schedule: its leadership owes it to
         // no record.
-        let may = match tick.is_asked() {
-            true => tick.starts.may_spawn(),
-            false => tick.starts.settle(&tick.job.name, tick.scheduled_at),
+        let may = match tick.arrival.owed_to_schedule() {
+            true => tick.starts.settle(&tick.job.name, tick.scheduled_at),
+            false => tick.starts.may_spawn(),
         };
         if !may {
             self.not_starting(tick);
@@ -366,19 +192,18 @@ impl Runs {
     /// and the next leader delivers it or records it lost; a requested run is recorded lost
     /// here, since no record lists it; a backfill tick goes back to its backfill's record.
     fn not_starting(&self, tick: &Tick) {
-        match &tick.origin {
-            Origin::Request(_) => {
+        match tick.arrival.not_started() {
+            NotStarted::RecordedLost => {
                 tracing::warn!(requested_at = %tick.scheduled_at_text(), "lost: a run asked for by hand was claimed, and this node no longer leads the shard or its lease may have expired before it started");
                 self.report(tick, not_run(tick, Outcome::Lost));
                 return;
             }
-            Origin::Backfill(claim) => {
+            NotStarted::GivenBack => {
                 tracing::info!("not starting a backfill tick: this node no longer leads the shard, or its lease may have expired; it goes back to be claimed again");
-                self.settles
-                    .settle(&tick.job.name, tick.scheduled_at, claim, Settle::Again);
+                self.give_back(tick);
                 return;
             }
-            Origin::Schedule => {}
+            NotStarted::StaysOwed => {}
         }
         let next = match tick.job.delivery {
             Delivery::AtLeastOnce => "the next leader runs it",
@@ -396,13 +221,12 @@ impl Runs {
         let Some(pause) = self.pauses.stopping(tick.job.job_name(), tick.due_at(now), now) else {
             return false;
         };
-        if let Origin::Backfill(claim) = &tick.origin {
+        if tick.arrival.not_started() == NotStarted::GivenBack {
             tracing::info!(
                 until = %crate::clock::shown(pause.until),
                 "paused: the backfill tick goes back to be run once the pause ends"
             );
-            self.settles
-                .settle(&tick.job.name, tick.scheduled_at, claim, Settle::Again);
+            self.give_back(tick);
             return true;
         }
         if self.settle(tick) {
@@ -420,7 +244,7 @@ impl Runs {
     /// `skipped` with the blackout's name. A run asked for by hand is an operator's own choice
     /// and goes ahead; a backfill's historic tick that fell in a blackout is skipped as it was.
     fn blacked_out(&self, tick: &Tick) -> bool {
-        if !tick.origin.kept_out_by_blackouts() {
+        if !tick.arrival.kept_out_by_blackouts() {
             return false;
         }
         let Some(blackout) = crate::rules::blackouts::covering(&tick.job.blackouts, tick.scheduled_at) else {
@@ -445,6 +269,14 @@ impl Runs {
 
     fn report(&self, tick: &Tick, record: RunRecord) {
         self.reports.ran(tick, &record);
+    }
+
+    /// Gives a backfill tick that did not start back to its backfill's record.
+    fn give_back(&self, tick: &Tick) {
+        if let Some(claim) = tick.arrival.backfill_claim() {
+            self.settles
+                .settle(&tick.job.name, tick.scheduled_at, claim, Settle::Again);
+        }
     }
 
     /// Kills every running command's process group now.

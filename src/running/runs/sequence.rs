@@ -35,7 +35,7 @@ impl Runs {
     /// Runs `ticks`, a sequence [`Runs::enter`] counted, one after another.
     pub(super) async fn sequence(self, ticks: Vec<Tick>, entry: Entry) {
         let job = Arc::clone(&ticks[0].job);
-        let takes_turn = ticks[0].origin.takes_turn();
+        let takes_turn = ticks[0].arrival.takes_turn();
         let Some(turn) = self.wait_turn(&entry, &ticks).await else {
             return;
         };
@@ -44,12 +44,12 @@ impl Runs {
             self.backfills_over(&job.name).await;
         }
         if self.behind_longer_run(entry.met, &ticks) {
-            self.release_turn(&job.name);
+            self.jobs.release_turn(&job.name);
             return;
         }
         if !ticks[0].elsewhere.is_empty() || !ticks[0].claimed_elsewhere.is_empty() {
             if let Cleared::No = self.clear_elsewhere(&ticks).await {
-                self.release_turn(&job.name);
+                self.jobs.release_turn(&job.name);
                 return;
             }
         }
@@ -61,8 +61,8 @@ impl Runs {
             self.leave_backfill(&job.name);
             return;
         }
-        self.mark_running(&job.name, None);
-        self.release_turn(&job.name);
+        self.jobs.mark_running(&job.name, None);
+        self.jobs.release_turn(&job.name);
     }
 
     /// Waits for the job's turn, unless `overlap = "allow"`; `None` if the ticks were skipped
@@ -82,7 +82,7 @@ impl Runs {
         };
         Some(Turn {
             _held: Some(held),
-            replace: self.take_turn(&job.name, job.overlap, *number),
+            replace: self.jobs.take_turn(&job.name, job.overlap, *number),
             waited,
         })
     }
@@ -106,9 +106,9 @@ impl Runs {
             held = Arc::clone(turn).lock_owned() => return Some(held),
             _ = clock::sleep_past(certain) => {}
         }
-        if self.still_overlaps(job, running, first_at) {
+        if self.jobs.still_overlaps(job, running, first_at, clock::now()) {
             self.skip_all(ticks, Skip::Overlapped);
-            self.release_turn(job);
+            self.jobs.release_turn(job);
             return None;
         }
         Some(Arc::clone(turn).lock_owned().await)
@@ -121,7 +121,11 @@ impl Runs {
             return false;
         };
         let (job, first_at) = (&ticks[0].job.name, ticks[0].scheduled_at);
-        let Some(took) = self.last_took(job).filter(|took| *took >= first_at - previous_tick) else {
+        let Some(took) = self
+            .jobs
+            .last_took(job)
+            .filter(|took| *took >= first_at - previous_tick)
+        else {
             return false;
         };
         self.skip_all(ticks, Skip::BehindLongerRun { previous_tick, took });
@@ -132,39 +136,10 @@ impl Runs {
     /// tick or its own next tick came meanwhile; otherwise run and reported.
     async fn run_tick(&self, tick: Tick, turn: &Turn) {
         let late = self.late_permit(&tick).await;
-        // A pause may have come while the tick waited for its turn or a permit.
-        if self.paused(&tick) {
-            return;
-        }
-        if turn.replace.is_cancelled() {
-            if self.settle(&tick) {
-                self.report(&tick, not_run(&tick, Outcome::Replaced));
-            }
-            return;
-        }
-        // A run of a skip or replace job starts listed, or not at all: unlisted, another node's
-        // leader would start the job beside it after a handoff.
-        if !self.lease_to_list_on(&tick).await {
-            tracing::warn!("not starting: the lease this node lists its runs on is not open (etcd out of reach)");
-            self.not_starting(&tick);
-            return;
-        }
-        if let Cleared::No = self.listed_first(&tick).await {
+        if !self.still_to_start(&tick, turn).await {
             return;
         }
         let job = &tick.job;
-        if turn.waited
-            && outrun(
-                job,
-                tick.scheduled_at,
-                tick.caught_up,
-                self.last_took(&job.name),
-                clock::now(),
-            )
-        {
-            self.skip(&tick, Skip::Outrun);
-            return;
-        }
         let first_slot = match &job.group {
             Some(group) => match self.take_slot(&tick, group, turn).await {
                 Some(slot) => Some(slot),
@@ -174,9 +149,9 @@ impl Runs {
         };
         // A requested or backfilled run needs no ticket: no record of the schedule owes it. Its first attempt checks
         // the leadership and the lease right before the spawn, as retries do.
-        let ticket = match tick.is_asked() {
-            true => None,
-            false => match tick.starts.begin(&job.name, tick.scheduled_at).await {
+        let ticket = match tick.arrival.owed_to_schedule() {
+            false => None,
+            true => match tick.starts.begin(&job.name, tick.scheduled_at).await {
                 Some(ticket) => Some(ticket),
                 None => {
                     self.not_starting(&tick);
@@ -188,12 +163,12 @@ impl Runs {
         let running = Running {
             since,
             tick: tick.scheduled_at,
-            caught_up: tick.caught_up,
+            caught_up: tick.arrival.runs_late(),
             fence: tick.fence,
         };
-        let takes_turn = tick.origin.takes_turn();
+        let takes_turn = tick.arrival.takes_turn();
         if takes_turn {
-            self.mark_running(&job.name, Some(running));
+            self.jobs.mark_running(&job.name, Some(running));
         }
         let listed = self.list_going(&tick);
         let lapsed = listed
@@ -212,12 +187,52 @@ impl Runs {
         let record = holding_permit(run, late).await;
         self.unlist_going(&tick);
         if takes_turn {
-            self.took(&job.name, clock::now() - since);
+            self.jobs.took(&job.name, clock::now() - since);
         }
         match record {
             Some(record) => self.report(&tick, record),
             None => self.not_starting(&tick),
         }
+    }
+
+    /// Whether `tick`, holding its turn and permit, still starts: not if a pause or a replacing
+    /// tick came while it waited, if it cannot be listed as going, if runs its listing shows
+    /// beside it keep it from starting, or if it waited until its own next tick was due.
+    async fn still_to_start(&self, tick: &Tick, turn: &Turn) -> bool {
+        // A pause may have come while the tick waited for its turn or a permit.
+        if self.paused(tick) {
+            return false;
+        }
+        if turn.replace.is_cancelled() {
+            if self.settle(tick) {
+                self.report(tick, not_run(tick, Outcome::Replaced));
+            }
+            return false;
+        }
+        // A run of a skip or replace job starts listed, or not at all: unlisted, another node's
+        // leader would start the job beside it after a handoff.
+        if !self.lease_to_list_on(tick).await {
+            tracing::warn!("not starting: the lease this node lists its runs on is not open (etcd out of reach)");
+            self.not_starting(tick);
+            return false;
+        }
+        if let Cleared::No = self.listed_first(tick).await {
+            return false;
+        }
+        let job = &tick.job;
+        if turn.waited
+            && outrun(
+                job,
+                tick.scheduled_at,
+                tick.arrival.runs_late(),
+                self.jobs.last_took(&job.name),
+                clock::now(),
+            )
+        {
+            self.skip(tick, Skip::Outrun);
+            return false;
+        }
+        true
     }
 
     /// A slot of the job's group for the tick's first attempt, waited for in the group's line;
@@ -265,12 +280,10 @@ impl Runs {
     /// A late tick's permit, held for its run (at most [`LATE_PERMIT_HOLD`]); the semaphore is
     /// never closed. A late tick waits for room until it holds one; a live tick never waits.
     async fn late_permit(&self, tick: &Tick) -> Option<OwnedSemaphorePermit> {
-        if !tick.caught_up {
+        if !tick.arrival.runs_late() {
             return None;
         }
-        let permit = Arc::clone(&self.late).acquire_owned().await.ok();
-        self.late_taken_up();
-        permit
+        self.late.permit().await
     }
 }
 

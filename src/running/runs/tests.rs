@@ -1,8 +1,14 @@
 //! Unit tests of the runs: late room, overlap and outrun rules.
 
+use super::late::LATE_ROOM;
 use super::overlap::outrun;
+use super::overlap::{may_overlap, overlaps, Running};
 use super::*;
-use crate::rules::config::Job;
+use crate::rules::config::{Job, Overlap};
+use chrono::{DateTime, Utc};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use tokio_util::task::TaskTracker;
 
 fn at(millis: i64) -> DateTime<Utc> {
     DateTime::<Utc>::from_timestamp_millis(1_800_000_000_000 + millis).unwrap()
@@ -46,7 +52,7 @@ async fn shards_taking_over_together_share_the_nodes_room_for_late_ticks() {
     assert!(runs.reserve_late(1).is_some());
     drop(second);
     assert_eq!(
-        runs.late_waiting.load(Ordering::SeqCst),
+        runs.late.waiting.load(Ordering::SeqCst),
         0,
         "every reservation given back"
     );
@@ -108,4 +114,87 @@ fn only_a_run_going_for_the_ticks_distance_overlaps_a_tick() {
     };
     assert!(!may_overlap(caught_up, at(35000)));
     assert!(!overlaps(caught_up, at(40000), at(40000)));
+}
+
+#[test]
+fn the_job_table_answers_each_overlap_policy() {
+    let job = |overlap: Overlap| Job {
+        overlap,
+        ..Job::for_tests("j", "* * * * * *")
+    };
+    let running = Running {
+        since: at(3),
+        tick: at(0),
+        caught_up: false,
+        fence: 1,
+    };
+    let counted = |entered: Entered| match entered {
+        Entered::Counted(entry) => Some((entry.turn.map(|(_, number)| number), entry.met.is_some())),
+        _ => None,
+    };
+
+    // skip: a run going past the tick's distance skips it at once; one that may still end in
+    // time is met, and the tick waits for it; a late tick never meets one.
+    let table = JobTable::default();
+    let skip = job(Overlap::Skip);
+    assert_eq!(
+        counted(table.enter(&skip, true, false, at(0), at(0))),
+        Some((Some(1), false))
+    );
+    table.mark_running("j", Some(running));
+    assert!(matches!(
+        table.enter(&skip, true, false, at(1000), at(1003)),
+        Entered::Overlapped
+    ));
+    assert_eq!(
+        counted(table.enter(&skip, true, false, at(1000), at(1001))),
+        Some((Some(2), true))
+    );
+    assert_eq!(
+        counted(table.enter(&skip, true, true, at(1000), at(1001))),
+        Some((Some(3), false))
+    );
+    assert!(table.still_overlaps("j", running, at(1000), at(1003)));
+    assert!(!table.still_overlaps("j", running, at(1000), at(1001)));
+
+    // replace: a sequence while another is counted stops it; the older one, reaching the turn
+    // after the newer one was counted, starts out replaced.
+    let table = JobTable::default();
+    let replace = job(Overlap::Replace);
+    assert_eq!(
+        counted(table.enter(&replace, true, false, at(0), at(0))),
+        Some((Some(1), false))
+    );
+    assert!(matches!(
+        table.enter(&replace, true, false, at(1000), at(1000)),
+        Entered::Replacing(_)
+    ));
+    assert!(table.take_turn("j", Overlap::Replace, 1).is_cancelled());
+    assert!(!table.take_turn("j", Overlap::Replace, 2).is_cancelled());
+
+    // allow: no turn at all.
+    let table = JobTable::default();
+    assert_eq!(
+        counted(table.enter(&job(Overlap::Allow), true, false, at(0), at(0))),
+        Some((None, false))
+    );
+
+    // A backfill run takes no turn; while only backfill runs go, another may be claimed, and
+    // the job's entry goes with its last sequence.
+    let table = JobTable::default();
+    assert_eq!(
+        counted(table.enter(&skip, false, false, at(0), at(5000))),
+        Some((None, false))
+    );
+    assert!(table.only_backfills("j"));
+    assert_eq!(table.backfilling("j"), 1);
+    assert_eq!(
+        counted(table.enter(&skip, true, false, at(6000), at(6000))),
+        Some((Some(1), false))
+    );
+    assert!(!table.only_backfills("j"));
+    table.leave_backfill("j");
+    table.release_turn("j");
+    assert_eq!(table.backfilling("j"), 0);
+    assert!(table.last_took("j").is_none());
 }
