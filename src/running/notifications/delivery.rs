@@ -22,7 +22,7 @@ const ACCOUNT_TRIES: u32 = 5;
 
 impl Notifications {
     /// Sends each of `pending` from a task of its own.
-    pub(crate) fn deliver_all(self: &Arc<Self>, job: &Arc<Job>, pending: Vec<Pending>) {
+    pub(super) fn deliver_all(self: &Arc<Self>, job: &Arc<Job>, pending: Vec<Pending>) {
         if self.http.is_none() {
             // Left in the record: they wait for a node that can send them (logged at the start).
             return;
@@ -52,7 +52,7 @@ impl Notifications {
     }
 
     /// Whether this process is sending `pending` of `job` now.
-    pub(crate) fn is_sending(&self, job: &str, pending: &Pending) -> bool {
+    pub(super) fn is_sending(&self, job: &str, pending: &Pending) -> bool {
         self.lock()
             .contains(&(job.to_string(), pending.dedupe_key(job), pending.notifier.clone()))
     }
@@ -61,7 +61,7 @@ impl Notifications {
         self.sending.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    pub(crate) fn etcd(&self) -> (&etcd_client::Client, &Keys) {
+    pub(super) fn etcd(&self) -> (&etcd_client::Client, &Keys) {
         (&self.etcd, &self.keys)
     }
 

@@ -15,13 +15,15 @@
 //! The parts, one question each: what a run hands over ([`outbox`]), how each job's notes wait
 //! their turn ([`job_queues`]), how a note is accounted for in the job's record and what a stop
 //! flushes ([`accounting`]), how an event is sent and taken off the record ([`delivery`]), a
-//! success's ping ([`pings`]), and what goes on the wire to a receiver ([`webhook`]).
+//! success's ping ([`pings`]), what goes on the wire to a receiver ([`webhook`]), and the events
+//! records hold that no live process sends ([`unsent`]).
 
 mod accounting;
 mod delivery;
 mod job_queues;
 mod outbox;
 mod pings;
+mod unsent;
 mod webhook;
 
 use std::collections::HashSet;
@@ -37,6 +39,7 @@ use crate::metrics::ResultLabel;
 use job_queues::JobQueues;
 
 pub(crate) use outbox::{Note, Outbox};
+pub(crate) use unsent::UnsentNotifications;
 
 /// Finished runs waiting to be accounted for: a node that cannot reach etcd for a while keeps
 /// this many, then drops (and counts) the rest rather than grow.
