@@ -21,7 +21,7 @@ use crate::node::{self, NodeOptions};
 use crate::readiness::{Readiness, Stage};
 use crate::rules::config::Config;
 use crate::serving::http::Exposure;
-use crate::{coord::etcd, memory, running::descriptors, secrets, serving::http, serving::notify};
+use crate::{coord::etcd, memory, running::descriptors, secrets, serving::http, serving::systemd};
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
@@ -82,7 +82,7 @@ pub(super) async fn serve(config: Config, args: &NodeArgs, endpoints: Vec<String
     let readiness = Readiness::default();
     let exposure = Exposure::default();
     tokio::spawn(forward_signals(shutdown.clone(), hurry.clone()));
-    tokio::spawn(notify::follow(readiness.clone()));
+    tokio::spawn(systemd::follow(readiness.clone()));
     tokio::spawn(memory::trim_until(shutdown.clone()));
     tracing::info!(endpoints = ?endpoints, config = %config.path.display(), digest = %config.digest, "connecting to etcd");
     for warning in config.warnings() {
@@ -295,7 +295,7 @@ async fn reload_on_hangup(
     };
     while hangups.recv().await.is_some() {
         tracing::info!(config = %path.display(), "SIGHUP: reloading jobs.toml");
-        notify::send("RELOADING=1");
+        systemd::send("RELOADING=1");
         let (reading, own_secrets) = (path.clone(), own_secrets.clone());
         let loaded = tokio::task::spawn_blocking(move || {
             let config = load_for_node(&reading)?;
@@ -304,7 +304,7 @@ async fn reload_on_hangup(
         })
         .await;
         // Rejected or not, the node goes on: systemd's reload job ends here either way.
-        notify::send("READY=1");
+        systemd::send("READY=1");
         match loaded {
             Ok(Ok(config)) => {
                 let scrubbed = child_env.scrub(config.secret_variables());

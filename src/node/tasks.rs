@@ -22,6 +22,7 @@ use crate::readiness::Stage;
 use crate::rules::backfill::InFlight;
 use crate::rules::config::{Delivery, Etcd};
 use crate::rules::record::Member;
+use crate::running::notifications::UnsentNotifications;
 
 /// The node's tasks that outlive sessions; they end with the process or its shutdown.
 pub(super) fn spawn_node_tasks(
@@ -140,11 +141,8 @@ pub(super) fn lead(
         mirrored.backfills,
     ));
     tasks.spawn(give_back_unheld_backfills(Arc::clone(node), session.clone()));
-    tasks.spawn(send_unsent_notifications(
-        Arc::clone(node),
-        session.clone(),
-        view.clone(),
-    ));
+    let unsent = UnsentNotifications::new(Arc::clone(&node.notifications), node.jobs.clone(), view.clone());
+    tasks.spawn(unsent.run(session.ended().clone()));
     tasks.spawn(crate::coord::unserved::keep(
         session.clone(),
         node.keys.clone(),
@@ -207,113 +205,6 @@ async fn give_back_unheld_backfills(node: Arc<NodeContext>, session: Session) {
             result = changed.changed() => if result.is_err() { return },
             _ = tokio::time::sleep(AGAIN), if left => {}
             _ = session.ended().cancelled() => return,
-        }
-    }
-}
-
-/// Sends the events the jobs' records hold undelivered that no live process sends: this node's
-/// own from before a restart, and, for the jobs whose shard it leads, those of nodes that left
-/// the fleet. Each look reads the record of every job of this node's config with `notify`
-/// (never other nodes' instances of fanned-out jobs), so it looks when the session starts,
-/// every few seconds for a while after a node left the fleet (its shards move to their new
-/// leaders meanwhile), and otherwise once a minute (a write that failed), only while some job
-/// has `notify`. The records of fanned-out instances whose node is gone go with the node's
-/// other records ([`crate::coord::gone_nodes`]).
-async fn send_unsent_notifications(node: Arc<NodeContext>, session: Session, mut view: watch::Receiver<FleetView>) {
-    use std::time::Duration;
-    const SOON: Duration = Duration::from_secs(3);
-    const WHILE_MOVING: Duration = Duration::from_secs(30);
-    const SELDOM: Duration = Duration::from_secs(60);
-    let me = node.node_id.as_str();
-    let mut members: BTreeSet<String> = view.borrow().members.keys().cloned().collect();
-    // Looks every `SOON` until this instant.
-    let mut eager_until = tokio::time::Instant::now() + WHILE_MOVING;
-    let mut first = true;
-    loop {
-        if !std::mem::take(&mut first) {
-            let pause = match tokio::time::Instant::now() < eager_until {
-                true => SOON,
-                false => SELDOM,
-            };
-            let wake = tokio::time::sleep(pause);
-            tokio::pin!(wake);
-            loop {
-                tokio::select! {
-                    _ = &mut wake => break,
-                    changed = view.changed() => {
-                        if changed.is_err() {
-                            return;
-                        }
-                        let now: BTreeSet<String> = view.borrow_and_update().members.keys().cloned().collect();
-                        if members.iter().any(|member| !now.contains(member)) {
-                            eager_until = tokio::time::Instant::now() + WHILE_MOVING;
-                            wake.as_mut().reset(tokio::time::Instant::now() + SOON);
-                        }
-                        members = now;
-                    }
-                    _ = session.ended().cancelled() => return,
-                }
-            }
-        }
-        let notify_jobs: std::collections::HashMap<String, Arc<crate::rules::config::Job>> = node
-            .jobs
-            .borrow()
-            .by_shard
-            .iter()
-            .flatten()
-            .filter(|job| !job.notify.is_empty())
-            .map(|job| (job.name.clone(), Arc::clone(job)))
-            .collect();
-        if notify_jobs.is_empty() {
-            continue;
-        }
-        let (client, keys) = node.notifications.etcd();
-        let names: Vec<&str> = notify_jobs.keys().map(String::as_str).collect();
-        let records = match crate::coord::notifications::with_pending(client, keys, &names).await {
-            Ok(records) => records,
-            Err(err) => {
-                tracing::debug!(error = %err, "cannot read the notification records; trying again shortly");
-                continue;
-            }
-        };
-        for (name, record) in records {
-            let Some(job) = notify_jobs.get(&name) else { continue };
-            let (leads, members) = {
-                let view = view.borrow();
-                let leads = view
-                    .leaders
-                    .get(job.shard as usize)
-                    .and_then(Option::as_ref)
-                    .is_some_and(|(leader, _)| leader == me);
-                (leads, Arc::clone(&view.members))
-            };
-            let mine: Vec<_> = record
-                .pending
-                .iter()
-                .filter(|pending| pending.node == me && !node.notifications.is_sending(&name, pending))
-                .cloned()
-                .collect();
-            node.notifications.deliver_all(job, mine);
-            if !leads {
-                continue;
-            }
-            let gone: BTreeSet<&str> = record
-                .pending
-                .iter()
-                .map(|pending| pending.node.as_str())
-                .filter(|owner| *owner != me && !members.contains_key(*owner))
-                .collect();
-            for owner in gone {
-                match crate::coord::notifications::adopt(client, keys, &name, owner, me).await {
-                    Ok(adopted) => {
-                        tracing::info!(job = %name, node = owner, events = adopted.len(), "sending the notifications of a node that left the fleet");
-                        node.notifications.deliver_all(job, adopted);
-                    }
-                    Err(err) => {
-                        tracing::warn!(job = %name, node = owner, error = %err, "cannot take over a gone node's notifications; trying again shortly")
-                    }
-                }
-            }
         }
     }
 }
