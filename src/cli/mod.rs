@@ -3,7 +3,8 @@
 //!
 //! - `args`: where the config and the cluster are found, and instants as flags spell them.
 //! - [`check`]: `check`, `next` and `plan`: the config and its schedules, without a cluster.
-//! - [`node`] and `node_args`: `run`, a node's start and its signals.
+//! - [`node`], `node_args` and `node_start`: `run`, a node's flags, their validation into one
+//!   value, and the start it orchestrates, with its signals.
 //! - [`dev`]: `dev`, nodes on a throwaway etcd, one or a few to watch a failover.
 //! - [`control`]: `trigger`, `pause` and `resume`: asking the fleet through etcd.
 //! - [`reading`]: `status` and `history`: what etcd holds, printed.
@@ -21,6 +22,7 @@ pub mod docs;
 pub mod node;
 mod node_args;
 mod node_secrets;
+mod node_start;
 pub mod reading;
 
 use std::io::Write;
@@ -29,7 +31,8 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 
 pub use args::{format_instant, parse_instant, ClusterArg, ConfigArg, DEFAULT_CONFIG_PATHS};
-pub use node_args::{LogFormat, NodeArgs, MIN_API_TOKEN};
+pub use node_args::{LogFormat, NodeArgs};
+pub use node_start::MIN_API_TOKEN;
 
 /// `--version`: the version, the commit of a build from a checkout, and the time zone database
 /// compiled in (a change of a zone's rules needs a rebuild: this says which rules a node uses).

@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::args::endpoints;
 use super::node_secrets::NodeSecrets;
+use super::node_start::NodeStart;
 use super::{block_on, ConfigArg, NodeArgs};
 use crate::backoff::{sleep_or_cancel, Backoff};
 use crate::coord::health::Limits;
@@ -46,37 +47,22 @@ pub fn run(config: Config, args: &NodeArgs) -> Result<()> {
     block_on(serve(config, args, endpoints))
 }
 
-/// The API's tokens, their origins logged (never their values).
-fn tokens(args: &NodeArgs) -> Result<(Option<String>, Option<String>)> {
-    let token = args.api_token()?;
-    let read_token = args.api_read_token()?;
-    for (name, secret) in [("API token", &token), ("API read token", &read_token)] {
-        if let Some(secret) = secret {
-            tracing::info!(from = %secret.origin, "{name} loaded");
-        }
-    }
-    Ok((token.map(|secret| secret.value), read_token.map(|secret| secret.value)))
-}
-
+/// A node's start: its flags and environment validated into a [`NodeStart`] first (any error
+/// ends the start before anything is spawned), then the pieces started in order: the signal,
+/// readiness and memory tasks, the HTTP listener, the reload on SIGHUP, the connection to etcd
+/// and its members, the record format's check, and the node.
 pub(super) async fn serve(config: Config, args: &NodeArgs, endpoints: Vec<String>) -> Result<()> {
-    // A notifier would send such a secret to its URL: refused before anything starts.
-    let own_secrets = NodeSecrets::of(args, std::env::var_os("CREDENTIALS_DIRECTORY").map(PathBuf::from));
-    own_secrets.check(&config)?;
-    let listen = args.listen_address()?;
-    let (token, read_token) = tokens(args)?;
-    // Every command starts from the node's environment without the variables that hold its
-    // secrets or the config's; a reload scrubs the ones its config adds.
-    let secret_variables: Vec<&str> = args.secret_variables().chain(config.secret_variables()).collect();
-    let child_env = Arc::new(secrets::ChildEnv::of_node(std::env::vars_os(), &secret_variables));
-    let node_id = match &args.node_id {
-        Some(id) => id.clone(),
-        None => {
-            let host = hostname::get().context("cannot read the host name; pass --node-id")?;
-            super::node_args::parse_node_id(&host.to_string_lossy())
-                .map_err(|err| anyhow::anyhow!("the host name is no node id ({err}); pass --node-id"))?
-        }
-    };
-    let options = etcd::connect_options(&config.etcd).with_context(|| config.path.display().to_string())?;
+    let NodeStart {
+        config,
+        endpoints,
+        etcd_options: options,
+        node_id,
+        tags,
+        shutdown_grace,
+        http: plan,
+        own_secrets,
+        child_env,
+    } = NodeStart::validate(config, args, endpoints)?;
     let shutdown = CancellationToken::new();
     let hurry = CancellationToken::new();
     let readiness = Readiness::default();
@@ -84,37 +70,22 @@ pub(super) async fn serve(config: Config, args: &NodeArgs, endpoints: Vec<String
     tokio::spawn(forward_signals(shutdown.clone(), hurry.clone()));
     tokio::spawn(systemd::follow(readiness.clone()));
     tokio::spawn(memory::trim_until(shutdown.clone()));
-    tracing::info!(endpoints = ?endpoints, config = %config.path.display(), digest = %config.digest, "connecting to etcd");
-    for warning in config.warnings() {
-        tracing::warn!(config = %config.path.display(), "{warning}");
-    }
-    match descriptors::raise_limit() {
-        Ok(raised) => {
-            let shown = |limit: Option<u64>| limit.map_or_else(|| "unlimited".to_owned(), |limit| limit.to_string());
-            tracing::info!(
-                before = %shown(raised.before),
-                now = %shown(raised.now),
-                hard = %shown(raised.hard),
-                "file descriptor limit (RLIMIT_NOFILE soft) raised to the hard limit"
-            )
-        }
-        Err(err) => tracing::warn!(error = %err, "cannot raise the file descriptor limit to the hard limit"),
-    }
+    log_start(&config, &endpoints);
     // Served from the start, so an operator sees etcd errors while the node waits for etcd, and
     // until the node has ended, so `/readyz` says it is stopping while it drains.
     let listener_stop = CancellationToken::new();
     let _stop_listener = listener_stop.clone().drop_guard();
-    if let Some(address) = listen {
+    if let Some(address) = plan.address {
         let served = |max_connections| http::Served {
             cluster: config.cluster.clone(),
             readiness: readiness.clone(),
             exposure: exposure.clone(),
-            token,
-            read_token,
+            token: plan.token,
+            read_token: plan.read_token,
             max_connections,
-            allowed_hosts: args.http_allowed_hosts.clone(),
+            allowed_hosts: plan.allowed_hosts,
         };
-        serve_http(address, args, served, listener_stop.clone()).await?;
+        serve_http(address, plan.max_connections, served, listener_stop.clone()).await?;
     }
     let probe_key = Keys::new(&config.cluster.name).nodes_prefix();
     // Before connecting, which may wait for etcd: SIGHUP's default action would end the node.
@@ -136,8 +107,8 @@ pub(super) async fn serve(config: Config, args: &NodeArgs, endpoints: Vec<String
     }
     let options = NodeOptions {
         node_id,
-        tags: args.tags.clone(),
-        shutdown_grace: args.shutdown_grace,
+        tags,
+        shutdown_grace,
         hurry,
         readiness,
         exposure,
@@ -148,21 +119,39 @@ pub(super) async fn serve(config: Config, args: &NodeArgs, endpoints: Vec<String
     Ok(())
 }
 
-/// Binds the HTTP listener and serves it until `stop`, with at most half the descriptor limit
-/// in connections (the cap `served` is given).
+/// What a start logs before it serves or connects: where it connects, the config's warnings,
+/// and the descriptor limit it raised.
+fn log_start(config: &Config, endpoints: &[String]) {
+    tracing::info!(endpoints = ?endpoints, config = %config.path.display(), digest = %config.digest, "connecting to etcd");
+    for warning in config.warnings() {
+        tracing::warn!(config = %config.path.display(), "{warning}");
+    }
+    match descriptors::raise_limit() {
+        Ok(raised) => {
+            let shown = |limit: Option<u64>| limit.map_or_else(|| "unlimited".to_owned(), |limit| limit.to_string());
+            tracing::info!(
+                before = %shown(raised.before),
+                now = %shown(raised.now),
+                hard = %shown(raised.hard),
+                "file descriptor limit (RLIMIT_NOFILE soft) raised to the hard limit"
+            )
+        }
+        Err(err) => tracing::warn!(error = %err, "cannot raise the file descriptor limit to the hard limit"),
+    }
+}
+
+/// Binds the HTTP listener and serves it until `stop`, with at most the `asked` connections and
+/// half the descriptor limit (the cap `served` is given).
 async fn serve_http(
     address: std::net::SocketAddr,
-    args: &NodeArgs,
+    asked: u32,
     served: impl FnOnce(usize) -> http::Served,
     stop: CancellationToken,
 ) -> Result<()> {
     let listener = tokio::net::TcpListener::bind(address)
         .await
         .with_context(|| format!("cannot listen for HTTP on {address}"))?;
-    let served = served(http::connection_cap(
-        args.http_max_connections as usize,
-        descriptors::soft_limit(),
-    ));
+    let served = served(http::connection_cap(asked as usize, descriptors::soft_limit()));
     let max_connections = served.max_connections;
     let writes = if served.token.is_some() {
         "on"
@@ -174,8 +163,8 @@ async fn serve_http(
     } else {
         "open"
     };
-    if max_connections < args.http_max_connections as usize {
-        tracing::warn!(asked = args.http_max_connections, max_connections, "--http-max-connections lowered to half the descriptor limit, so clients cannot take the descriptors runs need");
+    if max_connections < asked as usize {
+        tracing::warn!(asked, max_connections, "--http-max-connections lowered to half the descriptor limit, so clients cannot take the descriptors runs need");
     }
     tracing::info!(%address, writes, reads, max_connections, "serving HTTP: / (dashboard), /healthz, /readyz, /metrics, /api/v1");
     tokio::spawn(http::serve(listener, served, stop));

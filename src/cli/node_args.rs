@@ -1,14 +1,14 @@
-//! The options of a running node, shared by `run` and `dev`, and their checks: the listen
-//! address, and API tokens long enough not to be guessed.
+//! The options of a running node, shared by `run` and `dev`, as clap parses them: each flag's
+//! own syntax is checked here (a node id, tags, a listen address, a grace); what needs several
+//! flags, the environment or a file (the API tokens, the host name) is checked once by
+//! [`super::node_start`].
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::Result;
 use clap::Args;
 
 use crate::rules::pools::Tags;
-use crate::secrets::{self, Secret, Sources};
 
 /// Options of a running node, shared by `run` and `dev`.
 #[derive(Debug, Args, Clone)]
@@ -79,69 +79,6 @@ pub struct NodeArgs {
     pub log_format: LogFormat,
 }
 
-impl NodeArgs {
-    /// Where to serve HTTP: `--http-addr`, else the older `SHARDCRON_METRICS_ADDR`.
-    pub fn listen_address(&self) -> Result<Option<std::net::SocketAddr>> {
-        if self.http_addr.is_some() {
-            return Ok(self.http_addr);
-        }
-        match std::env::var("SHARDCRON_METRICS_ADDR") {
-            Ok(value) if !value.trim().is_empty() => parse_listen_address(&value)
-                .map(Some)
-                .map_err(|err| anyhow::anyhow!("SHARDCRON_METRICS_ADDR: {err}")),
-            _ => Ok(None),
-        }
-    }
-
-    /// The API's write token: from the variable `--api-token-env` names, the file
-    /// `--api-token-file` names, or the systemd credential `api-token`.
-    pub fn api_token(&self) -> Result<Option<Secret>> {
-        api_token(Sources {
-            what: "the API token (--api-token-env, --api-token-file, credential api-token)",
-            env: self.api_token_env.as_deref(),
-            file: self.api_token_file.as_deref(),
-            credential: secrets::API_TOKEN_CREDENTIAL,
-        })
-    }
-
-    /// The API's read token, found as the write token is.
-    pub fn api_read_token(&self) -> Result<Option<Secret>> {
-        api_token(Sources {
-            what: "the API read token (--api-read-token-env, --api-read-token-file, credential api-read-token)",
-            env: self.api_read_token_env.as_deref(),
-            file: self.api_read_token_file.as_deref(),
-            credential: secrets::API_READ_TOKEN_CREDENTIAL,
-        })
-    }
-
-    /// The variables that hold the node's secrets, which its jobs must not see.
-    pub fn secret_variables(&self) -> impl Iterator<Item = &str> {
-        [&self.api_token_env, &self.api_read_token_env]
-            .into_iter()
-            .filter_map(|var| var.as_deref())
-    }
-}
-
-/// The shortest API token a node accepts: a short one is guessed by trying.
-pub const MIN_API_TOKEN: usize = 16;
-
-/// A token, with the blanks around it dropped (a stray newline or space is never meant), and
-/// refused if shorter than [`MIN_API_TOKEN`].
-fn api_token(sources: Sources) -> Result<Option<Secret>> {
-    let Some(mut token) = secrets::load(sources)? else {
-        return Ok(None);
-    };
-    token.value = token.value.trim().to_string();
-    anyhow::ensure!(
-        token.value.len() >= MIN_API_TOKEN,
-        "{}: the token from the {} is {} bytes long; it must be at least {MIN_API_TOKEN} (such as `openssl rand -hex 32`)",
-        sources.what,
-        token.origin,
-        token.value.len()
-    );
-    Ok(Some(token))
-}
-
 fn shardcron_http_default_connections() -> u32 {
     crate::serving::http::DEFAULT_MAX_CONNECTIONS as u32
 }
@@ -166,7 +103,7 @@ fn parse_tags(value: &str) -> Result<Tags, String> {
 }
 
 /// `HOST:PORT`, or a bare `PORT` on loopback: the listener is never public unless asked.
-fn parse_listen_address(value: &str) -> Result<std::net::SocketAddr, String> {
+pub(super) fn parse_listen_address(value: &str) -> Result<std::net::SocketAddr, String> {
     if let Ok(port) = value.trim().parse::<u16>() {
         return Ok(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
     }
@@ -180,31 +117,4 @@ fn parse_listen_address(value: &str) -> Result<std::net::SocketAddr, String> {
 pub enum LogFormat {
     Text,
     Json,
-}
-#[cfg(test)]
-mod tests {
-    use std::os::unix::fs::PermissionsExt;
-
-    use super::*;
-
-    #[test]
-    fn an_api_token_is_trimmed_and_must_be_at_least_16_bytes() {
-        let dir = tempfile::tempdir().expect("dir");
-        let token = |text: &str| {
-            let path = dir.path().join("token");
-            std::fs::write(&path, text).expect("write");
-            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-            api_token(Sources {
-                what: "the test token",
-                env: None,
-                file: Some(&path),
-                credential: "unused",
-            })
-        };
-        let got = token(" 0123456789abcdef \n").expect("16 bytes").expect("a token");
-        assert_eq!(got.value, "0123456789abcdef");
-        let err = token("0123456789abcde\n").expect_err("15 bytes").to_string();
-        assert!(err.contains("15 bytes") && err.contains("at least 16"), "{err}");
-        assert!(!err.contains("0123456789abcde"), "the error shows the token: {err}");
-    }
 }

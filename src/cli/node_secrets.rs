@@ -21,7 +21,7 @@ pub(super) struct NodeSecrets {
 
 impl NodeSecrets {
     /// The sources `args` name, and `credentials` (the node's `$CREDENTIALS_DIRECTORY`).
-    pub(super) fn of(args: &super::NodeArgs, credentials: Option<PathBuf>) -> NodeSecrets {
+    pub(super) fn of(args: &super::node_args::NodeArgs, credentials: Option<PathBuf>) -> NodeSecrets {
         let vars = [
             (&args.api_token_env, "--api-token-env"),
             (&args.api_read_token_env, "--api-read-token-env"),
@@ -45,7 +45,7 @@ impl NodeSecrets {
 
     /// Refuses `config` if a notifier header of it names one of the node's secrets: the start
     /// ends, or the reload is rejected, with the file, the field and why.
-    pub(super) fn check(&self, config: &Config) -> anyhow::Result<()> {
+    pub(super) fn check(&self, config: &Config) -> Result<(), OwnSecretRefused> {
         let mut own = config.etcd.own_secrets();
         for (var, what) in &self.vars {
             own.var(var, what);
@@ -84,16 +84,27 @@ impl NodeSecrets {
                     HeaderValue::Text(_) => None,
                 };
                 if let Some(why) = refused {
-                    anyhow::bail!(
-                        "{}: field \"notify.{}.headers.{header}\": {why}",
-                        config.path.display(),
-                        notifier.name
-                    );
+                    return Err(OwnSecretRefused {
+                        path: config.path.clone(),
+                        notifier: notifier.name.clone(),
+                        header: header.clone(),
+                        why,
+                    });
                 }
             }
         }
         Ok(())
     }
+}
+
+/// A notifier header that names one of the node's own secrets: the file, the field, and why.
+#[derive(Debug, thiserror::Error)]
+#[error("{}: field \"notify.{notifier}.headers.{header}\": {why}", path.display())]
+pub(crate) struct OwnSecretRefused {
+    path: PathBuf,
+    notifier: String,
+    header: String,
+    why: String,
 }
 
 /// `path` with its symbolic links resolved, if it exists and differs.

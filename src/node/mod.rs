@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -23,7 +24,7 @@ use crate::coord::activity::ActivityCount;
 use crate::coord::backfills::Backfills;
 use crate::coord::claims::ClaimLead;
 use crate::coord::election;
-use crate::coord::groups::Groups;
+use crate::coord::groups::{CurrentLimit, Groups};
 use crate::coord::keys::{ElectionKeys, Keys};
 use crate::coord::pauses::Pauses;
 use crate::coord::results::{write_leftovers, ResultQueue};
@@ -32,6 +33,7 @@ use crate::rules::config::Config;
 use crate::rules::config::{Loaded, NodeSpec};
 use crate::rules::pools::Tags;
 use crate::running::backfill_settles::BackfillSettles;
+use crate::running::notifications::{Notifications, Outbox};
 use crate::running::report::{Reports, RunSink};
 use crate::running::runs::Runs;
 use crate::serving::http::{Exposed, Exposure};
@@ -70,18 +72,63 @@ pub async fn run(
     shutdown: CancellationToken,
     reloads: mpsc::UnboundedReceiver<Config>,
 ) {
-    let keys = Keys::new(&config.cluster.name);
-    let results = Arc::new(ResultQueue::new(config.cluster.history));
-    let results_closed = CancellationToken::new();
-    let result_writer = tokio::spawn(write_leftovers(
-        Arc::clone(&results),
-        client.clone(),
-        keys.clone(),
-        results_closed.clone(),
-    ));
     let job_count = config.jobs.len();
-    let cluster = config.cluster.clone();
-    let etcd = config.etcd.clone();
+    let (cluster, etcd) = (config.cluster.clone(), config.etcd.clone());
+    let Built {
+        node,
+        loaded_sender,
+        writers,
+    } = build(config, &options, &client, shutdown);
+    tasks::spawn_node_tasks(&node, &options, &client, &etcd);
+    tracing::info!(
+        node = %node.node_id,
+        cluster = %cluster.name,
+        shards = cluster.shards,
+        tags = %options.tags.iter().collect::<Vec<_>>().join(","),
+        jobs = job_count,
+        lease_ttl = ?cluster.lease_ttl,
+        "node starting"
+    );
+    let sessions = Sessions {
+        node: Arc::clone(&node),
+        client,
+        cluster,
+        etcd,
+        readiness: options.readiness.clone(),
+        started_at: crate::clock::now(),
+        backoff: Backoff::coordination(),
+        unrevoked: Vec::new(),
+    };
+    sessions.run(reloads, loaded_sender).await;
+    writers.shut_down(&node, &options).await;
+}
+
+/// A node's parts, built before its first session, and the writers its shutdown ends last.
+struct Built {
+    node: Arc<NodeContext>,
+    /// Where a reload's jobs go, for the sessions to send.
+    loaded_sender: watch::Sender<Arc<Loaded>>,
+    writers: Writers,
+}
+
+/// The two tasks that write out what runs leave behind (their results, their notifications),
+/// with the tokens that close them: only once the runs drained, so a run that ends in the grace
+/// is recorded and told too.
+struct Writers {
+    results_closed: CancellationToken,
+    result_writer: JoinHandle<()>,
+    notes_closed: CancellationToken,
+    notifier: JoinHandle<()>,
+}
+
+/// Builds the node's parts from its config, in this order: the results queue and its writer
+/// (spawned), the jobs as loaded (exposed to the HTTP API), pauses, groups, backfills, the
+/// notifications and their sender (spawned), the runs with the sinks every finished run passes,
+/// and the [`NodeContext`] that holds them.
+fn build(config: Config, options: &NodeOptions, client: &etcd_client::Client, shutdown: CancellationToken) -> Built {
+    let keys = Keys::new(&config.cluster.name);
+    let (results, results_closed, result_writer) = spawn_result_writer(config.cluster.history, client, &keys);
+    let lease_ttl = config.cluster.lease_ttl;
     let election_keys = ElectionKeys {
         keys: keys.clone(),
         elections: Arc::clone(&config.elections),
@@ -97,18 +144,14 @@ pub async fn run(
         jobs: loaded.clone(),
     });
     let pauses = Arc::new(Pauses::default());
-    // A group's limit as the config holds it now: a reload that lowers it holds for the slots
-    // already held, not only for new takes.
-    let configured = loaded.clone();
-    let limits: crate::coord::groups::CurrentLimit =
-        Box::new(move |group| configured.borrow().groups.get(group).map(|group| group.limit));
-    let groups = Arc::new(Groups::new(client.clone(), keys.clone(), cluster.lease_ttl, limits));
+    let groups = Arc::new(Groups::new(
+        client.clone(),
+        keys.clone(),
+        lease_ttl,
+        current_limits(&loaded),
+    ));
     let backfills = Arc::new(Backfills::default());
-    let (outbox, notifications, notes) =
-        crate::running::notifications::new(client.clone(), keys.clone(), options.node_id.clone());
-    // Closed only once the runs drained: a run that ends in the grace is told and pinged too.
-    let notes_closed = CancellationToken::new();
-    let notifier = tokio::spawn(Arc::clone(&notifications).run(notes, notes_closed.clone(), options.hurry.clone()));
+    let (outbox, notifications, notes_closed, notifier) = spawn_notifier(client, &keys, options);
     // Runs and the writes that settle their backfill ticks are followed together, so the
     // shutdown's drain waits for both.
     let run_tracker = TaskTracker::new();
@@ -119,15 +162,7 @@ pub async fn run(
         run_tracker.clone(),
     ));
     let activity = Arc::new(ActivityCount::default());
-    // Every finished run passes each of these, in this order (`running::report`).
-    let reports = Reports::new(vec![
-        Arc::new(crate::metrics::get()),
-        Arc::clone(&activity) as Arc<dyn RunSink>,
-        Arc::new(outbox),
-        Arc::new(crate::coord::job_gauges::get()),
-        Arc::clone(&results) as Arc<dyn RunSink>,
-        Arc::clone(&settles) as Arc<dyn RunSink>,
-    ]);
+    let reports = report_sinks(&activity, outbox, &results, &settles);
     let node = Arc::new(NodeContext {
         node_id: options.node_id.clone(),
         keys,
@@ -154,40 +189,93 @@ pub async fn run(
         claim_lead: ClaimLead::new(),
         started_here: Arc::default(),
         elections: election::Admission::new(ELECTION_REQUESTS),
-        shutdown: shutdown.clone(),
+        shutdown,
     });
-    tasks::spawn_node_tasks(&node, &options, &client, &etcd);
-    tracing::info!(
-        node = %node.node_id,
-        cluster = %cluster.name,
-        shards = cluster.shards,
-        tags = %options.tags.iter().collect::<Vec<_>>().join(","),
-        jobs = job_count,
-        lease_ttl = ?cluster.lease_ttl,
-        "node starting"
-    );
-    let sessions = Sessions {
-        node: Arc::clone(&node),
-        client,
-        cluster,
-        etcd,
-        readiness: options.readiness.clone(),
-        started_at: crate::clock::now(),
-        backoff: Backoff::coordination(),
-        unrevoked: Vec::new(),
-    };
-    sessions.run(reloads, loaded_sender).await;
+    Built {
+        node,
+        loaded_sender,
+        writers: Writers {
+            results_closed,
+            result_writer,
+            notes_closed,
+            notifier,
+        },
+    }
+}
 
-    tracing::info!("shutting down: shards resigned; waiting for running commands");
-    node.runs.drain(options.shutdown_grace, &options.hurry).await;
-    node.groups.close().await;
-    results_closed.cancel();
-    notes_closed.cancel();
-    if let Err(err) = result_writer.await {
-        tracing::warn!(error = %err, "result writer ended abnormally");
+/// The queue of results waiting to be written to etcd (keeping `history` runs a job), and its
+/// writer, spawned; the writer ends once the token is cancelled and the queue written out.
+fn spawn_result_writer(
+    history: u32,
+    client: &etcd_client::Client,
+    keys: &Keys,
+) -> (Arc<ResultQueue>, CancellationToken, JoinHandle<()>) {
+    let results = Arc::new(ResultQueue::new(history));
+    let closed = CancellationToken::new();
+    let writer = tokio::spawn(write_leftovers(
+        Arc::clone(&results),
+        client.clone(),
+        keys.clone(),
+        closed.clone(),
+    ));
+    (results, closed, writer)
+}
+
+/// The outbox runs hand their notifications to, and their sender, spawned; the sender ends once
+/// the token is cancelled and what waits is told (sooner on a second signal).
+fn spawn_notifier(
+    client: &etcd_client::Client,
+    keys: &Keys,
+    options: &NodeOptions,
+) -> (Outbox, Arc<Notifications>, CancellationToken, JoinHandle<()>) {
+    let (outbox, notifications, notes) =
+        crate::running::notifications::new(client.clone(), keys.clone(), options.node_id.clone());
+    // Closed only once the runs drained: a run that ends in the grace is told and pinged too.
+    let closed = CancellationToken::new();
+    let notifier = tokio::spawn(Arc::clone(&notifications).run(notes, closed.clone(), options.hurry.clone()));
+    (outbox, notifications, closed, notifier)
+}
+
+/// A group's limit as the config holds it now: a reload that lowers it holds for the slots
+/// already held, not only for new takes.
+fn current_limits(loaded: &watch::Receiver<Arc<Loaded>>) -> CurrentLimit {
+    let configured = loaded.clone();
+    Box::new(move |group| configured.borrow().groups.get(group).map(|group| group.limit))
+}
+
+/// Every finished run passes each of these, in this order (`running::report`).
+fn report_sinks(
+    activity: &Arc<ActivityCount>,
+    outbox: Outbox,
+    results: &Arc<ResultQueue>,
+    settles: &Arc<BackfillSettles>,
+) -> Reports {
+    Reports::new(vec![
+        Arc::new(crate::metrics::get()),
+        Arc::clone(activity) as Arc<dyn RunSink>,
+        Arc::new(outbox),
+        Arc::new(crate::coord::job_gauges::get()),
+        Arc::clone(results) as Arc<dyn RunSink>,
+        Arc::clone(settles) as Arc<dyn RunSink>,
+    ])
+}
+
+impl Writers {
+    /// The shutdown, once the sessions ended (shards resigned): the runs get their grace, the
+    /// groups give back their slots, then the results and notifications still waiting are
+    /// written and told.
+    async fn shut_down(self, node: &NodeContext, options: &NodeOptions) {
+        tracing::info!("shutting down: shards resigned; waiting for running commands");
+        node.runs.drain(options.shutdown_grace, &options.hurry).await;
+        node.groups.close().await;
+        self.results_closed.cancel();
+        self.notes_closed.cancel();
+        if let Err(err) = self.result_writer.await {
+            tracing::warn!(error = %err, "result writer ended abnormally");
+        }
+        if let Err(err) = self.notifier.await {
+            tracing::warn!(error = %err, "notification sender ended abnormally");
+        }
+        tracing::info!("node stopped");
     }
-    if let Err(err) = notifier.await {
-        tracing::warn!(error = %err, "notification sender ended abnormally");
-    }
-    tracing::info!("node stopped");
 }
