@@ -32,6 +32,8 @@ pub(crate) struct NodeContext {
     pub(crate) runs: Runs,
     /// Where every finished run goes, this node's and those a takeover records lost.
     pub(crate) reports: Reports,
+    /// The per-job gauges this node exports for the shards it leads.
+    pub(crate) job_gauges: Arc<crate::coord::job_gauges::JobGauges>,
     /// This node's runs per minute, published for the dashboard.
     pub(crate) activity: Arc<ActivityCount>,
     /// The pauses every node sees, kept current by a watch while the node has a session.

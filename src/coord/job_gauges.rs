@@ -8,7 +8,7 @@
 //! claimed: while a leader is stuck it stays in the past, which is what "job late" alerts on.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, Once, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, Utc};
 use etcd_client::{Txn, TxnOp, TxnOpResponse};
@@ -32,20 +32,6 @@ pub(crate) struct JobGauges {
     next_runs: Mutex<NextRuns>,
 }
 
-pub(crate) fn get() -> &'static JobGauges {
-    static GAUGES: OnceLock<JobGauges> = OnceLock::new();
-    static EXPORTED: Once = Once::new();
-    let gauges = GAUGES.get_or_init(JobGauges::default);
-    EXPORTED.call_once(|| crate::metrics::get().register_collector(Box::new(Collector(gauges))));
-    gauges
-}
-
-/// Adds the per-job gauges to the node's metrics page from the start, before this node leads a
-/// shard: a scrape sees their descriptions as soon as the node runs.
-pub(crate) fn export() {
-    get();
-}
-
 /// Keeps the newest of `at` and what `map` holds for `job`; allocates only for a job not seen.
 fn keep_newest(map: &Mutex<HashMap<String, DateTime<Utc>>>, job: &str, at: DateTime<Utc>) {
     let mut map = map.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -59,6 +45,14 @@ fn keep_newest(map: &Mutex<HashMap<String, DateTime<Utc>>>, job: &str, at: DateT
 }
 
 impl JobGauges {
+    /// The node's per-job gauges, on its metrics page from the start, before the node leads a
+    /// shard: a scrape sees their descriptions as soon as the node runs.
+    pub(crate) fn exported() -> Arc<JobGauges> {
+        let gauges = Arc::new(JobGauges::default());
+        crate::metrics::get().register_collector(Box::new(Collector(Arc::clone(&gauges))));
+        gauges
+    }
+
     /// This node leads `shard` with `jobs` from now on.
     pub(crate) fn leading(&self, shard: u32, jobs: Vec<Arc<Job>>) {
         self.led
@@ -223,7 +217,7 @@ fn encode_gauge<'j>(
 
 /// Registered with the node's metrics: renders [`JobGauges`] at each scrape.
 #[derive(Debug)]
-pub(crate) struct Collector(pub(crate) &'static JobGauges);
+pub(crate) struct Collector(pub(crate) Arc<JobGauges>);
 
 impl prometheus_client::collector::Collector for Collector {
     fn encode(&self, encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
@@ -236,6 +230,7 @@ pub(crate) async fn read_successes(
     client: &etcd_client::Client,
     keys: &Keys,
     jobs: &[Arc<Job>],
+    gauges: &JobGauges,
 ) -> Result<(), CoordError> {
     for chunk in jobs.chunks(ops_per_txn()) {
         let gets: Vec<TxnOp> = chunk
@@ -252,7 +247,7 @@ pub(crate) async fn read_successes(
                 .first()
                 .and_then(|kv| serde_json::from_slice::<RunRecord>(kv.value()).ok());
             if let Some(record) = record {
-                get().succeeded(&job.name, record.finished_at);
+                gauges.succeeded(&job.name, record.finished_at);
             }
         }
         tokio::task::yield_now().await;
@@ -266,7 +261,7 @@ mod tests {
 
     #[test]
     fn only_the_jobs_of_led_shards_are_exported_and_the_next_run_follows_the_last_claim() {
-        let gauges: &'static JobGauges = Box::leak(Box::default());
+        let gauges = Arc::new(JobGauges::default());
         let job = Arc::new(Job::for_tests("gauge-test", "*/10 * * * * *"));
         let at = |second: i64| DateTime::<Utc>::from_timestamp(1_800_000_000 + second, 0).unwrap();
         gauges.claimed("gauge-test", at(20));
@@ -274,7 +269,7 @@ mod tests {
         gauges.succeeded("gauge-test", at(12));
         let render = || {
             let mut registry = prometheus_client::registry::Registry::default();
-            registry.register_collector(Box::new(Collector(gauges)));
+            registry.register_collector(Box::new(Collector(Arc::clone(&gauges))));
             let mut text = String::new();
             prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
             text

@@ -104,12 +104,8 @@ impl ResultQueue {
         }
     }
 
-    /// A finished (or settled) run of `job`: its result, its entry in the job's history, and
-    /// the job's last success in the gauges this node exports.
+    /// A finished (or settled) run of `job`: its result and its entry in the job's history.
     pub fn push_run(&self, job: &Job, record: RunRecord) {
-        if record.succeeded() {
-            crate::coord::job_gauges::get().succeeded(&job.name, record.finished_at);
-        }
         self.history.push(job, &record);
         // The output stays in the history entry: the result is read for every job at once.
         let record = RunRecord { output: None, ..record };

@@ -134,6 +134,7 @@ impl Term {
             self.session.client(),
             self.node.keys.clone(),
             book.entries().iter().map(|entry| Arc::clone(&entry.job)).collect(),
+            Arc::clone(&self.node.job_gauges),
         )));
         let mut asked = Asked {
             requests: self.node.triggers.subscribe(),
@@ -152,7 +153,7 @@ impl Term {
                 Event::WriteStarts => claimer.claim(book, &[]).await.map(drop).map_err(TermEnd::from),
                 Event::Recheck => Ok(()),
                 Event::Fleet(open) => self.on_fleet_change(book, &mut firing, &mut fleet, open).await,
-                Event::Reloaded => Err(TermEnd::JobsReloaded(std::mem::take(book))),
+                Event::Reloaded => Err(TermEnd::JobsReloaded(book.take())),
                 Event::Requests => self.serve_requests(claimer, book).await.map_err(TermEnd::from),
                 Event::Backfills => self
                     .serve_backfills(claimer, book)
@@ -404,7 +405,7 @@ impl Term {
             let gone = counts_gone(before, now);
             if !gone.is_empty() {
                 tracing::info!(gone = ?gone, "no node runs these election families (pool, shard count) any more: reading the records again for the ticks their leaders left pending");
-                return Err(TermEnd::ShardCountGone(std::mem::take(book)));
+                return Err(TermEnd::ShardCountGone(book.take()));
             }
         }
         if counts.is_some() {

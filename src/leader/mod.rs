@@ -182,13 +182,13 @@ async fn hold(
         starts: Arc::new(Starts::new(session.clone(), leading, Arc::clone(&node.started_here))),
         leadership,
     };
-    let mut known = Some(Book::default());
+    let mut known = Some(Book::new(Arc::clone(&node.job_gauges)));
     while let Some(book) = known.take() {
         let shard_jobs = jobs.borrow_and_update().by_shard[shard as usize].clone();
         tracing::info!(jobs = shard_jobs.len(), "leading shard");
         let shards_led = &crate::metrics::get().shards_led;
         shards_led.inc();
-        let gauges = crate::coord::job_gauges::get();
+        let gauges = &node.job_gauges;
         gauges.leading(shard, shard_jobs.clone());
         let end = term.lead(shard_jobs, book, jobs.clone()).await;
         gauges.not_leading(shard);
@@ -229,8 +229,13 @@ async fn resign(node: &NodeContext, session: &Session, leadership: &Leadership) 
 
 /// Learns the last success of a new term's jobs, for their gauges; a failure only leaves the
 /// gauges to this node's own runs.
-async fn read_successes(client: etcd_client::Client, keys: crate::coord::keys::Keys, jobs: Vec<Arc<Job>>) {
-    if let Err(err) = crate::coord::job_gauges::read_successes(&client, &keys, &jobs).await {
+async fn read_successes(
+    client: etcd_client::Client,
+    keys: crate::coord::keys::Keys,
+    jobs: Vec<Arc<Job>>,
+    gauges: Arc<crate::coord::job_gauges::JobGauges>,
+) {
+    if let Err(err) = crate::coord::job_gauges::read_successes(&client, &keys, &jobs, &gauges).await {
         tracing::debug!(error = %err, "cannot read the jobs' last successes; their gauges start from this node's runs");
     }
 }

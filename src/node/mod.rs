@@ -25,6 +25,7 @@ use crate::coord::backfills::Backfills;
 use crate::coord::claims::ClaimLead;
 use crate::coord::election;
 use crate::coord::groups::{CurrentLimit, Groups};
+use crate::coord::job_gauges::JobGauges;
 use crate::coord::keys::{ElectionKeys, Keys};
 use crate::coord::pauses::Pauses;
 use crate::coord::results::{write_leftovers, ResultQueue};
@@ -162,7 +163,8 @@ fn build(config: Config, options: &NodeOptions, client: &etcd_client::Client, sh
         run_tracker.clone(),
     ));
     let activity = Arc::new(ActivityCount::default());
-    let reports = report_sinks(&activity, outbox, &results, &settles);
+    let job_gauges = JobGauges::exported();
+    let reports = report_sinks(&activity, outbox, &job_gauges, &results, &settles);
     let node = Arc::new(NodeContext {
         node_id: options.node_id.clone(),
         keys,
@@ -179,6 +181,7 @@ fn build(config: Config, options: &NodeOptions, client: &etcd_client::Client, sh
             Arc::clone(&options.child_env),
         ),
         reports,
+        job_gauges,
         activity,
         pauses,
         groups,
@@ -247,6 +250,7 @@ fn current_limits(loaded: &watch::Receiver<Arc<Loaded>>) -> CurrentLimit {
 fn report_sinks(
     activity: &Arc<ActivityCount>,
     outbox: Outbox,
+    job_gauges: &Arc<JobGauges>,
     results: &Arc<ResultQueue>,
     settles: &Arc<BackfillSettles>,
 ) -> Reports {
@@ -254,7 +258,7 @@ fn report_sinks(
         Arc::new(crate::metrics::get()),
         Arc::clone(activity) as Arc<dyn RunSink>,
         Arc::new(outbox),
-        Arc::new(crate::coord::job_gauges::get()),
+        Arc::clone(job_gauges) as Arc<dyn RunSink>,
         Arc::clone(results) as Arc<dyn RunSink>,
         Arc::clone(settles) as Arc<dyn RunSink>,
     ])

@@ -47,7 +47,6 @@ pub(super) fn spawn_node_tasks(
     ));
     let pauses = Arc::clone(&node.pauses);
     crate::metrics::get().count_pauses(move || pauses.in_force(crate::clock::now()));
-    crate::coord::job_gauges::export();
     tokio::spawn(Arc::clone(&node.activity).publish(
         client.clone(),
         node.keys.clone(),

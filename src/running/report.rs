@@ -98,7 +98,7 @@ impl RunSink for ActivityCount {
 }
 
 /// The job's last success, in the gauges this node exports.
-impl RunSink for &'static JobGauges {
+impl RunSink for JobGauges {
     fn finished(&self, run: &Finished<'_>) {
         if run.record.succeeded() {
             self.succeeded(&run.job.name, run.record.finished_at);

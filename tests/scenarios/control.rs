@@ -627,9 +627,8 @@ on_both_etcds! {
             ])
             .env(&[("TRIGGER_TEST_TOKEN", token)])
             .start();
-        wait_for(Duration::from_secs(20), "b serves HTTP", || {
-            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-        });
+        // Ready, not only listening: until b is connected to etcd its API answers 503.
+        wait_ready(port);
         wait_for(Duration::from_secs(60), "the first run ended", || {
             keys_under(&world, "/shardcron/test/jobs/slow/result") == 1
         });

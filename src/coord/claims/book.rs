@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 
+use crate::coord::job_gauges::JobGauges;
 use crate::rules::config::Job;
 use crate::rules::protocol::Seen;
 use crate::rules::record::Claim;
@@ -35,9 +36,9 @@ impl Entry {
     }
 
     /// The record's tick is the job's last claimed one, from which its next-run gauge counts.
-    fn publish_claimed(&self) {
+    fn publish_claimed(&self, gauges: &JobGauges) {
         if let Some(tick) = self.last() {
-            crate::coord::job_gauges::get().claimed(&self.job.name, tick);
+            gauges.claimed(&self.job.name, tick);
         }
     }
 
@@ -48,10 +49,11 @@ impl Entry {
 }
 
 /// The jobs of one shard, indexed as the term queues them, with what their leader knows of them.
-#[derive(Default)]
 pub(crate) struct Book {
     pub(super) entries: Vec<Entry>,
     pub(super) by_name: HashMap<String, usize>,
+    /// Where the jobs' last claimed ticks go, for their next-run gauges.
+    gauges: Arc<JobGauges>,
 }
 
 impl std::fmt::Debug for Book {
@@ -61,10 +63,27 @@ impl std::fmt::Debug for Book {
 }
 
 impl Book {
+    /// A book of no job yet, whose jobs' claims show in `gauges`.
+    pub(crate) fn new(gauges: Arc<JobGauges>) -> Book {
+        Book {
+            entries: Vec::new(),
+            by_name: HashMap::new(),
+            gauges,
+        }
+    }
+
+    /// What this book knows, leaving it empty (its gauges kept): for a term that ends and hands
+    /// its knowledge to the next.
+    pub(crate) fn take(&mut self) -> Book {
+        let empty = Book::new(Arc::clone(&self.gauges));
+        std::mem::replace(self, empty)
+    }
+
     /// The book of `jobs`: what `known` (the previous term of this leadership) knew; the
     /// records of the jobs it did not know are read when they are first needed
     /// ([`Claimer::read`](super::Claimer::read)).
     pub(crate) fn open(jobs: Vec<Arc<Job>>, known: Book) -> Book {
+        let known_gauges = known.gauges;
         let mut known: HashMap<String, Entry> = known
             .entries
             .into_iter()
@@ -86,14 +105,18 @@ impl Book {
             })
             .collect();
         for entry in &entries {
-            entry.publish_claimed();
+            entry.publish_claimed(&known_gauges);
         }
         let by_name = entries
             .iter()
             .enumerate()
             .map(|(index, entry)| (entry.job.name.clone(), index))
             .collect();
-        Book { entries, by_name }
+        Book {
+            entries,
+            by_name,
+            gauges: known_gauges,
+        }
     }
 
     /// This book with every record to be read again when next needed: another election's
@@ -136,6 +159,6 @@ impl Book {
         entry.revision = revision;
         entry.record = record;
         entry.read = true;
-        entry.publish_claimed();
+        entry.publish_claimed(&self.gauges);
     }
 }
