@@ -42,7 +42,7 @@ impl Term {
     pub(super) async fn serve_backfills(&self, claimer: &Claimer<'_>, book: &mut Book) -> Result<Backlog, Halt> {
         let until = Instant::now() + SERVE_BUDGET;
         let mut backlog = Backlog::Settled;
-        for name in self.node.backfills.with_work(|job| book.index_of(job).is_some()) {
+        for name in self.mirrors.backfills.with_work(|job| book.index_of(job).is_some()) {
             if Instant::now() >= until {
                 return Ok(Backlog::Waits);
             }
@@ -89,9 +89,9 @@ impl Term {
     /// node left the fleet): a node stopping with a shutdown grace leaves the fleet while its
     /// runs go on.
     async fn settle_backfill_orphans(&self, job: &Job) -> bool {
-        let (client, keys) = (&self.session.client(), &self.node.keys);
-        let me = self.node.node_id.as_str();
-        let held = &self.node.backfills;
+        let (client, keys) = (&self.session.client(), &self.identity.keys);
+        let me = self.identity.node_id.as_str();
+        let held = &self.mirrors.backfills;
         let members = Arc::clone(&self.fleet.borrow().members);
         let gone = self.gone_leases(&job.name).await;
         let orphaned = |flight: &InFlight| match (flight.node == me, flight.lease) {
@@ -108,7 +108,7 @@ impl Term {
 
     /// The job's backfill and its next tick to claim, read from etcd.
     async fn next_backfill_tick(&self, job: &Job) -> NextTick {
-        let (client, keys) = (&self.session.client(), &self.node.keys);
+        let (client, keys) = (&self.session.client(), &self.identity.keys);
         let (backfill, revision) = match backfills::read(client, keys, &job.name).await {
             Ok(Some(read)) => read,
             Ok(None) => return NextTick::None(Backlog::Settled),
@@ -134,7 +134,7 @@ impl Term {
             }
             return NextTick::LookAgain;
         }
-        let me = self.node.node_id.as_str();
+        let me = self.identity.node_id.as_str();
         let elsewhere = backfill.in_flight.iter().any(|flight| flight.node != me);
         NextTick::None(if elsewhere { Backlog::Waits } else { Backlog::Settled })
     }
@@ -144,8 +144,8 @@ impl Term {
     async fn backfill_waits(&self, book: &Book, index: usize) -> bool {
         let job = book.job(index);
         let now = clock::now();
-        self.node.pauses.stopping(job.job_name(), now, now).is_some()
-            || !self.node.runs.idle_for_backfill(&job.name, job.overlap)
+        self.mirrors.pauses.stopping(job.job_name(), now, now).is_some()
+            || !self.work.runs.idle_for_backfill(&job.name, job.overlap)
             // Ticks this leadership owes (adopted at a takeover, claimed ahead) start
             // first: a backfill claimed now would start before them with a higher fence.
             || (job.overlap != Overlap::Allow && !self.starts.owed(&job.name).is_empty())
@@ -164,18 +164,18 @@ impl Term {
         next: backfill::Next,
     ) -> Result<Option<bool>, Halt> {
         let job = book.job(index);
-        let (client, keys) = (&self.session.client(), &self.node.keys);
-        let held = &self.node.backfills;
+        let (client, keys) = (&self.session.client(), &self.identity.keys);
+        let held = &self.mirrors.backfills;
         // The run is listed on the node's slot lease, which the claim names: without one
         // (being reopened after an outage), the claim waits for it.
-        let Some(lease) = self.node.groups.lease_now() else {
+        let Some(lease) = self.mirrors.groups.lease_now() else {
             return Ok(None);
         };
         let claim = backfill::new_id();
         let mut claimed = backfill.clone();
         claimed.claim(
             next,
-            &self.node.node_id,
+            &self.identity.node_id,
             self.leadership.term,
             &claim,
             Some(lease.lease()),
@@ -193,7 +193,7 @@ impl Term {
                     },
                     redelivered: next.redelivered,
                 };
-                self.node.runs.start(vec![Tick {
+                self.work.runs.start(vec![Tick {
                     elsewhere: Vec::new(),
                     claimed_elsewhere: Vec::new(),
                     ..self.tick(book, index, next.tick, fence, arrival)
@@ -228,9 +228,9 @@ impl Term {
     async fn gone_leases(&self, job: &str) -> HashSet<i64> {
         let mut gone = HashSet::new();
         let leases: BTreeSet<i64> = self
-            .node
+            .mirrors
             .backfills
-            .in_flight_elsewhere(job, &self.node.node_id)
+            .in_flight_elsewhere(job, &self.identity.node_id)
             .iter()
             .filter_map(|flight| flight.lease)
             .collect();
@@ -250,7 +250,7 @@ impl Term {
         // rolls) may have started unlisted: the backfill waits for that leader's next write.
         let mut waiting = !self.claimed_elsewhere(job, record).is_empty();
         for run in self.elsewhere(job, record) {
-            match going::look(&self.session.client(), &self.node.keys, &job.name, &run).await {
+            match going::look(&self.session.client(), &self.identity.keys, &job.name, &run).await {
                 Some(shown) if matches!(elsewhere::verdict(&shown), Verdict::Ended) => {
                     self.starts.here().ended_elsewhere(&job.name, &run);
                 }

@@ -132,13 +132,13 @@ impl Term {
         // After the takeover's claims, which it would only delay.
         let _successes = AbortOnDropHandle::new(tokio::spawn(read_successes(
             self.session.client(),
-            self.node.keys.clone(),
+            self.identity.keys.clone(),
             book.entries().iter().map(|entry| Arc::clone(&entry.job)).collect(),
-            Arc::clone(&self.node.job_gauges),
+            Arc::clone(&self.work.job_gauges),
         )));
         let mut asked = Asked {
-            requests: self.node.triggers.subscribe(),
-            backfills: self.node.backfills.subscribe(),
+            requests: self.mirrors.triggers.subscribe(),
+            backfills: self.mirrors.backfills.subscribe(),
         };
         firing.shard_counts = fleet.borrow().families();
         loop {
@@ -254,7 +254,7 @@ impl Term {
             _ = sleep_until_some(firing.backfills_look), if between_instants && firing.backfills_look.is_some() => Event::Backfills,
             // Jobs whose backlogs waited for room: claimed between instants, never while an
             // instant claimed ahead waits to fire.
-            _ = self.node.runs.late_room(), if !firing.behind.is_empty() && between_instants => Event::LateRoom,
+            _ = self.work.runs.late_room(), if !firing.behind.is_empty() && between_instants => Event::LateRoom,
             // A backlog claimed in parts: the next part once half of the last has started.
             _ = refill, if !firing.refilling.is_empty() && between_instants => Event::Refill,
             _ = self.session.ended().cancelled() => Event::SessionEnded,
@@ -307,7 +307,7 @@ impl Term {
             } else {
                 Arrival::Scheduled
             };
-            self.node.runs.start(vec![self.tick(book, index, due, fence, late)]);
+            self.work.runs.start(vec![self.tick(book, index, due, fence, late)]);
         }
         firing.last_fired = Some((clock::now(), due));
         Ok(())

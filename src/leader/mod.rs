@@ -138,15 +138,15 @@ async fn campaign(
 ) -> Campaigned {
     let campaign = async {
         match entered {
-            Some(candidacy) => election::elected(candidacy, &node.node_id, view).await,
+            Some(candidacy) => election::elected(candidacy, &node.identity.node_id, view).await,
             None => {
                 election::campaign(
                     session,
-                    &node.election_keys,
+                    &node.identity.election_keys,
                     shard,
-                    &node.node_id,
+                    &node.identity.node_id,
                     view,
-                    &node.elections,
+                    &node.etcd.elections,
                 )
                 .await
             }
@@ -176,19 +176,26 @@ async fn hold(
     let leading = session.ended().child_token();
     let _leading = leading.clone().drop_guard();
     let term = Term {
-        node: Arc::clone(node),
+        identity: Arc::clone(&node.identity),
+        mirrors: Arc::clone(&node.mirrors),
+        work: Arc::clone(&node.work),
+        shutdown: node.shutdown.clone(),
         session: session.clone(),
         fleet: fleet.clone(),
-        starts: Arc::new(Starts::new(session.clone(), leading, Arc::clone(&node.started_here))),
+        starts: Arc::new(Starts::new(
+            session.clone(),
+            leading,
+            Arc::clone(&node.work.started_here),
+        )),
         leadership,
     };
-    let mut known = Some(Book::new(Arc::clone(&node.job_gauges)));
+    let mut known = Some(Book::new(Arc::clone(&node.work.job_gauges)));
     while let Some(book) = known.take() {
         let shard_jobs = jobs.borrow_and_update().by_shard[shard as usize].clone();
         tracing::info!(jobs = shard_jobs.len(), "leading shard");
         let shards_led = &crate::metrics::get().shards_led;
         shards_led.inc();
-        let gauges = &node.job_gauges;
+        let gauges = &node.work.job_gauges;
         gauges.leading(shard, shard_jobs.clone());
         let end = term.lead(shard_jobs, book, jobs.clone()).await;
         gauges.not_leading(shard);
@@ -212,7 +219,7 @@ async fn hold(
 async fn resign(node: &NodeContext, session: &Session, leadership: &Leadership) -> bool {
     let mut backoff = Backoff::coordination();
     loop {
-        match node.elections.request(election::resign(session, leadership)).await {
+        match node.etcd.elections.request(election::resign(session, leadership)).await {
             Ok(()) => return true,
             Err(err) => {
                 let wait = backoff.next_delay();

@@ -53,7 +53,7 @@ impl Term {
         while !behind.is_empty() {
             let chunk: Vec<usize> = behind.drain(..behind.len().min(ops_per_txn())).collect();
             claimer.read(book, chunk.iter().copied()).await?;
-            if !self.node.runs.has_late_room() {
+            if !self.work.runs.has_late_room() {
                 // Working out ticks there is no room to claim would only keep the workers from
                 // the claims that have room: the jobs that owe nothing fire from now on, the
                 // others wait.
@@ -72,7 +72,7 @@ impl Term {
             let room = if wants.is_empty() {
                 None
             } else {
-                self.node.runs.reserve_late(late)
+                self.work.runs.reserve_late(late)
             };
             if !wants.is_empty() && room.is_none() {
                 let owing: Vec<usize> = wants.iter().map(|want| want.index).collect();
@@ -113,7 +113,7 @@ impl Term {
     fn leader(&self) -> Leader<'_> {
         Leader {
             term: self.leadership.term,
-            node: &self.node.node_id,
+            node: &self.identity.node_id,
             pool: self.leadership.pool.as_deref(),
             shards: self.leadership.shards,
         }
@@ -146,7 +146,7 @@ impl Term {
                     job,
                     record: entry.record(),
                     owed: self.starts.owed(&job.name).len(),
-                    started_here: &|tick| self.node.started_here.contains(&job.name, tick),
+                    started_here: &|tick| self.work.started_here.contains(&job.name, tick),
                     gone: &|pool, shards| view.family_gone(pool, shards),
                     took_over,
                     now,
@@ -156,7 +156,7 @@ impl Term {
             if let Some((count, newest)) = plan.left_out {
                 // Fenced by the record read: a leader that read the same record and tells the
                 // same ticks again is not counted twice (see `notify::account`).
-                self.node.reports.missed(job, count, newest, entry.revision());
+                self.work.reports.missed(job, count, newest, entry.revision());
             }
             if plan.unfinished {
                 unfinished.push(index);
@@ -206,7 +206,7 @@ impl Term {
                 .map(|(index, (_, records))| (book.job(*index).as_ref(), records.as_slice()))
                 .collect();
             claimer
-                .retry(|| self.node.results.write_now(&client, &self.node.keys, &writes))
+                .retry(|| self.work.results.write_now(&client, &self.identity.keys, &writes))
                 .await?;
         }
         for won in claimer.claim(book, wants).await? {
@@ -228,7 +228,7 @@ impl Term {
             }
         }
         for record in records {
-            self.node.reports.recorded_lost(job, record);
+            self.work.reports.recorded_lost(job, record);
         }
     }
 
@@ -273,7 +273,7 @@ impl Term {
             tracing::info!(job = %job.name, ticks = won.fresh.len(), first = %crate::clock::rfc3339(won.fresh[0]), policy = ?job.catch_up, "catching up missed ticks");
             crate::metrics::get().catch_up_runs.inc_by(won.fresh.len() as u64);
         }
-        self.node.runs.start(
+        self.work.runs.start(
             ticks
                 .into_iter()
                 .map(|(tick, arrival)| self.tick(book, won.index, tick, won.fence, arrival))

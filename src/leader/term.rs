@@ -7,11 +7,12 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use super::fire::Queue;
 use super::{TermEnd, WonTicks, SPAWNS_SETTLE};
 use crate::clock;
-use crate::context::NodeContext;
+use crate::context::{Identity, Mirrors, Work};
 use crate::coord::claims::{Book, Claimer, Halt};
 use crate::coord::election::Leadership;
 use crate::coord::session::Session;
@@ -27,7 +28,11 @@ use crate::running::runner::{Arrival, Tick};
 
 /// One leadership of one shard.
 pub(super) struct Term {
-    pub(super) node: Arc<NodeContext>,
+    pub(super) identity: Arc<Identity>,
+    pub(super) mirrors: Arc<Mirrors>,
+    pub(super) work: Arc<Work>,
+    /// The root of the cancellation tree: signals cancel it.
+    pub(super) shutdown: CancellationToken,
     pub(super) session: Session,
     pub(super) fleet: watch::Receiver<FleetView>,
     pub(super) leadership: Leadership,
@@ -88,7 +93,7 @@ impl Term {
 
     /// How long before a tick it is claimed, or confirmed if it was claimed ahead.
     pub(super) fn claim_lead(&self) -> chrono::Duration {
-        chrono::Duration::from_std(self.node.claim_lead.lead()).unwrap_or_default()
+        chrono::Duration::from_std(self.work.claim_lead.lead()).unwrap_or_default()
     }
 
     /// Claims every job due at `due` that this leadership does not owe yet, takes them off the
@@ -129,7 +134,7 @@ impl Term {
                 .map(|tick| self.tick(book, won.index, *tick, won.fence, Arrival::CaughtUp))
                 .collect();
             if !late.is_empty() {
-                self.node.runs.start(late);
+                self.work.runs.start(late);
             }
         }
         let ahead_ms = (due - clock::now()).num_microseconds().unwrap_or_default() as f64 / 1000.0;
@@ -148,20 +153,20 @@ impl Term {
     pub(super) fn claimer(&self) -> Claimer<'_> {
         Claimer {
             session: &self.session,
-            keys: &self.node.keys,
+            keys: &self.identity.keys,
             leadership: &self.leadership,
-            node_id: &self.node.node_id,
+            node_id: &self.identity.node_id,
             starts: &self.starts,
-            results: &self.node.results,
-            lead: &self.node.claim_lead,
-            shutdown: &self.node.shutdown,
+            results: &self.work.results,
+            lead: &self.work.claim_lead,
+            shutdown: &self.shutdown,
             releasing: false,
         }
     }
 
     /// Why the session's token was cancelled: a shutdown, or the session's end.
     pub(super) fn cancelled(&self) -> TermEnd {
-        if self.node.shutdown.is_cancelled() {
+        if self.shutdown.is_cancelled() {
             TermEnd::Stopped
         } else {
             TermEnd::SessionLost
@@ -184,7 +189,7 @@ impl Term {
             scheduled_at,
             fence,
             term: self.leadership.term,
-            node: self.node.node_id.clone(),
+            node: self.identity.node_id.clone(),
             starts: Arc::clone(&self.starts),
             arrival,
             elsewhere: self.elsewhere(job, entry.record()),
@@ -199,7 +204,7 @@ impl Term {
             return Vec::new();
         }
         record.map_or_else(Vec::new, |record| {
-            elsewhere::beside(record, &self.node.node_id, self.leadership.term).claimed
+            elsewhere::beside(record, &self.identity.node_id, self.leadership.term).claimed
         })
     }
 
@@ -213,7 +218,7 @@ impl Term {
         record
             .into_iter()
             .flat_map(|claim| &claim.going)
-            .filter(|run| run.node != self.node.node_id && !here.seen_ended(&job.name, run))
+            .filter(|run| run.node != self.identity.node_id && !here.seen_ended(&job.name, run))
             .cloned()
             .collect()
     }
@@ -221,7 +226,11 @@ impl Term {
     /// Claims the runs asked for by hand of this shard's jobs and starts those it won. Each
     /// takes one transaction: requests are rare, and each must be answered on its own.
     pub(super) async fn serve_requests(&self, claimer: &Claimer<'_>, book: &mut Book) -> Result<(), Halt> {
-        let mut requests: VecDeque<_> = self.node.triggers.take_for(|job| book.index_of(job).is_some()).into();
+        let mut requests: VecDeque<_> = self
+            .mirrors
+            .triggers
+            .take_for(|job| book.index_of(job).is_some())
+            .into();
         while let Some(request) = requests.pop_front() {
             let Some(index) = book.index_of(&request.job) else {
                 continue;
@@ -230,7 +239,7 @@ impl Term {
             // the run is claimed: a new leader reads its jobs' records as it first needs them.
             if let Err(halt) = claimer.read(book, [index]).await {
                 requests.push_front(request);
-                self.node.triggers.put_back(requests);
+                self.mirrors.triggers.put_back(requests);
                 return Err(halt);
             }
             let job = book.job(index);
@@ -238,9 +247,9 @@ impl Term {
                 .retry(|| {
                     triggers::claim(
                         &self.session,
-                        &self.node.keys,
+                        &self.identity.keys,
                         &self.leadership,
-                        &self.node.node_id,
+                        &self.identity.node_id,
                         &request,
                     )
                 })
@@ -250,7 +259,7 @@ impl Term {
                 Err(halt) => {
                     // Still in etcd: this node serves them if it leads again.
                     requests.push_front(request);
-                    self.node.triggers.put_back(requests);
+                    self.mirrors.triggers.put_back(requests);
                     return Err(halt);
                 }
             };
@@ -262,7 +271,7 @@ impl Term {
                         .get_or_create(&crate::metrics::JobLabel::new(job.job_name()))
                         .inc();
                     let arrival = Arrival::Manual(request.id.clone());
-                    self.node
+                    self.work
                         .runs
                         .start(vec![self.tick(book, index, request.requested_at, fence, arrival)]);
                 }
@@ -271,7 +280,7 @@ impl Term {
                 }
                 Taken::Deposed => {
                     requests.push_front(request);
-                    self.node.triggers.put_back(requests);
+                    self.mirrors.triggers.put_back(requests);
                     return Err(Halt::Deposed);
                 }
             }
@@ -282,7 +291,7 @@ impl Term {
     pub(super) fn should_hand_over(&self, fleet: &mut watch::Receiver<FleetView>) -> bool {
         let hand_over = fleet
             .borrow_and_update()
-            .should_hand_over(self.leadership.shard, &self.node.node_id);
+            .should_hand_over(self.leadership.shard, &self.identity.node_id);
         if hand_over {
             tracing::info!("handing the shard to its target node, which is campaigning for it");
         }

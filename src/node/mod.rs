@@ -19,7 +19,7 @@ mod sessions;
 mod tasks;
 
 use crate::backoff::Backoff;
-use crate::context::NodeContext;
+use crate::context::{Etcd, Identity, Mirrors, NodeContext, Work};
 use crate::coord::activity::ActivityCount;
 use crate::coord::backfills::Backfills;
 use crate::coord::claims::ClaimLead;
@@ -82,7 +82,7 @@ pub async fn run(
     } = build(config, &options, &client, shutdown);
     tasks::spawn_node_tasks(&node, &options, &client, &etcd);
     tracing::info!(
-        node = %node.node_id,
+        node = %node.identity.node_id,
         cluster = %cluster.name,
         shards = cluster.shards,
         tags = %options.tags.iter().collect::<Vec<_>>().join(","),
@@ -144,54 +144,33 @@ fn build(config: Config, options: &NodeOptions, client: &etcd_client::Client, sh
         client: client.clone(),
         jobs: loaded.clone(),
     });
-    let pauses = Arc::new(Pauses::default());
-    let groups = Arc::new(Groups::new(
-        client.clone(),
-        keys.clone(),
-        lease_ttl,
-        current_limits(&loaded),
-    ));
-    let backfills = Arc::new(Backfills::default());
-    let (outbox, notifications, notes_closed, notifier) = spawn_notifier(client, &keys, options);
-    // Runs and the writes that settle their backfill ticks are followed together, so the
-    // shutdown's drain waits for both.
-    let run_tracker = TaskTracker::new();
-    let settles = Arc::new(BackfillSettles::new(
-        client.clone(),
-        keys.clone(),
-        Arc::clone(&backfills),
-        run_tracker.clone(),
-    ));
-    let activity = Arc::new(ActivityCount::default());
-    let job_gauges = JobGauges::exported();
-    let reports = report_sinks(&activity, outbox, &job_gauges, &results, &settles);
-    let node = Arc::new(NodeContext {
-        node_id: options.node_id.clone(),
-        keys,
-        tags: options.tags.clone(),
-        etcd_member: options.etcd_member.clone(),
-        election_keys,
-        jobs: loaded,
-        runs: Runs::new(
-            run_tracker,
-            reports.clone(),
-            settles,
-            Arc::clone(&pauses),
-            Arc::clone(&groups),
-            Arc::clone(&options.child_env),
-        ),
-        reports,
-        job_gauges,
-        activity,
-        pauses,
-        groups,
+    let mirrors = Arc::new(Mirrors {
+        pauses: Arc::new(Pauses::default()),
+        groups: Arc::new(Groups::new(
+            client.clone(),
+            keys.clone(),
+            lease_ttl,
+            current_limits(&loaded),
+        )),
         triggers: Arc::default(),
-        backfills,
-        results,
-        notifications,
-        claim_lead: ClaimLead::new(),
-        started_here: Arc::default(),
-        elections: election::Admission::new(ELECTION_REQUESTS),
+        backfills: Arc::new(Backfills::default()),
+    });
+    let (outbox, notifications, notes_closed, notifier) = spawn_notifier(client, &keys, options);
+    let work = build_work(client, &keys, &mirrors, outbox, notifications, results, options);
+    let node = Arc::new(NodeContext {
+        identity: Arc::new(Identity {
+            node_id: options.node_id.clone(),
+            keys,
+            tags: options.tags.clone(),
+            election_keys,
+        }),
+        mirrors,
+        work: Arc::new(work),
+        etcd: Etcd {
+            etcd_member: options.etcd_member.clone(),
+            elections: election::Admission::new(ELECTION_REQUESTS),
+        },
+        jobs: loaded,
         shutdown,
     });
     Built {
@@ -203,6 +182,47 @@ fn build(config: Config, options: &NodeOptions, client: &etcd_client::Client, sh
             notes_closed,
             notifier,
         },
+    }
+}
+
+/// The node's runs and where their ends go: the report path's sinks, in their order.
+fn build_work(
+    client: &etcd_client::Client,
+    keys: &Keys,
+    mirrors: &Mirrors,
+    outbox: Outbox,
+    notifications: Arc<crate::running::notifications::Notifications>,
+    results: Arc<ResultQueue>,
+    options: &NodeOptions,
+) -> Work {
+    // Runs and the writes that settle their backfill ticks are followed together, so the
+    // shutdown's drain waits for both.
+    let run_tracker = TaskTracker::new();
+    let settles = Arc::new(BackfillSettles::new(
+        client.clone(),
+        keys.clone(),
+        Arc::clone(&mirrors.backfills),
+        run_tracker.clone(),
+    ));
+    let activity = Arc::new(ActivityCount::default());
+    let job_gauges = JobGauges::exported();
+    let reports = report_sinks(&activity, outbox, &job_gauges, &results, &settles);
+    Work {
+        runs: Runs::new(
+            run_tracker,
+            reports.clone(),
+            settles,
+            Arc::clone(&mirrors.pauses),
+            Arc::clone(&mirrors.groups),
+            Arc::clone(&options.child_env),
+        ),
+        reports,
+        results,
+        notifications,
+        activity,
+        job_gauges,
+        started_here: Arc::default(),
+        claim_lead: ClaimLead::new(),
     }
 }
 
@@ -270,8 +290,8 @@ impl Writers {
     /// written and told.
     async fn shut_down(self, node: &NodeContext, options: &NodeOptions) {
         tracing::info!("shutting down: shards resigned; waiting for running commands");
-        node.runs.drain(options.shutdown_grace, &options.hurry).await;
-        node.groups.close().await;
+        node.work.runs.drain(options.shutdown_grace, &options.hurry).await;
+        node.mirrors.groups.close().await;
         self.results_closed.cancel();
         self.notes_closed.cancel();
         if let Err(err) = self.result_writer.await {

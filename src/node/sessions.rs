@@ -135,8 +135,8 @@ impl Sessions {
 
     fn spec(&self) -> NodeSpec {
         NodeSpec {
-            id: self.node.node_id.clone(),
-            tags: self.node.tags.clone(),
+            id: self.node.identity.node_id.clone(),
+            tags: self.node.identity.tags.clone(),
         }
     }
 
@@ -158,35 +158,38 @@ impl Sessions {
     async fn prepare(&self, session: &Session) -> Result<Prepared, Unprepared> {
         let node = &self.node;
         let failed = |what: &'static str| move |err: CoordError| Unprepared { what, err };
-        let elections = &node.election_keys.elections;
+        let elections = &node.identity.election_keys.elections;
         let member = Member {
             version: env!("CARGO_PKG_VERSION").to_string(),
             digest: node.jobs.borrow().digest.clone(),
             shards: self.cluster.shards,
             started_at: self.started_at,
-            tags: node.tags.clone(),
+            tags: node.identity.tags.clone(),
             pool_shards: elections.pool_shards,
-            pools: elections.pools_of(&node.tags).map(|pool| pool.id.clone()).collect(),
-            etcd: node.etcd_member.borrow().clone(),
+            pools: elections
+                .pools_of(&node.identity.tags)
+                .map(|pool| pool.id.clone())
+                .collect(),
+            etcd: node.etcd.etcd_member.borrow().clone(),
         };
         let campaigns: Vec<u32> = (0..elections.total())
-            .filter(|number| elections.eligible(*number, &node.tags))
+            .filter(|number| elections.eligible(*number, &node.identity.tags))
             .collect();
         // Before any claim: an etcd that takes fewer operations per transaction than a claim
         // writes would refuse every full one.
-        crate::coord::etcd::learn_txn_limit(&self.client, &node.keys)
+        crate::coord::etcd::learn_txn_limit(&self.client, &node.identity.keys)
             .await
             .map_err(failed("cannot learn how many operations etcd takes in a transaction"))?;
-        fleet::register(session, &node.keys, &node.node_id, &member)
+        fleet::register(session, &node.identity.keys, &node.identity.node_id, &member)
             .await
             .map_err(failed("cannot register this node in etcd"))?;
         // Read before any shard is led: a node that starts, or campaigns again, while a job is
         // paused must not run one tick of it.
         let (pauses, triggers, groups, backfills) = tokio::try_join!(
-            mirror::load(&self.client, &node.keys, node.pauses.as_ref()),
-            mirror::load(&self.client, &node.keys, node.triggers.as_ref()),
-            mirror::load(&self.client, &node.keys, node.groups.as_ref()),
-            mirror::load(&self.client, &node.keys, node.backfills.as_ref()),
+            mirror::load(&self.client, &node.identity.keys, node.mirrors.pauses.as_ref()),
+            mirror::load(&self.client, &node.identity.keys, node.mirrors.triggers.as_ref()),
+            mirror::load(&self.client, &node.identity.keys, node.mirrors.groups.as_ref()),
+            mirror::load(&self.client, &node.identity.keys, node.mirrors.backfills.as_ref()),
         )
         .map_err(failed(
             "cannot read the pauses, run requests, concurrency groups and backfills",
@@ -194,7 +197,7 @@ impl Sessions {
         let mut tasks = JoinSet::new();
         let view = tasks::watch_fleet(&mut tasks, node, session, member);
         let entered = tokio::select! {
-            entered = joining::enter_elections(session, &node.election_keys, &campaigns, &node.node_id, view.clone()) => entered,
+            entered = joining::enter_elections(session, &node.identity.election_keys, &campaigns, &node.identity.node_id, view.clone()) => entered,
             _ = session.ended().cancelled() => Err(CoordError::Protocol("the session ended".into())),
         };
         let candidacies = entered.map_err(failed("cannot enter the shard elections"))?;

@@ -45,31 +45,31 @@ pub(super) fn spawn_node_tasks(
         options.readiness.clone(),
         node.shutdown.clone(),
     ));
-    let pauses = Arc::clone(&node.pauses);
+    let pauses = Arc::clone(&node.mirrors.pauses);
     crate::metrics::get().count_pauses(move || pauses.in_force(crate::clock::now()));
-    tokio::spawn(Arc::clone(&node.activity).publish(
+    tokio::spawn(Arc::clone(&node.work.activity).publish(
         client.clone(),
-        node.keys.clone(),
-        node.node_id.clone(),
-        Arc::clone(&node.groups),
+        node.identity.keys.clone(),
+        node.identity.node_id.clone(),
+        Arc::clone(&node.mirrors.groups),
         node.shutdown.clone(),
     ));
     // Opened now: the first runs of the node list themselves going on it.
-    node.groups.lease_now();
-    tokio::spawn(Arc::clone(&node.groups).sweep(node.groups.runs_ended()));
+    node.mirrors.groups.lease_now();
+    tokio::spawn(Arc::clone(&node.mirrors.groups).sweep(node.mirrors.groups.runs_ended()));
     tokio::spawn(crate::coord::going::follow_asks(
         client.clone(),
-        node.keys.clone(),
-        node.node_id.clone(),
+        node.identity.keys.clone(),
+        node.identity.node_id.clone(),
         crate::running::runs::AskedHere {
-            runs: node.runs.clone(),
-            listed: Arc::clone(&node.started_here),
+            runs: node.work.runs.clone(),
+            listed: Arc::clone(&node.work.started_here),
         },
-        node.groups.runs_ended(),
+        node.mirrors.groups.runs_ended(),
     ));
-    crate::coord::group_gauges::export(Arc::clone(&node.groups), node.jobs.clone());
+    crate::coord::group_gauges::export(Arc::clone(&node.mirrors.groups), node.jobs.clone());
     let killer = {
-        let (runs, hurry) = (node.runs.clone(), options.hurry.clone());
+        let (runs, hurry) = (node.work.runs.clone(), options.hurry.clone());
         async move {
             hurry.cancelled().await;
             runs.kill_all();
@@ -87,7 +87,7 @@ pub(super) fn watch_fleet(
     session: &Session,
     member: Member,
 ) -> watch::Receiver<FleetView> {
-    let view = fleet::spawn_tasks(tasks, session, &node.election_keys);
+    let view = fleet::spawn_tasks(tasks, session, &node.identity.election_keys);
     tasks.spawn(register_reloads(Arc::clone(node), session.clone(), member));
     tasks.spawn(warn_on_drift(Arc::clone(node), session.clone(), view.clone()));
     view
@@ -117,42 +117,42 @@ pub(super) fn lead(
 ) {
     tasks.spawn(mirror::keep(
         session.clone(),
-        node.keys.clone(),
-        Arc::clone(&node.pauses),
+        node.identity.keys.clone(),
+        Arc::clone(&node.mirrors.pauses),
         mirrored.pauses,
     ));
     tasks.spawn(mirror::keep(
         session.clone(),
-        node.keys.clone(),
-        Arc::clone(&node.triggers),
+        node.identity.keys.clone(),
+        Arc::clone(&node.mirrors.triggers),
         mirrored.triggers,
     ));
     tasks.spawn(mirror::keep(
         session.clone(),
-        node.keys.clone(),
-        Arc::clone(&node.groups),
+        node.identity.keys.clone(),
+        Arc::clone(&node.mirrors.groups),
         mirrored.groups,
     ));
     tasks.spawn(mirror::keep(
         session.clone(),
-        node.keys.clone(),
-        Arc::clone(&node.backfills),
+        node.identity.keys.clone(),
+        Arc::clone(&node.mirrors.backfills),
         mirrored.backfills,
     ));
     tasks.spawn(give_back_unheld_backfills(Arc::clone(node), session.clone()));
-    let unsent = UnsentNotifications::new(Arc::clone(&node.notifications), node.jobs.clone(), view.clone());
+    let unsent = UnsentNotifications::new(Arc::clone(&node.work.notifications), node.jobs.clone(), view.clone());
     tasks.spawn(unsent.run(session.ended().clone()));
     tasks.spawn(crate::coord::unserved::keep(
         session.clone(),
-        node.keys.clone(),
-        node.node_id.clone(),
+        node.identity.keys.clone(),
+        node.identity.node_id.clone(),
         node.jobs.clone(),
         view.clone(),
     ));
     let gone_nodes = crate::coord::gone_nodes::GoneNodes::new(
         session.clone(),
-        node.keys.clone(),
-        node.node_id.clone(),
+        node.identity.keys.clone(),
+        node.identity.node_id.clone(),
         etcd.gone_node_retention,
         view.clone(),
     );
@@ -160,8 +160,8 @@ pub(super) fn lead(
     if let Some(every) = etcd.compaction {
         tasks.spawn(crate::coord::etcd_space::compact(
             session.clone(),
-            node.keys.clone(),
-            node.node_id.clone(),
+            node.identity.keys.clone(),
+            node.identity.node_id.clone(),
             every,
             view.clone(),
         ));
@@ -182,9 +182,9 @@ async fn give_back_unheld_backfills(node: Arc<NodeContext>, session: Session) {
     // Looked at again this often while some are left (a failed write, or a count given up on,
     // which changes no record).
     const AGAIN: std::time::Duration = std::time::Duration::from_secs(5);
-    let mut changed = node.backfills.subscribe();
+    let mut changed = node.mirrors.backfills.subscribe();
     loop {
-        for job in node.backfills.unheld_on(&node.node_id) {
+        for job in node.mirrors.backfills.unheld_on(&node.identity.node_id) {
             let delivery = node
                 .jobs
                 .borrow()
@@ -193,13 +193,15 @@ async fn give_back_unheld_backfills(node: Arc<NodeContext>, session: Session) {
                 .flatten()
                 .find(|known| known.name == job)
                 .map_or(Delivery::AtLeastOnce, |known| known.delivery);
-            let backfills = &node.backfills;
-            let orphaned = |flight: &InFlight| flight.node == node.node_id && !backfills.holds(&job, flight);
-            if let Err(err) = backfills::settle_orphans(&session.client(), &node.keys, &job, delivery, orphaned).await {
+            let backfills = &node.mirrors.backfills;
+            let orphaned = |flight: &InFlight| flight.node == node.identity.node_id && !backfills.holds(&job, flight);
+            if let Err(err) =
+                backfills::settle_orphans(&session.client(), &node.identity.keys, &job, delivery, orphaned).await
+            {
                 tracing::warn!(job, error = %err, "cannot give back this node's backfill ticks from before it started; trying again at the next change");
             }
         }
-        let left = !node.backfills.unheld_on(&node.node_id).is_empty();
+        let left = !node.mirrors.backfills.unheld_on(&node.identity.node_id).is_empty();
         tokio::select! {
             result = changed.changed() => if result.is_err() { return },
             _ = tokio::time::sleep(AGAIN), if left => {}
@@ -220,7 +222,7 @@ async fn warn_on_drift(node: Arc<NodeContext>, session: Session, mut view: watch
             crate::metrics::get().config_drift_nodes.set(drifted.len() as i64);
             for (id, member) in drifted {
                 if reported.insert((id.to_string(), member.digest.clone(), digest.clone())) {
-                    tracing::warn!(node = %node.node_id, other = id, its_digest = %member.digest, our_digest = %digest, its_shards = member.shards, "config drift: this member runs a different jobs.toml");
+                    tracing::warn!(node = %node.identity.node_id, other = id, its_digest = %member.digest, our_digest = %digest, its_shards = member.shards, "config drift: this member runs a different jobs.toml");
                 }
             }
         }
@@ -237,7 +239,7 @@ async fn warn_on_drift(node: Arc<NodeContext>, session: Session, mut view: watch
 /// to another etcd member: `status` shows both.
 async fn register_reloads(node: Arc<NodeContext>, session: Session, mut member: Member) {
     let mut loaded = node.jobs.clone();
-    let mut etcd_member = node.etcd_member.clone();
+    let mut etcd_member = node.etcd.etcd_member.clone();
     loop {
         tokio::select! {
             changed = loaded.changed() => if changed.is_err() { return },
@@ -246,7 +248,7 @@ async fn register_reloads(node: Arc<NodeContext>, session: Session, mut member: 
         }
         member.digest = loaded.borrow_and_update().digest.clone();
         member.etcd = etcd_member.borrow_and_update().clone();
-        if let Err(err) = fleet::register(&session, &node.keys, &node.node_id, &member).await {
+        if let Err(err) = fleet::register(&session, &node.identity.keys, &node.identity.node_id, &member).await {
             tracing::warn!(error = %err, "cannot update this node's registration; others see the old digest and etcd member until the next session");
         }
     }
