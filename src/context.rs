@@ -8,6 +8,7 @@ use tokio_util::sync::CancellationToken;
 use crate::coord::activity::ActivityCount;
 use crate::coord::claims::ClaimLead;
 use crate::coord::keys::{ElectionKeys, Keys};
+use crate::coord::mirror::AnyMirror;
 use crate::coord::results::ResultQueue;
 use crate::coord::starts::StartedHere;
 use crate::rules::config::Loaded;
@@ -49,6 +50,18 @@ pub(crate) struct Mirrors {
     pub(crate) triggers: Arc<crate::coord::triggers::Triggers>,
     /// The jobs' backfills, and the backfill ticks this node holds.
     pub(crate) backfills: Arc<crate::coord::backfills::Backfills>,
+}
+
+impl Mirrors {
+    /// Every mirror of the node, in one list: a new one is a field above and a line here.
+    pub(crate) fn list(&self) -> [Arc<dyn AnyMirror>; 4] {
+        [
+            Arc::clone(&self.pauses) as Arc<dyn AnyMirror>,
+            Arc::clone(&self.triggers) as Arc<dyn AnyMirror>,
+            Arc::clone(&self.groups) as Arc<dyn AnyMirror>,
+            Arc::clone(&self.backfills) as Arc<dyn AnyMirror>,
+        ]
+    }
 }
 
 /// This node's runs and where their ends go.

@@ -15,6 +15,7 @@ use std::time::Duration;
 use etcd_client::{EventType, PutOptions, WatchOptions};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
 
 use crate::backoff::{sleep_or_cancel, Backoff};
 use crate::coord::election;
@@ -291,6 +292,35 @@ async fn remove_foreign_keys(session: Session, keys: Keys, mut view: watch::Rece
             changed = view.changed() => if changed.is_err() { return },
             _ = tokio::time::sleep(FOREIGN_RECHECK), if recheck => {}
             _ = session.ended().cancelled() => return,
+        }
+    }
+}
+
+/// The task that writes this node's registration again when a reload changes its digest, or
+/// its calls move to another etcd member: `status` shows both.
+pub(crate) struct Reregistration {
+    pub(crate) session: Session,
+    pub(crate) keys: Keys,
+    pub(crate) node_id: String,
+    pub(crate) member: Member,
+    pub(crate) jobs: watch::Receiver<Arc<crate::rules::config::Loaded>>,
+    pub(crate) etcd_member: watch::Receiver<Option<String>>,
+}
+
+impl Reregistration {
+    /// Registers again at each change, until `cancel`.
+    pub(crate) async fn run(mut self, cancel: CancellationToken) {
+        loop {
+            tokio::select! {
+                changed = self.jobs.changed() => if changed.is_err() { return },
+                changed = self.etcd_member.changed() => if changed.is_err() { return },
+                _ = cancel.cancelled() => return,
+            }
+            self.member.digest = self.jobs.borrow_and_update().digest.clone();
+            self.member.etcd = self.etcd_member.borrow_and_update().clone();
+            if let Err(err) = register(&self.session, &self.keys, &self.node_id, &self.member).await {
+                tracing::warn!(error = %err, "cannot update this node's registration; others see the old digest and etcd member until the next session");
+            }
         }
     }
 }

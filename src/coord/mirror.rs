@@ -40,6 +40,36 @@ impl<'a> Put<'a> {
     }
 }
 
+/// A mirror as a node's list of them holds it, whatever it mirrors: [`Mirror`] names its prefix
+/// through its type, so the list holds this instead.
+pub(crate) trait AnyMirror: Send + Sync {
+    /// [`load`]: reads the whole prefix; the read's revision.
+    fn load_whole(
+        self: Arc<Self>,
+        client: etcd_client::Client,
+        keys: Keys,
+    ) -> BoxFuture<'static, Result<i64, CoordError>>;
+
+    /// [`keep`]: keeps the mirror current from `read` until the session ends.
+    fn keep_current(self: Arc<Self>, session: Session, keys: Keys, read: i64) -> BoxFuture<'static, ()>;
+}
+
+type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
+
+impl<M: Mirror> AnyMirror for M {
+    fn load_whole(
+        self: Arc<Self>,
+        client: etcd_client::Client,
+        keys: Keys,
+    ) -> BoxFuture<'static, Result<i64, CoordError>> {
+        Box::pin(async move { load(&client, &keys, self.as_ref()).await })
+    }
+
+    fn keep_current(self: Arc<Self>, session: Session, keys: Keys, read: i64) -> BoxFuture<'static, ()> {
+        Box::pin(keep(session, keys, self, read))
+    }
+}
+
 /// Reads the whole prefix into `mirror`, replacing what it held; returns the read's revision.
 pub(crate) async fn load<M: Mirror>(client: &etcd_client::Client, keys: &Keys, mirror: &M) -> Result<i64, CoordError> {
     let (read, revision) = etcd::read_prefix(client, &M::prefix(keys)).await?;

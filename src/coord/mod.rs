@@ -6,7 +6,7 @@
 //! in order by `joining`; the claim protocol (`claims`, on the raw transactions of `ledger`),
 //! what a leadership owes (`starts`), results and history on their way to etcd (`results`,
 //! [`history`]); pauses, run requests and the watched prefixes mirroring them ([`pauses`],
-//! [`triggers`], `mirror`); the slots and lines of concurrency groups (`groups`, with the sweep of what a node's gone attempts left) and their gauges (`group_gauges`); runs of a job going on other nodes (`going`); etcd's space; the records of nodes gone longer
+//! [`triggers`], `mirror`); the slots and lines of concurrency groups (`groups`, with the sweep of what a node's gone attempts left) and their gauges (`group_gauges`); runs of a job going on other nodes (`going`); etcd's space; config drift between members (`drift`); the records of nodes gone longer
 //! than a retention, removed (`gone_nodes`); every key ([`keys`]);
 //! the per-job gauges a leader exports (`job_gauges`); the `run_on` sets no live node has, and
 //! since when (`unserved`); each node's runs per minute for the dashboard (`activity`).
@@ -18,6 +18,7 @@
 pub(crate) mod activity;
 pub(crate) mod backfills;
 pub(crate) mod claims;
+pub(crate) mod drift;
 pub(crate) mod election;
 pub(crate) mod endpoints;
 pub mod etcd;

@@ -185,15 +185,12 @@ impl Sessions {
             .map_err(failed("cannot register this node in etcd"))?;
         // Read before any shard is led: a node that starts, or campaigns again, while a job is
         // paused must not run one tick of it.
-        let (pauses, triggers, groups, backfills) = tokio::try_join!(
-            mirror::load(&self.client, &node.identity.keys, node.mirrors.pauses.as_ref()),
-            mirror::load(&self.client, &node.identity.keys, node.mirrors.triggers.as_ref()),
-            mirror::load(&self.client, &node.identity.keys, node.mirrors.groups.as_ref()),
-            mirror::load(&self.client, &node.identity.keys, node.mirrors.backfills.as_ref()),
-        )
-        .map_err(failed(
-            "cannot read the pauses, run requests, concurrency groups and backfills",
-        ))?;
+        let mirrors = node.mirrors.list();
+        let revisions = load_all(&mirrors, &self.client, &node.identity.keys)
+            .await
+            .map_err(failed(
+                "cannot read the pauses, run requests, concurrency groups and backfills",
+            ))?;
         let mut tasks = JoinSet::new();
         let view = tasks::watch_fleet(&mut tasks, node, session, member);
         let entered = tokio::select! {
@@ -204,12 +201,7 @@ impl Sessions {
         Ok(Prepared {
             tasks,
             view,
-            mirrored: Mirrored {
-                pauses,
-                triggers,
-                groups,
-                backfills,
-            },
+            mirrored: mirrors.into_iter().zip(revisions).collect(),
             candidacies,
         })
     }
@@ -246,6 +238,26 @@ fn apply_reload(config: Config, cluster: &Cluster, etcd: &Etcd, node: &NodeSpec,
         tracing::warn!(config = %config.path.display(), "{warning}");
     }
     loaded.send_replace(Arc::new(Loaded::new(config, node)));
+}
+
+/// Reads every mirror's prefix whole, all at once; the revision each continues from, in the
+/// list's order. The first failure ends the others.
+async fn load_all(
+    mirrors: &[Arc<dyn mirror::AnyMirror>],
+    client: &etcd_client::Client,
+    keys: &crate::coord::keys::Keys,
+) -> Result<Vec<i64>, CoordError> {
+    let mut reads = JoinSet::new();
+    for (index, mirror) in mirrors.iter().enumerate() {
+        let read = Arc::clone(mirror).load_whole(client.clone(), keys.clone());
+        reads.spawn(async move { (index, read.await) });
+    }
+    let mut revisions = vec![0; mirrors.len()];
+    while let Some(joined) = reads.join_next().await {
+        let (index, read) = joined.map_err(|err| CoordError::Protocol(format!("a mirror's read ended: {err}")))?;
+        revisions[index] = read?;
+    }
+    Ok(revisions)
 }
 
 #[cfg(test)]

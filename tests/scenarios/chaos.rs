@@ -204,6 +204,11 @@ on_both_etcds! {
                     }
                     world.nodes[node].signal(if kill { libc::SIGKILL } else { libc::SIGTERM });
                     world.nodes[node].wait_exit(Duration::from_secs(10));
+                    if kill {
+                        // Not sooner: a run its commands stamp within 500 ms of the kill is the
+                        // dead node's own (`SPAWN_IN_FLIGHT` in the checks).
+                        std::thread::sleep(Duration::from_millis(500));
+                    }
                     runs_config[victim] = 1 - runs_config[victim];
                     started_on.push((now_secs(), victim, runs_config[victim]));
                     let shards = [3, 5][runs_config[victim]];

@@ -5,10 +5,12 @@
 //! that keeps the claims written before it. Every node mirrors the records: the leaders learn of
 //! work, and each node gives back the ticks an earlier run of it claimed and never counted.
 
+mod give_back;
 mod mirror;
 mod record;
 mod settle;
 
+pub(crate) use give_back::GiveBackUnheld;
 pub(crate) use mirror::Backfills;
 pub(crate) use record::{ask, cancel, claim, read, read_all, update, Asked, Claimed};
 pub(crate) use settle::{settle_orphans, settle_tick, Settle};

@@ -60,6 +60,11 @@ impl Verdict {
     }
 }
 
+/// How long after its node's SIGKILL a command spawned just before it may stamp its start: the
+/// fork and exec were under way as the kill landed. The test starts a killed node again no
+/// sooner than 500 ms after the kill, so no start of that node's own comes this soon.
+const SPAWN_IN_FLIGHT: f64 = 0.5;
+
 /// Whether `run` is outside what the limits promise at `at`: its node was frozen (SIGSTOP) at
 /// some time between its start and `at`, or killed outright (SIGKILL) while it went, which
 /// orphans the command (docs/config.md, "How many run at once", and the frozen-node case of
@@ -72,7 +77,7 @@ fn exempt(timeline: &Timeline, run: &Stamped, at: f64) -> bool {
     let orphaned = timeline
         .kills
         .iter()
-        .any(|(node, killed)| *node == run.node && *killed >= run.started && *killed <= run.end());
+        .any(|(node, killed)| *node == run.node && *killed + SPAWN_IN_FLIGHT >= run.started && *killed <= run.end());
     frozen || orphaned
 }
 
