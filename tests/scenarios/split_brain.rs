@@ -88,8 +88,21 @@ on_both_etcds! {
         for (job, tick, ..) in &attempts {
             *by_tick.entry((job.clone(), tick.clone())).or_default() += 1;
         }
-        let doubled: Vec<_> = by_tick.iter().filter(|(_, count)| **count > 1).collect();
-        assert!(doubled.is_empty(), "ticks run more than once: {doubled:?}");
+        // A tick the cut leader claimed ahead and started, cut off, before its lease ran out by
+        // its own clock, is delivered again by the next leader (its start could not be written):
+        // the at-least-once contract allows that repeat, flagged and with a higher fence, which
+        // the store then keeps; nothing else runs twice.
+        let runs = world.runs();
+        let redelivered: usize = names
+            .iter()
+            .map(|name| assert_each_tick_at_least_once(&runs, name, 1))
+            .sum();
+        let doubled = by_tick.values().filter(|count| **count > 1).count();
+        assert_eq!(
+            doubled, redelivered,
+            "ticks attempted twice in the store that were no redelivery: {:?}",
+            by_tick.iter().filter(|(_, count)| **count > 1).collect::<Vec<_>>()
+        );
 
         let mut missing = 0;
         for name in &names {
@@ -158,11 +171,10 @@ on_both_etcds! {
         assert_eq!(accepted.trim(), "0");
 
         eprintln!(
-            "split brain: {} ticks over {} jobs, {missing} rows missing, {} doubled, {} stale-fence runs; \
-             balanced {balanced_after:.2} s after the heal",
+            "split brain: {} ticks over {} jobs, {missing} rows missing, {doubled} delivered again \
+             (flagged, a higher fence), {} stale-fence runs; balanced {balanced_after:.2} s after the heal",
             by_tick.len(),
             names.len(),
-            doubled.len(),
             stale.len()
         );
         assert!(
