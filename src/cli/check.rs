@@ -95,6 +95,7 @@ impl PlanArgs {
             .jobs
             .iter()
             .filter(|job| self.jobs.is_empty() || self.jobs.contains(&job.name))
+            .map(|job| &**job)
             .collect())
     }
 }

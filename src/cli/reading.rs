@@ -39,7 +39,7 @@ pub fn status(args: &StatusArgs) -> Result<()> {
     let config = args.cluster.config.load()?;
     block_on(async {
         let cluster = args.cluster.connect(&config).await?;
-        let jobs: Vec<&crate::rules::config::Job> = config.jobs.iter().collect();
+        let jobs: Vec<&crate::rules::config::Job> = config.jobs.iter().map(|job| &**job).collect();
         let context = || format!("cannot read the cluster state from etcd at {:?}", cluster.endpoints);
         let document = status::read_document(
             &config.cluster,

@@ -16,8 +16,9 @@ pub(crate) struct Entry {
     pub(crate) job: Arc<Job>,
     /// The record's mod revision, which the next write must find unchanged; 0 for no record.
     pub(super) revision: i64,
-    /// The record as etcd holds it, as far as this leader knows.
-    pub(super) record: Option<Claim>,
+    /// The record as etcd holds it, as far as this leader knows. Boxed: a job a leader has not
+    /// read yet, or that never ran, costs the book a pointer, not a claim.
+    pub(super) record: Option<Box<Claim>>,
     /// Whether this leadership has read the record yet: a new leader reads its jobs' records a
     /// transaction's worth at a time as it settles them, so its first claim waits for one read,
     /// not for all of them.
@@ -27,12 +28,12 @@ pub(crate) struct Entry {
 impl Entry {
     /// The last tick claimed by anyone, as far as this leader knows.
     pub(crate) fn last(&self) -> Option<DateTime<Utc>> {
-        self.record.as_ref().map(|claim| claim.scheduled_at)
+        self.record.as_deref().map(|claim| claim.scheduled_at)
     }
 
     /// The job's record as this leader knows it.
     pub(crate) fn record(&self) -> Option<&Claim> {
-        self.record.as_ref()
+        self.record.as_deref()
     }
 
     /// The record's tick is the job's last claimed one, from which its next-run gauge counts.
@@ -157,7 +158,7 @@ impl Book {
     pub(super) fn holds(&mut self, index: usize, revision: i64, record: Option<Claim>) {
         let entry = &mut self.entries[index];
         entry.revision = revision;
-        entry.record = record;
+        entry.record = record.map(Box::new);
         entry.read = true;
         entry.publish_claimed(&self.gauges);
     }

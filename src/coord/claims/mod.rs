@@ -218,11 +218,17 @@ impl Claimer<'_> {
                     releasing: self.releasing && self.starts.releasable(&entry.job.name),
                 };
                 let owed = self.starts.owed(&entry.job.name);
-                let mut record = next_record(entry.record.as_ref(), want, &owed, &writer, entry.job.schedule.label());
+                let mut record = next_record(
+                    entry.record.as_deref(),
+                    want,
+                    &owed,
+                    &writer,
+                    entry.job.schedule.label(),
+                );
                 if let Some(record) = &mut record {
                     let here = self.starts.here();
                     let job = &entry.job.name;
-                    record.going = going_after(entry.record.as_ref(), here.own_going(job), self.node_id, |run| {
+                    record.going = going_after(entry.record.as_deref(), here.own_going(job), self.node_id, |run| {
                         here.seen_ended(job, run)
                     });
                 }

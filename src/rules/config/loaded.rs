@@ -45,14 +45,14 @@ impl Loaded {
                 FanOut::One => job,
                 FanOut::All => {
                     let instance = node.tags.has_all(&job.run_on).then(|| job.instance(&node.id));
-                    fanned_out.push(Arc::new(job));
+                    fanned_out.push(job);
                     match instance {
-                        Some(instance) => instance,
+                        Some(instance) => Arc::new(instance),
                         None => continue,
                     }
                 }
             };
-            by_shard[shard].push(Arc::new(job));
+            by_shard[shard].push(job);
         }
         Loaded {
             digest: config.digest,

@@ -20,6 +20,7 @@ mod validate_job;
 mod validate_named;
 
 use std::collections::{BTreeSet, HashMap};
+use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -79,7 +80,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
 
 /// Every election the jobs need, bounded as one fleet of [`MAX_SHARDS`] shards is, and each job
 /// numbered with its own.
-fn elections_of(source: &Source, cluster: &Cluster, jobs: &mut [Job]) -> Result<Elections, ConfigError> {
+fn elections_of(source: &Source, cluster: &Cluster, jobs: &mut [Arc<Job>]) -> Result<Elections, ConfigError> {
     let run_on: BTreeSet<Tags> = jobs
         .iter()
         .filter(|job| job.fan_out == FanOut::One)
@@ -102,6 +103,8 @@ fn elections_of(source: &Source, cluster: &Cluster, jobs: &mut [Job]) -> Result<
         ));
     }
     for job in jobs {
+        // Not shared yet: numbered in place, never copied.
+        let job = Arc::make_mut(job);
         job.shard = elections.number_of(&job.name, &job.run_on, job.fan_out);
         job.pool_shard = elections.locate(job.shard).map_or(0, |election| election.shard());
     }
@@ -113,7 +116,7 @@ struct Parts {
     cluster: Cluster,
     etcd: Etcd,
     shared: Shared,
-    jobs: Vec<Job>,
+    jobs: Vec<Arc<Job>>,
 }
 
 fn parse_whole(source: &Source) -> Result<Parts, ConfigError> {
@@ -131,7 +134,14 @@ fn parse_whole(source: &Source) -> Result<Parts, ConfigError> {
     let mut schedules: HashMap<(String, Tz), Arc<Schedule>> = HashMap::new();
     let mut jobs = Vec::with_capacity(raw.jobs.len());
     for (name, job) in raw.jobs {
-        jobs.push(validate_job(source, &cluster, name, job, &shared, &mut schedules)?);
+        jobs.push(Arc::new(validate_job(
+            source,
+            &cluster,
+            name,
+            job,
+            &shared,
+            &mut schedules,
+        )?));
     }
     Ok(Parts {
         cluster,
@@ -161,13 +171,20 @@ fn parse_in_pieces(source: &Source, jobs_per_piece: usize) -> Option<Parts> {
     let shared = Shared::validate(source, &cluster, &etcd, tables, lists).ok()?;
     drop(pieces.rest);
 
-    let mut schedules: HashMap<(String, Tz), Arc<Schedule>> = HashMap::new();
-    let mut jobs = Vec::new();
-    for piece in pieces.jobs {
-        let raw: RawJobs = toml::from_str(&source.text[piece]).ok()?;
-        for (name, job) in raw.jobs {
-            jobs.push(validate_job(source, &cluster, name, job, &shared, &mut schedules).ok()?);
-        }
+    // The pieces are independent: each core reads a run of them.
+    let cores = std::thread::available_parallelism().map_or(1, |cores| cores.get());
+    let per_core = pieces.jobs.len().div_ceil(cores).max(1);
+    let read: Vec<Option<Vec<Arc<Job>>>> = std::thread::scope(|scope| {
+        let readers: Vec<_> = pieces
+            .jobs
+            .chunks(per_core)
+            .map(|run| scope.spawn(|| read_pieces(source, &cluster, &shared, run)))
+            .collect();
+        readers.into_iter().map(|reader| reader.join().ok().flatten()).collect()
+    });
+    let mut jobs = Vec::with_capacity(pieces.job_count);
+    for run in read {
+        jobs.extend(run?);
     }
     // In name order, as the whole-document reader's map gives them.
     jobs.sort_unstable_by(|a, b| a.name.cmp(&b.name));
@@ -177,6 +194,21 @@ fn parse_in_pieces(source: &Source, jobs_per_piece: usize) -> Option<Parts> {
         shared,
         jobs,
     })
+}
+
+/// The jobs of a run of pieces, validated; `None` on any error.
+fn read_pieces(source: &Source, cluster: &Cluster, shared: &Shared, run: &[Range<usize>]) -> Option<Vec<Arc<Job>>> {
+    let mut schedules: HashMap<(String, Tz), Arc<Schedule>> = HashMap::new();
+    let mut jobs = Vec::new();
+    for piece in run {
+        let raw: RawJobs = toml::from_str(&source.text[piece.clone()]).ok()?;
+        for (name, job) in raw.jobs {
+            jobs.push(Arc::new(
+                validate_job(source, cluster, name, job, shared, &mut schedules).ok()?,
+            ));
+        }
+    }
+    Some(jobs)
 }
 
 #[cfg(test)]

@@ -38,8 +38,9 @@ pub struct Config {
     pub path: PathBuf,
     pub cluster: Cluster,
     pub etcd: Etcd,
-    /// Sorted by name.
-    pub jobs: Vec<Job>,
+    /// Sorted by name. Each job is made once and shared from then on (a node's elections hold
+    /// these same jobs), so 100,000 jobs are never held twice.
+    pub jobs: Vec<Arc<Job>>,
     /// seahash of the file's bytes, hex: nodes compare it to spot config drift.
     pub digest: String,
     /// Every election the jobs are in: the fleet's shards, each pool's, the node's own.
@@ -166,7 +167,7 @@ pub struct Job {
     pub fan_out: FanOut,
     /// For an instance of a `fan_out = "all"` job, the node it runs on; its `name` is then
     /// `<job>@<node>`, which names its records.
-    pub instance_of: Option<Instance>,
+    pub instance_of: Option<Box<Instance>>,
     /// Shared between jobs with the same (expression, zone): parsed once.
     pub schedule: Arc<Schedule>,
     pub command: String,
@@ -195,7 +196,7 @@ pub struct Job {
     /// Who hears of the job's transitions: the cluster's notifiers, then its own.
     pub notify: Vec<Arc<Notifier>>,
     /// Pinged after each successful run.
-    pub ping: Option<Ping>,
+    pub ping: Option<Box<Ping>>,
 }
 
 /// `ping_url` and `ping_method`: a dead man's switch told of each success.
@@ -278,10 +279,10 @@ impl Job {
     pub fn instance(&self, node: &str) -> Job {
         Job {
             name: Job::instance_name(&self.name, node),
-            instance_of: Some(Instance {
+            instance_of: Some(Box::new(Instance {
                 job: self.name.clone(),
                 node: node.to_string(),
-            }),
+            })),
             ..self.clone()
         }
     }

@@ -95,7 +95,7 @@ pub(super) fn validate_job(
         log_output: raw.log_output.map(Spanned::into_inner).unwrap_or_default(),
         blackouts,
         notify,
-        ping,
+        ping: ping.map(Box::new),
     })
 }
 
