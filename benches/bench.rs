@@ -69,6 +69,12 @@ use std::time::Duration;
 use common::number_from_env;
 
 fn main() {
+    // The benchmarks inject faults to measure them, on the packaged etcd: run as a scenario of
+    // that etcd, which the harness lets inject them (tests/support/etcds.rs).
+    support::etcds::run_on(support::etcds::Etcd::Packaged, sections);
+}
+
+fn sections() {
     let what: Vec<String> = std::env::args().skip(1).filter(|arg| !arg.starts_with("--")).collect();
     let wants = |name: &str| what.is_empty() || what.iter().any(|w| w == "all" || w == name);
     if wants("check") {
