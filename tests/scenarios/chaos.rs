@@ -15,7 +15,7 @@
 //! back by the node's proxy. Its checkers are in `features::check`.
 //!
 //! ```text
-//! cargo test --test main chaos                                   # the short run (about 75 s)
+//! cargo test --test main chaos                                   # the short run (40 s of faults, about 60 s)
 //! SHARDCRON_CHAOS_SECS=600 SHARDCRON_CHAOS_SEED=42 \
 //!   cargo test --release --test main chaos -- --nocapture        # a long run, replayable by seed
 //! ```
@@ -90,7 +90,7 @@ on_both_etcds! {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(1, |since| since.as_nanos() as u64)
         });
-        let run_for = Duration::from_secs(env_number("SHARDCRON_CHAOS_SECS").unwrap_or(60));
+        let run_for = Duration::from_secs(env_number("SHARDCRON_CHAOS_SECS").unwrap_or(40));
         eprintln!("chaos: seed {seed}, {run_for:?} of faults (replay: SHARDCRON_CHAOS_SEED={seed})");
         let mut dice = Dice(seed | 1);
         // The features' own choices, from the seed too, apart from the faults'.

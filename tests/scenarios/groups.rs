@@ -105,10 +105,10 @@ on_both_etcds! {
         let names = job_names(6, 1);
         let jobs: Vec<(String, &str, String)> = names
             .iter()
-            .map(|name| (name.clone(), "*/20 * * * * *", "group = \"db\"".to_string()))
+            .map(|name| (name.clone(), "*/12 * * * * *", "group = \"db\"".to_string()))
             .collect();
         let config = write_grouped(&world, 6, "[groups.db]\nlimit = 2", &jobs, &lasting(&world, 2, &ends));
-        step("start three nodes; every job is due every 20 s and runs 2 s, in a group of 2");
+        step("start three nodes; every job is due every 12 s and runs 2 s, in a group of 2");
         world.node("a", &config).start();
         world.node("b", &config).start();
         let port = world.node("c", &config).start_serving();
@@ -532,7 +532,7 @@ on_both_etcds! {
         });
         // The runs going at the reload go on to their ends: the window opens once they have.
         let from = now_secs() + LASTS + 1.5;
-        let to = from + 20.0;
+        let to = from + 12.0;
         std::thread::sleep(Duration::from_secs_f64(to - now_secs()));
         wait_for(Duration::from_secs(10), "every run started in the window ended", || {
             let ended = spans(&world, &ends);
