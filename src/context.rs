@@ -88,5 +88,5 @@ pub(crate) struct Etcd {
     pub(crate) etcd_member: watch::Receiver<Option<String>>,
     /// The election requests of single shards (campaigns after a handoff, resigns) go through
     /// it: a few at a time, paused while etcd pushes back.
-    pub(crate) elections: crate::coord::election::Admission,
+    pub(crate) elections: crate::coord::election::ElectionThrottle,
 }

@@ -152,15 +152,15 @@ fn candidacy(session: &Session, keys: &ElectionKeys, shard: u32, term: i64) -> R
 /// a resign): a few at a time, and none while etcd pushes back, so that a rebalance that moves
 /// a thousand shards neither floods etcd nor retries shard by shard when etcd says "too many
 /// requests".
-pub struct Admission {
+pub struct ElectionThrottle {
     permits: Semaphore,
     pushback: Pushback,
 }
 
-impl Admission {
+impl ElectionThrottle {
     /// `permits` requests at a time.
-    pub fn new(permits: usize) -> Admission {
-        Admission {
+    pub fn new(permits: usize) -> ElectionThrottle {
+        ElectionThrottle {
             permits: Semaphore::new(permits),
             pushback: Pushback::new(),
         }
@@ -194,7 +194,7 @@ pub(crate) async fn campaign(
     shard: u32,
     node_id: &str,
     view: &mut watch::Receiver<FleetView>,
-    admission: &Admission,
+    admission: &ElectionThrottle,
 ) -> Result<Leadership, CoordError> {
     let key = candidate_key(session, keys, shard)?;
     let term = admission.request(enter(session, &key, node_id)).await?;

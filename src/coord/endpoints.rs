@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff::sleep_or_cancel;
-use crate::coord::health::Seen;
+use crate::coord::health::MemberReply;
 use crate::coord::members::Members;
 
 /// How often each member is asked.
@@ -48,7 +48,7 @@ async fn probe_member(members: Members, uri: Uri, options: ConnectOptions, shutd
                 tokio::select! {
                     answer = &mut asked => break Some(answer.seen(started.elapsed())),
                     _ = tokio::time::sleep_until(started + waited) => {
-                        members.observe(&uri, Seen::Waiting { waited });
+                        members.observe(&uri, MemberReply::Waiting { waited });
                         if waited >= stall * 2 {
                             break None;
                         }
@@ -78,11 +78,11 @@ enum Answer {
 }
 
 impl Answer {
-    fn seen(self, took: Duration) -> Seen {
+    fn seen(self, took: Duration) -> MemberReply {
         match self {
-            Answer::Status { leader } => Seen::Answered { took, leader },
-            Answer::NoLeader => Seen::Answered { took, leader: 0 },
-            Answer::Failed => Seen::Failed,
+            Answer::Status { leader } => MemberReply::Answered { took, leader },
+            Answer::NoLeader => MemberReply::Answered { took, leader: 0 },
+            Answer::Failed => MemberReply::Failed,
         }
     }
 }

@@ -43,7 +43,7 @@ impl Limits {
 
 /// What was seen of a member.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Seen {
+pub(crate) enum MemberReply {
     /// It answered after `took`, naming its raft leader (etcd's member id, 0 for none).
     Answered { took: Duration, leader: u64 },
     /// A probe or call to it has waited `waited` so far, unanswered.
@@ -78,10 +78,10 @@ impl Default for Member {
 }
 
 /// `member` after `seen`.
-pub(crate) fn observe(member: &Member, seen: Seen, limits: &Limits) -> Member {
+pub(crate) fn observe(member: &Member, seen: MemberReply, limits: &Limits) -> Member {
     let mut next = member.clone();
     match seen {
-        Seen::Answered { took, leader } => {
+        MemberReply::Answered { took, leader } => {
             next.failures = 0;
             next.round_trip = Some(match member.round_trip {
                 // Weighs the newest answer a quarter: one slow answer moves it, one alone
@@ -104,7 +104,7 @@ pub(crate) fn observe(member: &Member, seen: Seen, limits: &Limits) -> Member {
                 next.fast_answers = 0;
             }
         }
-        Seen::Waiting { waited } => {
+        MemberReply::Waiting { waited } => {
             if waited >= limits.stall * 2 {
                 next.state = State::Down;
                 next.fast_answers = 0;
@@ -115,7 +115,7 @@ pub(crate) fn observe(member: &Member, seen: Seen, limits: &Limits) -> Member {
                 }
             }
         }
-        Seen::Failed => {
+        MemberReply::Failed => {
             next.fast_answers = 0;
             next.failures = member.failures.saturating_add(1);
             next.state = if next.failures >= 2 {
@@ -182,14 +182,14 @@ mod tests {
         Limits::for_ttl(Duration::from_secs(5))
     }
 
-    fn answered(ms: u32) -> Seen {
-        Seen::Answered {
+    fn answered(ms: u32) -> MemberReply {
+        MemberReply::Answered {
             took: MS * ms,
             leader: 7,
         }
     }
 
-    fn after(seen: &[Seen]) -> Member {
+    fn after(seen: &[MemberReply]) -> Member {
         seen.iter()
             .fold(Member::default(), |member, seen| observe(&member, *seen, &limits()))
     }
@@ -203,9 +203,15 @@ mod tests {
 
     #[test]
     fn a_member_waited_on_past_a_stall_is_suspect_and_past_two_is_down() {
-        assert_eq!(after(&[Seen::Waiting { waited: MS * 499 }]).state, State::Healthy);
-        assert_eq!(after(&[Seen::Waiting { waited: MS * 500 }]).state, State::Suspect);
-        assert_eq!(after(&[Seen::Waiting { waited: MS * 1000 }]).state, State::Down);
+        assert_eq!(
+            after(&[MemberReply::Waiting { waited: MS * 499 }]).state,
+            State::Healthy
+        );
+        assert_eq!(
+            after(&[MemberReply::Waiting { waited: MS * 500 }]).state,
+            State::Suspect
+        );
+        assert_eq!(after(&[MemberReply::Waiting { waited: MS * 1000 }]).state, State::Down);
         assert_eq!(
             after(&[answered(600)]).state,
             State::Suspect,
@@ -215,14 +221,17 @@ mod tests {
 
     #[test]
     fn a_connection_failing_twice_in_a_row_is_down() {
-        assert_eq!(after(&[Seen::Failed]).state, State::Suspect);
-        assert_eq!(after(&[Seen::Failed, Seen::Failed]).state, State::Down);
-        assert_eq!(after(&[Seen::Failed, answered(5), Seen::Failed]).state, State::Suspect);
+        assert_eq!(after(&[MemberReply::Failed]).state, State::Suspect);
+        assert_eq!(after(&[MemberReply::Failed, MemberReply::Failed]).state, State::Down);
+        assert_eq!(
+            after(&[MemberReply::Failed, answered(5), MemberReply::Failed]).state,
+            State::Suspect
+        );
     }
 
     #[test]
     fn a_member_without_a_raft_leader_is_suspect() {
-        let seen = Seen::Answered {
+        let seen = MemberReply::Answered {
             took: MS * 5,
             leader: 0,
         };
@@ -231,7 +240,7 @@ mod tests {
 
     #[test]
     fn a_member_comes_back_after_three_fast_answers_in_a_row() {
-        let down = [Seen::Waiting { waited: MS * 1000 }];
+        let down = [MemberReply::Waiting { waited: MS * 1000 }];
         let two = [&down[..], &[answered(10), answered(10)]].concat();
         assert_eq!(after(&two).state, State::Down);
         let slow_between = [&two[..], &[answered(300), answered(10)]].concat();
@@ -247,8 +256,8 @@ mod tests {
     #[test]
     fn calls_go_to_healthy_members_first_and_stay_on_the_preferred_one() {
         let healthy = |ms| after(&[answered(ms)]);
-        let down = after(&[Seen::Failed, Seen::Failed]);
-        let suspect = after(&[Seen::Failed]);
+        let down = after(&[MemberReply::Failed, MemberReply::Failed]);
+        let suspect = after(&[MemberReply::Failed]);
         let members = [down.clone(), healthy(20), suspect.clone(), healthy(10)];
         assert_eq!(
             order(&members, &[0, 1, 2, 3]),
@@ -270,8 +279,8 @@ mod tests {
 
     #[test]
     fn with_no_member_healthy_the_order_stays() {
-        let down = after(&[Seen::Failed, Seen::Failed]);
-        let suspect = after(&[Seen::Failed]);
+        let down = after(&[MemberReply::Failed, MemberReply::Failed]);
+        let suspect = after(&[MemberReply::Failed]);
         assert_eq!(order(&[down, suspect], &[1, 0]), vec![1, 0]);
     }
 }

@@ -89,7 +89,7 @@ impl JobGauges {
 
     /// What a scrape needs of every job of the shards led now, read under the locks in one
     /// pass so that claims (which record their ticks here) wait for a copy, not for a render.
-    fn snapshot(&self) -> Vec<Seen> {
+    fn snapshot(&self) -> Vec<Scraped> {
         let led = self.led.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let claimed = self
             .last_claimed
@@ -101,7 +101,7 @@ impl JobGauges {
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         led.values()
             .flatten()
-            .map(|job| Seen {
+            .map(|job| Scraped {
                 job: Arc::clone(job),
                 claimed: claimed.get(&job.name).copied(),
                 succeeded: succeeded.get(&job.name).copied(),
@@ -146,7 +146,7 @@ impl JobGauges {
 }
 
 /// One led job as a scrape saw it.
-struct Seen {
+struct Scraped {
     job: Arc<Job>,
     claimed: Option<DateTime<Utc>>,
     succeeded: Option<DateTime<Utc>>,
@@ -181,7 +181,7 @@ struct NextRuns(HashMap<usize, (Arc<Job>, NextRun)>);
 
 impl NextRuns {
     /// The next run of each of `jobs` (in order) at `now`; forgets jobs no longer led.
-    fn refresh(&mut self, jobs: &[Seen], now: DateTime<Utc>) -> Vec<NextRun> {
+    fn refresh(&mut self, jobs: &[Scraped], now: DateTime<Utc>) -> Vec<NextRun> {
         let mut kept = HashMap::with_capacity(jobs.len());
         let runs = jobs
             .iter()

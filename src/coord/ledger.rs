@@ -46,7 +46,7 @@ pub(crate) fn result_op_count(record: &RunRecord, success: Option<&RunRecord>) -
     1 + usize::from(last_success(record, success).is_some())
 }
 
-pub use crate::rules::protocol::Seen;
+pub use crate::rules::protocol::ReadRecord;
 use crate::rules::protocol::{self, Guard};
 
 /// One job's part of a claim transaction.
@@ -67,7 +67,7 @@ fn unusable(message: String) -> CoordError {
 /// Reads the last claims of `jobs`, in order. A record that cannot be read is an error, never a
 /// job without a record: what it claimed is unknown, and a fresh start could run a claimed tick
 /// again or skip a pending one. It stops the claims of the shard until it is fixed or deleted.
-pub async fn read_claims(session: &Session, keys: &Keys, jobs: &[&str]) -> Result<Vec<Seen>, CoordError> {
+pub async fn read_claims(session: &Session, keys: &Keys, jobs: &[&str]) -> Result<Vec<ReadRecord>, CoordError> {
     let mut seen = Vec::with_capacity(jobs.len());
     for chunk in jobs.chunks(ops_per_txn()) {
         let gets: Vec<TxnOp> = chunk.iter().map(|job| TxnOp::get(keys.job_last(job), None)).collect();
@@ -85,9 +85,9 @@ pub async fn read_claims(session: &Session, keys: &Keys, jobs: &[&str]) -> Resul
                 return Err(CoordError::Protocol("txn of gets answered with another op".into()));
             };
             let entry = match get.kvs().first() {
-                None => Seen::default(),
+                None => ReadRecord::default(),
                 Some(kv) => match serde_json::from_slice::<Claim>(kv.value()) {
-                    Ok(claim) => Seen {
+                    Ok(claim) => ReadRecord {
                         claim: Some(claim),
                         mod_revision: kv.mod_revision(),
                     },
@@ -114,7 +114,7 @@ pub async fn claim(
     leadership: &Leadership,
     requests: &[ClaimRequest],
     results: &[(&str, &RunRecord, Option<&RunRecord>)],
-    history: &[history::Entry],
+    history: &[history::HistoryEntry],
 ) -> Result<Option<i64>, CoordError> {
     debug_assert!(
         requests.len()
@@ -264,7 +264,7 @@ mod tests {
             .expect("session a");
         register(session_a.clone(), "a").await;
         let mut view_a = crate::coord::fleet::watch_view(&session_a, &ElectionKeys::fleet(&keys, 1, "a"));
-        let admission = election::Admission::new(1);
+        let admission = election::ElectionThrottle::new(1);
         let leader_a = election::campaign(
             &session_a,
             &ElectionKeys::fleet(&keys, 1, "a"),
@@ -283,7 +283,7 @@ mod tests {
         let campaign_b = {
             let (session_b, keys) = (session_b.clone(), keys.clone());
             let mut view_b = crate::coord::fleet::watch_view(&session_b, &ElectionKeys::fleet(&keys, 1, "b"));
-            let admission = election::Admission::new(1);
+            let admission = election::ElectionThrottle::new(1);
             tokio::spawn(async move {
                 election::campaign(
                     &session_b,

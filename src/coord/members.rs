@@ -13,7 +13,7 @@ use tokio::sync::{mpsc, watch};
 use tonic::transport::channel::Change;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::coord::health::{self, Limits, Seen, State};
+use crate::coord::health::{self, Limits, MemberReply, State};
 
 /// The members of one client. Cheap to clone; clones share the table.
 #[derive(Clone)]
@@ -113,7 +113,7 @@ impl Members {
 
     /// Takes in what was seen of the member at `uri`. A member that stops being healthy while
     /// another is has the calls waiting on it cut.
-    pub(crate) fn observe(&self, uri: &Uri, seen: Seen) {
+    pub(crate) fn observe(&self, uri: &Uri, seen: MemberReply) {
         let limits = self.shared.limits;
         let mut table = self.table();
         let Some(index) = table.slots.iter().position(|slot| &slot.uri == uri) else {
@@ -273,14 +273,14 @@ mod tests {
         assert_eq!(label(&waiting), "http://10.0.0.1:2379", "the first listed first");
         members.observe(
             &waiting.uri,
-            Seen::Waiting {
+            MemberReply::Waiting {
                 waited: Duration::from_millis(499),
             },
         );
         assert!(!waiting.cut.has_changed().expect("open"), "not yet a stall");
         members.observe(
             &waiting.uri,
-            Seen::Waiting {
+            MemberReply::Waiting {
                 waited: Duration::from_millis(500),
             },
         );
@@ -301,11 +301,11 @@ mod tests {
     async fn with_no_other_member_healthy_no_call_is_cut() {
         let members = members_of(&["http://10.0.0.1:2379", "http://10.0.0.2:2379"]);
         let second: Uri = "http://10.0.0.2:2379".parse().expect("a URI");
-        members.observe(&second, Seen::Failed);
+        members.observe(&second, MemberReply::Failed);
         let waiting = members.pick(&[]).expect("a member");
         members.observe(
             &waiting.uri,
-            Seen::Waiting {
+            MemberReply::Waiting {
                 waited: Duration::from_secs(1),
             },
         );

@@ -131,7 +131,7 @@ impl ResultQueue {
             })
             .collect();
         ledger::record_runs(client, keys, &newest).await?;
-        let entries: Vec<history::Entry> = lost
+        let entries: Vec<history::HistoryEntry> = lost
             .iter()
             .flat_map(|(job, records)| records.iter().filter_map(|record| self.history.entry(job, record)))
             .collect();

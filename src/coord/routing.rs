@@ -24,7 +24,7 @@ use http_body_util::BodyExt;
 use tonic::body::Body;
 use tower::{Service, ServiceExt};
 
-use crate::coord::health::Seen;
+use crate::coord::health::MemberReply;
 use crate::coord::members::{endpoint_label, Members, Pick};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -127,7 +127,7 @@ async fn route(members: Members, request: Request<Body>) -> Result<Response<Body
         return match attempt(pick, request, kind).await {
             Attempt::Answered(response) => Ok(response),
             Attempt::NotSent(err) => {
-                members.observe(&uri, Seen::Failed);
+                members.observe(&uri, MemberReply::Failed);
                 Err(err)
             }
             Attempt::Failed(err) => Err(err),
@@ -149,7 +149,7 @@ async fn route(members: Members, request: Request<Body>) -> Result<Response<Body
         match attempt(pick, request, kind).await {
             Attempt::Answered(response) => return Ok(response),
             Attempt::NotSent(err) => {
-                members.observe(&uri, Seen::Failed);
+                members.observe(&uri, MemberReply::Failed);
                 last_error = Some(err);
             }
             Attempt::Failed(err) => return Err(err),

@@ -168,7 +168,7 @@ fn build(config: Config, options: &NodeOptions, client: &etcd_client::Client, sh
         work: Arc::new(work),
         etcd: Etcd {
             etcd_member: options.etcd_member.clone(),
-            elections: election::Admission::new(ELECTION_REQUESTS),
+            elections: election::ElectionThrottle::new(ELECTION_REQUESTS),
         },
         jobs: loaded,
         shutdown,

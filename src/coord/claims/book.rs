@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 
 use crate::coord::job_gauges::JobGauges;
 use crate::rules::config::Job;
-use crate::rules::protocol::Seen;
+use crate::rules::protocol::ReadRecord;
 use crate::rules::record::Claim;
 
 /// One job of a term and what its leader knows of the job's record.
@@ -150,7 +150,7 @@ impl Book {
         &self.entries[index].job
     }
 
-    pub(super) fn learn(&mut self, index: usize, seen: &Seen) {
+    pub(super) fn learn(&mut self, index: usize, seen: &ReadRecord) {
         self.holds(index, seen.mod_revision, seen.claim.clone());
     }
 

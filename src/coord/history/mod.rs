@@ -16,7 +16,7 @@ mod render;
 mod write;
 
 pub(crate) use layout::key_of;
-pub use queue::{Entry, HistoryQueue, MAX_TXN_BYTES, OPS_PER_ENTRY};
+pub use queue::{HistoryEntry, HistoryQueue, MAX_TXN_BYTES, OPS_PER_ENTRY};
 pub use read::{read, read_each, read_run, READ_LIMIT};
 pub use render::{render, render_with_output};
 pub use write::{ops, write};

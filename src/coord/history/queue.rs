@@ -25,7 +25,7 @@ pub(super) const MAX_QUEUED_OUTPUT: usize = 32 * 1024 * 1024;
 
 /// One run on its way to the job's history.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Entry {
+pub struct HistoryEntry {
     pub job: String,
     pub shard: u32,
     pub record: RunRecord,
@@ -49,7 +49,7 @@ pub(super) fn output_bytes(record: &RunRecord) -> usize {
 pub struct HistoryQueue {
     /// How many runs per job the history keeps; 0 turns it off.
     keep: u32,
-    entries: Mutex<Vec<Entry>>,
+    entries: Mutex<Vec<HistoryEntry>>,
     /// Bytes of output the entries hold; changed only with `entries` locked.
     pub(super) queued_output: AtomicUsize,
     /// The newest tick seen per job and the oldest tick kept with it: the next tick's horizon is
@@ -99,7 +99,7 @@ impl HistoryQueue {
     }
 
     /// The entry `record` makes in `job`'s history; `None` when histories are off.
-    pub fn entry(&self, job: &Job, record: &RunRecord) -> Option<Entry> {
+    pub fn entry(&self, job: &Job, record: &RunRecord) -> Option<HistoryEntry> {
         if self.keep == 0 {
             return None;
         }
@@ -111,7 +111,7 @@ impl HistoryQueue {
                 .nth_newest_at_or_before(record.scheduled_at, self.keep as usize),
             _ => self.horizon(job, record.scheduled_at),
         };
-        Some(Entry {
+        Some(HistoryEntry {
             job: job.name.clone(),
             shard: job.shard,
             record: record.clone(),
@@ -145,7 +145,7 @@ impl HistoryQueue {
     /// Takes at most `max` entries of `shard`'s jobs, oldest first, of at most
     /// [`MAX_TXN_BYTES`] together, for a claim to carry; put them back with
     /// [`HistoryQueue::put_back`] if it did not land.
-    pub fn take_for(&self, shard: u32, max: usize) -> Vec<Entry> {
+    pub fn take_for(&self, shard: u32, max: usize) -> Vec<HistoryEntry> {
         let mut entries = lock(&self.entries);
         let mut taken = Vec::new();
         let mut bytes = 0;
@@ -164,7 +164,7 @@ impl HistoryQueue {
         taken
     }
 
-    pub fn put_back(&self, entries: Vec<Entry>) {
+    pub fn put_back(&self, entries: Vec<HistoryEntry>) {
         let mut queued = lock(&self.entries);
         let bytes: usize = entries.iter().map(|entry| output_bytes(&entry.record)).sum();
         self.queued_output.fetch_add(bytes, Ordering::Relaxed);
@@ -180,7 +180,7 @@ impl HistoryQueue {
         lock(&self.entries).iter().map(|entry| entry.since).min()
     }
 
-    pub fn take_older_than(&self, age: Duration) -> Vec<Entry> {
+    pub fn take_older_than(&self, age: Duration) -> Vec<HistoryEntry> {
         let now = Instant::now();
         let mut entries = lock(&self.entries);
         let (due, waiting) = std::mem::take(&mut *entries)
@@ -200,7 +200,7 @@ fn entry_bytes(record: &RunRecord) -> usize {
 
 /// `entries` in transactions etcd takes: at most as many operations as one allows, and at most
 /// [`MAX_TXN_BYTES`] (or a single entry).
-pub(super) fn batches(entries: &[Entry]) -> Vec<&[Entry]> {
+pub(super) fn batches(entries: &[HistoryEntry]) -> Vec<&[HistoryEntry]> {
     let max_entries = (crate::coord::etcd::ops_per_txn() / OPS_PER_ENTRY).max(1);
     let mut batches = Vec::new();
     let (mut start, mut bytes) = (0, 0);

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use etcd_client::{DeleteOptions, Txn, TxnOp};
 
 use super::layout::{key, key_of, output_apart, output_key, BACKFILL_DIR, LIVE_FROM};
-use super::queue::{batches, Entry};
+use super::queue::{batches, HistoryEntry};
 use crate::coord::etcd::{self, CoordError};
 use crate::coord::keys::Keys;
 use crate::rules::record::{RunRecord, Trigger};
@@ -16,7 +16,7 @@ use crate::rules::record::{RunRecord, Trigger};
 /// per key at or past it (the last entry of a key wins), its output apart. etcd refuses a
 /// transaction that puts a key twice or puts one inside a range it deletes, which several runs
 /// of a job riding together would otherwise ask.
-pub fn ops(keys: &Keys, entries: &[Entry]) -> Result<Vec<TxnOp>, CoordError> {
+pub fn ops(keys: &Keys, entries: &[HistoryEntry]) -> Result<Vec<TxnOp>, CoordError> {
     // (job, backfill) -> (the first key of the trimmed range, its end)
     let mut horizons: HashMap<(&str, bool), (String, String)> = HashMap::new();
     for entry in entries {
@@ -78,7 +78,7 @@ pub fn ops(keys: &Keys, entries: &[Entry]) -> Result<Vec<TxnOp>, CoordError> {
 
 /// Writes `entries` that no claim carried, in as few transactions as etcd allows. Puts of
 /// whole records under their own keys: writing one twice writes the same thing.
-pub async fn write(client: &etcd_client::Client, keys: &Keys, entries: &[Entry]) -> Result<(), CoordError> {
+pub async fn write(client: &etcd_client::Client, keys: &Keys, entries: &[HistoryEntry]) -> Result<(), CoordError> {
     for chunk in batches(entries) {
         etcd::call(client.clone().txn(Txn::new().and_then(ops(keys, chunk)?))).await?;
     }

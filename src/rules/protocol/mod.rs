@@ -31,7 +31,7 @@ mod tests;
 
 use std::collections::BTreeSet;
 
-pub use outcome::Seen;
+pub use outcome::ReadRecord;
 pub(crate) use outcome::{after_reread, Reread};
 pub(crate) use owed::Owed;
 pub(crate) use write::{going_after, next_record, Owner, Want, Won, Writer, MAX_GOING};

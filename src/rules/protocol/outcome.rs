@@ -9,7 +9,7 @@ use super::write::Want;
 
 /// A job's last claim as read from etcd, with the revision a claim must find unchanged.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
-pub struct Seen {
+pub struct ReadRecord {
     pub claim: Option<Claim>,
     /// 0 when the job has no record yet (etcd compares a missing key's revision as 0).
     pub mod_revision: i64,
@@ -33,7 +33,7 @@ pub(crate) enum Resolution {
 /// Resolves a write of `intended` over a record at `expected_revision` from the record read
 /// after it. Only this leadership writes records with its fence and node: such a record that
 /// is not `intended` is an earlier attempt of the same claim.
-pub(crate) fn resolve(seen: &Seen, expected_revision: i64, intended: &Claim) -> Resolution {
+pub(crate) fn resolve(seen: &ReadRecord, expected_revision: i64, intended: &Claim) -> Resolution {
     if seen.mod_revision == expected_revision {
         return Resolution::Open;
     }
@@ -80,7 +80,7 @@ pub(crate) enum Reread {
 pub(crate) fn after_reread(
     job: &Job,
     mut want: Want,
-    seen: &Seen,
+    seen: &ReadRecord,
     expected_revision: i64,
     intended: Option<Claim>,
     carries_starts: bool,

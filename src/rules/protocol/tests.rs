@@ -2,7 +2,7 @@ use std::collections::BTreeSet;
 
 use chrono::{DateTime, Utc};
 
-use super::outcome::{resolve, Resolution, Seen};
+use super::outcome::{resolve, ReadRecord, Resolution};
 use super::write::{next_record, Owner, Want, Writer};
 use crate::rules::record::{Claim, Debt};
 
@@ -49,7 +49,7 @@ fn settling(term: i64, node: &str) -> Vec<Owner> {
 #[test]
 fn a_re_read_record_settles_each_write() {
     let ours = claim(10, 5, "a", &[10]);
-    let seen = |revision: i64, claim: Option<Claim>| Seen {
+    let seen = |revision: i64, claim: Option<Claim>| ReadRecord {
         claim,
         mod_revision: revision,
     };
@@ -266,7 +266,7 @@ fn after_another_leaders_write_a_takeover_still_settles_the_debts_the_record_lis
     let before = owing(claim(58, 300, "b", &[]), 330, "a", 3, &[58]);
     let intended = next_record(Some(&before), &takeover, &BTreeSet::new(), &writer(407, "c", 3), "s");
     let by_b = owing(claim(59, 500, "b", &[59]), 330, "a", 3, &[58]);
-    let seen = Seen {
+    let seen = ReadRecord {
         claim: Some(by_b.clone()),
         mod_revision: 9,
     };
@@ -279,7 +279,7 @@ fn after_another_leaders_write_a_takeover_still_settles_the_debts_the_record_lis
         },
         "a's debt is still listed: c still settles it"
     );
-    let settled_by_b = Seen {
+    let settled_by_b = ReadRecord {
         claim: Some(claim(59, 500, "b", &[59])),
         mod_revision: 9,
     };
@@ -313,7 +313,7 @@ fn an_on_time_claim_over_a_record_moved_less_far_claims_the_ticks_between() {
     use super::outcome::{after_reread, Reread};
     let job = crate::rules::config::Job::for_tests("j", "* * * * * *");
     // This leader claims 13; the leader of the other shard count wrote 10 meanwhile.
-    let seen = Seen {
+    let seen = ReadRecord {
         claim: Some(claim(10, 500, "b", &[10])),
         mod_revision: 9,
     };

@@ -20,7 +20,7 @@ use crate::secrets::ChildEnv;
 pub(crate) use late::LateReservation;
 use late::LateRoom;
 use overlap::Skip;
-use table::{Entered, Entry, JobTable};
+use table::{Entered, JobTable, Sequence};
 
 mod backfill;
 mod elsewhere;
@@ -104,7 +104,7 @@ impl Runs {
 
     /// Counts a sequence of `ticks` in the job's runs, and decides what it waits for; `None`
     /// if there are no ticks, or they are skipped at once.
-    fn enter(&self, ticks: &[Tick]) -> Option<Entry> {
+    fn enter(&self, ticks: &[Tick]) -> Option<Sequence> {
         let first = ticks.first()?;
         let late = ticks.iter().any(|tick| tick.arrival.runs_late());
         let entered = self.jobs.enter(

@@ -11,7 +11,7 @@ use tracing::Instrument;
 
 use super::elsewhere::Cleared;
 use super::overlap::{outrun, Running, Skip};
-use super::{not_run, Entry, Runs, LATE_PERMIT_HOLD};
+use super::{not_run, Runs, Sequence, LATE_PERMIT_HOLD};
 use crate::clock;
 use crate::coord::groups::Slot;
 use crate::rules::groups::Group;
@@ -33,7 +33,7 @@ struct Turn {
 
 impl Runs {
     /// Runs `ticks`, a sequence [`Runs::enter`] counted, one after another.
-    pub(super) async fn sequence(self, ticks: Vec<Tick>, entry: Entry) {
+    pub(super) async fn sequence(self, ticks: Vec<Tick>, entry: Sequence) {
         let job = Arc::clone(&ticks[0].job);
         let takes_turn = ticks[0].arrival.takes_turn();
         let Some(turn) = self.wait_turn(&entry, &ticks).await else {
@@ -67,7 +67,7 @@ impl Runs {
 
     /// Waits for the job's turn, unless `overlap = "allow"`; `None` if the ticks were skipped
     /// meanwhile.
-    async fn wait_turn(&self, entry: &Entry, ticks: &[Tick]) -> Option<Turn> {
+    async fn wait_turn(&self, entry: &Sequence, ticks: &[Tick]) -> Option<Turn> {
         let Some((turn, number)) = &entry.turn else {
             return Some(Turn {
                 _held: None,

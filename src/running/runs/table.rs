@@ -13,7 +13,7 @@ use super::overlap::{may_overlap, overlaps, Running};
 use crate::rules::config::{Job, Overlap};
 
 /// A sequence of one job's ticks, counted in its runs: what it waits for before it runs.
-pub(super) struct Entry {
+pub(super) struct Sequence {
     /// The job's turn and this sequence's number, unless `overlap = "allow"`.
     pub(super) turn: Option<(Arc<tokio::sync::Mutex<()>>, u64)>,
     /// The run going when the sequence came, if it may overlap its first tick.
@@ -23,9 +23,9 @@ pub(super) struct Entry {
 /// How a new sequence of a job's ticks was taken into the table.
 pub(super) enum Entered {
     /// Counted: the sequence waits for what its entry says.
-    Counted(Entry),
+    Counted(Sequence),
     /// Counted, and the job's running sequence told to stop (`overlap = "replace"`).
-    Replacing(Entry),
+    Replacing(Sequence),
     /// Not counted: the job's run going here overlaps the first tick (`overlap = "skip"`).
     Overlapped,
 }
@@ -77,7 +77,7 @@ impl JobTable {
         if !takes_turn {
             runs.pending += 1;
             runs.backfilling += 1;
-            return Entered::Counted(Entry { turn: None, met: None });
+            return Entered::Counted(Sequence { turn: None, met: None });
         }
         // The run going when this one came, if it may overlap it: decided once that run has
         // ended or has run the time between the two ticks.
@@ -99,7 +99,7 @@ impl JobTable {
         runs.pending += 1;
         runs.newest += 1;
         let turn = (job.overlap != Overlap::Allow).then(|| (Arc::clone(&runs.turn), runs.newest));
-        let entry = Entry { turn, met };
+        let entry = Sequence { turn, met };
         match replacing {
             true => Entered::Replacing(entry),
             false => Entered::Counted(entry),

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use super::fleet;
-use super::jobs::{job_status, run_on_sets, Records, Seen};
+use super::jobs::{job_status, run_on_sets, JobsContext, Records};
 use super::{
     BackfillStatus, GroupMember, GroupStatus, JobStatus, NodeStatus, NotificationStatus, ShardStatus, Status,
     LINE_SHOWN,
@@ -70,7 +70,7 @@ struct LazyJobs<J> {
     jobs: Vec<J>,
     /// Taken out as each job's entry is made.
     records: RefCell<Records>,
-    seen: Seen,
+    seen: JobsContext,
 }
 
 impl<J: Borrow<Job>> LazyJobs<J> {
@@ -157,7 +157,7 @@ pub async fn read_document<J: Borrow<Job>>(
         jobs: LazyJobs {
             jobs,
             records: RefCell::new(records),
-            seen: Seen {
+            seen: JobsContext {
                 pauses,
                 now,
                 elections: Arc::clone(elections),

@@ -16,7 +16,7 @@ use crate::rules::pools::{Elections, FanOut, Tags};
 use crate::rules::record::{Claim, RunRecord};
 
 /// What every job's entry is read against.
-pub(super) struct Seen {
+pub(super) struct JobsContext {
     pub(super) pauses: HashMap<String, Pause>,
     pub(super) now: DateTime<Utc>,
     pub(super) elections: Arc<Elections>,
@@ -85,7 +85,7 @@ pub(crate) async fn read_jobs(
         let marks = crate::coord::unserved::read(client, &keys).await?;
         crate::coord::unserved::since(&run_on, &members.nodes, &marks)
     };
-    let seen = Seen {
+    let seen = JobsContext {
         pauses,
         now,
         elections: Arc::clone(elections),
@@ -160,7 +160,7 @@ impl Records {
     }
 }
 
-pub(super) fn job_status(job: &Job, records: &mut Records, seen: &Seen) -> JobStatus {
+pub(super) fn job_status(job: &Job, records: &mut Records, seen: &JobsContext) -> JobStatus {
     let election = seen.elections.locate(job.shard);
     let pool = (!job.run_on.is_empty()).then(|| job.run_on.id());
     let no_eligible_node = pool

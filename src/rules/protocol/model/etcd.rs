@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::rules::protocol::{Guard, Seen};
+use crate::rules::protocol::{Guard, ReadRecord};
 use crate::rules::record::Claim;
 
 /// A lease: whose it is, the shard count its node runs (its fleet membership rides on it), and
@@ -115,13 +115,13 @@ impl Etcd {
             .collect()
     }
 
-    pub(crate) fn seen(&self, job: usize) -> Seen {
+    pub(crate) fn seen(&self, job: usize) -> ReadRecord {
         match self.records.get(&job) {
-            Some((mod_revision, claim)) => Seen {
+            Some((mod_revision, claim)) => ReadRecord {
                 claim: Some(claim.clone()),
                 mod_revision: *mod_revision,
             },
-            None => Seen::default(),
+            None => ReadRecord::default(),
         }
     }
 
