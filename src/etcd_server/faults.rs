@@ -107,7 +107,12 @@ impl EtcdServer {
     fn log_tail(&self, index: usize, exited: bool) -> String {
         let log = std::fs::read_to_string(self.log_path_of(index)).unwrap_or_default();
         let lines: Vec<&str> = log.lines().collect();
-        let tail = lines[lines.len().saturating_sub(15)..].join("\n");
+        // A Go panic's cause is its first line, above a stack trace longer than any tail.
+        let from = lines
+            .iter()
+            .position(|line| line.starts_with("panic:") || line.starts_with("fatal error:"))
+            .unwrap_or(lines.len().saturating_sub(15));
+        let tail = lines[from..lines.len().min(from + 40)].join("\n");
         format!(
             "{}{}:\n{tail}",
             self.members[index].name,
